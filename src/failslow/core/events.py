@@ -317,7 +317,10 @@ class RingWriter:
         self._mask = capacity - 1
         size = HEADER_SIZE + capacity * RECORD_SIZE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # Build the file under a private name and rename it into place: a reader that still
+        # maps an older ring at this path keeps its (intact) inode instead of seeing it shrink.
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -333,7 +336,8 @@ class RingWriter:
         header["mono_anchor_ns"] = time.monotonic_ns()
         header["wall_anchor_ns"] = time.time_ns()
         self._mm[8:HEADER_SIZE] = header.tobytes()[8:]
-        self._mm[0:8] = _U64.pack(RING_MAGIC)  # magic last: a reader never sees half a header
+        self._mm[0:8] = _U64.pack(RING_MAGIC)
+        os.replace(tmp, self.path)
         self._lock = threading.Lock()
         self._next = 0
 
