@@ -1,0 +1,73 @@
+"""Offline analysis of a trace: iteration times (greyhound 4.2 ACF) and fail-slow events (BOCD+V).
+
+Used by ``failslow analyze``. For collective-event logs each rank's iteration times are derived
+from its own call sequence; because training synchronizes every step, the job's iteration time is
+the per-iteration median over ranks (aligned at the most recent iteration), which keeps one
+rank's measurement noise out of the job series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from failslow.core.tracking import ChangeEvent, FailSlowDetector, detect, iteration_times
+from failslow.traceio import Trace
+
+
+@dataclass
+class Analysis:
+    path: str
+    iteration_times: np.ndarray
+    period_calls: int | None
+    events: list[ChangeEvent] = field(default_factory=list)
+    ranks: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "iterations": len(self.iteration_times),
+            "period_calls": self.period_calls,
+            "events": [
+                {
+                    "type": e.type,
+                    "iteration": int(e.iteration),
+                    "before_s": round(float(e.before_s), 6),
+                    "after_s": round(float(e.after_s), 6),
+                    "change": round(float(e.change), 6),
+                }
+                for e in self.events
+            ],
+        }
+
+
+def job_iteration_times(trace: Trace) -> tuple[np.ndarray, int | None]:
+    """The job's iteration times in seconds and the call period of the lowest rank (if any)."""
+    if trace.iteration_times is not None:
+        return trace.iteration_times, None
+    per_rank = []
+    period: int | None = None
+    for rank in sorted(trace.records_by_rank):
+        result = iteration_times(trace.records_by_rank[rank])
+        if period is None:
+            period = result.period_calls
+        if len(result.seconds):
+            per_rank.append(np.asarray(result.seconds, dtype=np.float64))
+    if not per_rank:
+        return np.empty(0), period
+    n = min(len(s) for s in per_rank)
+    stacked = np.stack([s[len(s) - n :] for s in per_rank])
+    return np.median(stacked, axis=0), period
+
+
+def analyze_trace(trace: Trace) -> Analysis:
+    times, period = job_iteration_times(trace)
+    events = detect(times, FailSlowDetector()) if len(times) else []
+    return Analysis(
+        path=trace.path,
+        iteration_times=times,
+        period_calls=period,
+        events=events,
+        ranks=len(trace.records_by_rank),
+    )

@@ -1,0 +1,145 @@
+"""The ``failslow`` command.
+
+Subcommands: ``analyze`` (offline detection on trace files, greyhound 4.2), ``export`` (a run's
+event rings to JSONL), ``demo`` (a real 4-rank training job with an injected fail-slow).
+User errors print one line and exit with status 2; nothing prints a traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from failslow import __version__
+from failslow.errors import FailslowError
+
+EXIT_USAGE = 2
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from failslow.analyze import analyze_trace
+    from failslow.traceio import read_trace
+
+    results = {}
+    failed = False
+    for path in args.files:
+        try:
+            results[path] = analyze_trace(read_trace(path))
+        except FailslowError as exc:
+            print(f"failslow analyze: {exc}", file=sys.stderr)
+            failed = True
+    if args.json:
+        print(json.dumps({p: a.to_json() for p, a in results.items()}, indent=None))
+    else:
+        _print_analyses(list(results.values()))
+    return EXIT_USAGE if failed else 0
+
+
+def _print_analyses(analyses: list) -> None:
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for a in analyses:
+        times = a.iteration_times
+        head = f"[bold]{a.path}[/bold]: {len(times)} iterations"
+        if a.period_calls is not None:
+            head += f", period {a.period_calls} calls"
+        if a.ranks:
+            head += f", {a.ranks} ranks"
+        if len(times):
+            head += f", median {float(np.median(times)):.4f} s"
+        console.print(head)
+        if not a.events:
+            console.print("  no fail-slow detected")
+            continue
+        table = Table("event", "iteration", "before (s)", "after (s)", "change")
+        for e in a.events:
+            style = "red" if e.type == "onset" else "green"
+            table.add_row(
+                f"[{style}]{e.type}[/{style}]", str(e.iteration), f"{e.before_s:.4f}",
+                f"{e.after_s:.4f}", f"{e.change:+.1%}",
+            )
+        console.print(table)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from failslow.traceio import export_rings
+
+    if args.output in (None, "-"):
+        written, lost = export_rings(args.ring_dir, sys.stdout)
+    else:
+        with open(args.output, "w") as fh:
+            written, lost = export_rings(args.ring_dir, fh)
+    print(f"failslow export: {written} events written, {lost} lost", file=sys.stderr)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from failslow.demo.launcher import DemoOptions, run_demo
+
+    options = DemoOptions(
+        world_size=args.world_size,
+        iterations=args.iterations,
+        slow_rank=args.slow_rank,
+        slow_start=args.slow_start,
+        slow_end=args.slow_end,
+        stopped_fraction=args.stopped_fraction,
+        out_dir=Path(args.out) if args.out else None,
+        live=not args.no_live,
+    )
+    return run_demo(options)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="failslow", description="Detect and mitigate fail-slows in distributed training."
+    )
+    parser.add_argument("--version", action="version", version=f"failslow {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("analyze", help="detect fail-slows in iteration-time CSVs or event JSONL")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser("export", help="export a run's event rings as JSONL")
+    p.add_argument("ring_dir", metavar="RING_DIR")
+    p.add_argument("-o", "--output", metavar="FILE", help="output file (default: stdout)")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("demo", help="run a 4-rank gloo job with an injected compute fail-slow")
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--iterations", type=int, default=240)
+    p.add_argument("--slow-rank", type=int, default=2)
+    p.add_argument("--slow-start", type=int, default=80, help="iteration the slowdown starts")
+    p.add_argument("--slow-end", type=int, default=160, help="iteration the slowdown ends")
+    p.add_argument(
+        "--stopped-fraction", type=float, default=0.4,
+        help="share of wall time the slow rank is SIGSTOPped while the slowdown lasts",
+    )
+    p.add_argument("--out", help="run directory (default: runs/demo-<time>)")
+    p.add_argument("--no-live", action="store_true", help="no live display (plain log lines)")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except FailslowError as exc:
+        print(f"failslow {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"failslow {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

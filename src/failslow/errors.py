@@ -1,0 +1,25 @@
+"""Errors a user can cause, each with a message that names the input and what was expected.
+
+The CLI prints these as one line and exits with status 2; everything else is a bug.
+"""
+
+from __future__ import annotations
+
+
+class FailslowError(Exception):
+    """Base class of user-facing errors."""
+
+
+class ConfigError(FailslowError, ValueError):
+    """A setting with an unknown key or an invalid value."""
+
+
+class TraceFormatError(FailslowError, ValueError):
+    """A trace file that cannot be parsed; names the file and, where known, the line."""
+
+    def __init__(self, path: str, message: str, line: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.detail = message
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {message}")
