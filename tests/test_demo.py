@@ -1,0 +1,41 @@
+"""`failslow demo` end to end: a real 4-rank gloo job, a real SIGSTOP slowdown, detection."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_demo_detects_injected_slowdown(tmp_path) -> None:
+    out = tmp_path / "run"
+    exe = os.path.join(os.path.dirname(sys.executable), "failslow")
+    proc = subprocess.run(
+        [exe, "demo", "--no-live", "--iterations", "150", "--slow-start", "50",
+         "--slow-end", "100", "--out", str(out)],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["false_onsets"] == 0
+    onset_latency = summary["onset_latency_iterations"]
+    relief_latency = summary["relief_latency_iterations"]
+    assert onset_latency is not None and 0 <= onset_latency <= 15
+    assert relief_latency is not None and 0 <= relief_latency <= 15
+    errors = summary["iteration_time_median_rel_error"]
+    assert len(errors) == 4 and max(errors.values()) < 0.05
+    assert summary["events_lost"] == 0 and summary["events_exported"] > 4 * 150
+    for name in ("iteration_times.csv", "events.jsonl", "iteration_times.png"):
+        assert (out / name).stat().st_size > 0
+    # The CSV the demo writes is itself a valid `failslow analyze` input.
+    analyzed = subprocess.run([exe, "analyze", str(out / "iteration_times.csv"), "--json"],
+                              capture_output=True, text=True, timeout=60)
+    assert analyzed.returncode == 0, analyzed.stderr
+    events = json.loads(analyzed.stdout)[str(out / "iteration_times.csv")]["events"]
+    assert [e["type"] for e in events][:2] == ["onset", "relief"]
