@@ -53,7 +53,7 @@ def _print_analyses(analyses: list) -> None:
             head += f", {a.ranks} ranks"
         if len(times):
             head += f", median {float(np.median(times)):.4f} s"
-        console.print(head)
+        console.print(head, soft_wrap=True)
         if not a.events:
             console.print("  no fail-slow detected")
             continue

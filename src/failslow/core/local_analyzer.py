@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from failslow.core.events import RingFormatError, RingReader, find_rings
+from failslow.core.reorder import ReorderBuffer
 from failslow.core.tracking import ChangeEvent, FailSlowDetector, IterationTracker
 
 
@@ -26,6 +27,7 @@ class RankState:
     reader: RingReader
     tracker: IterationTracker
     detector: FailSlowDetector
+    reorder: ReorderBuffer = field(default_factory=ReorderBuffer)
     iterations: int = 0
     iteration_times: list[float] = field(default_factory=list)  # empty unless keep_history
     events: list[ChangeEvent] = field(default_factory=list)
@@ -85,7 +87,7 @@ class LocalAnalyzer:
         updates = []
         for rank in sorted(self.ranks):
             state = self.ranks[rank]
-            records = state.reader.poll()
+            records = state.reorder.push(state.reader.poll())
             if not len(records):
                 continue
             times = np.asarray(state.tracker.feed(records), dtype=np.float64)
@@ -105,7 +107,10 @@ class LocalAnalyzer:
         return updates
 
     def dropped(self) -> int:
-        return sum(s.reader.dropped + s.reader.writer_dropped for s in self.ranks.values())
+        """Records lost: lapped by the writer, abandoned by it, or arriving too late to order."""
+        return sum(
+            s.reader.dropped + s.reader.writer_dropped + s.reorder.late for s in self.ranks.values()
+        )
 
     def close(self) -> None:
         for state in self.ranks.values():

@@ -94,7 +94,7 @@ def iteration_time_error(ring_dir: Path, truth: dict[int, np.ndarray]) -> dict[i
             reader.close()
         if rank not in truth or len(truth[rank]) < 3:
             continue
-        derived = iteration_times(records)
+        derived = iteration_times(records[np.argsort(records["t_start_ns"], kind="stable")])
         ends, secs = np.asarray(derived.end_ns), np.asarray(derived.seconds)
         if not len(ends):
             continue
@@ -169,6 +169,7 @@ def write_results(state: DemoState, analyzer: LocalAnalyzer, ring_dir: Path, out
         "iteration_time_median_rel_error": errors,
         "events_exported": n_events,
         "events_lost": lost,
+        "analyzer_records_lost": analyzer.dropped(),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plotted = _plot(state, analyzer, out / "iteration_times.png")

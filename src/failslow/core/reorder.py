@@ -1,0 +1,71 @@
+"""Put ring records back into issue order before tracking (greyhound 4.2 works on call order).
+
+A capture layer that records a call when it *completes* (the Python hook over gloo, the shim's
+device-completion path) commits records in completion order; asynchronous collectives - DDP's
+overlapped bucket all-reduces, FSDP's prefetched all-gathers - finish out of issue order. The
+ACF period and the iteration times are defined on the issue order (``t_start_ns``).
+
+:class:`ReorderBuffer` releases a record once no call still in flight can have started before
+it. If the newest completion seen is at ``T`` and no call lasts longer than ``D``, every call not
+yet committed started after ``T - D``; so records that started before ``T - D`` are final. ``D``
+is the longest duration among recent records (times a margin), so the extra latency is about one
+collective's duration, never a fixed delay. Records that still arrive late (a call longer than
+any seen before) would break the order already handed on: they are dropped and counted in
+``late``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from failslow.core.events import RECORD_DTYPE
+
+
+class ReorderBuffer:
+    """Sort a stream of record batches by ``t_start_ns`` with a bounded, adaptive horizon."""
+
+    def __init__(self, *, margin: float = 1.5, recent: int = 256) -> None:
+        self.margin = margin
+        self._durations: deque[int] = deque(maxlen=recent)
+        self._pending = np.empty(0, dtype=RECORD_DTYPE)
+        self._released_until = np.iinfo(np.int64).min
+        self._newest_end = np.iinfo(np.int64).min
+        self.late = 0
+
+    def push(self, records: np.ndarray) -> np.ndarray:
+        """Add newly committed records; return the records now final, in issue order."""
+        if len(records):
+            ends = records["t_end_ns"]
+            done = ends > 0
+            if done.any():
+                self._newest_end = max(self._newest_end, int(ends[done].max()))
+                self._durations.extend((ends[done] - records["t_start_ns"][done]).tolist())
+            else:  # records without completion times are already in issue order
+                self._newest_end = max(self._newest_end, int(records["t_start_ns"].max()))
+            self._pending = np.concatenate([self._pending, records])
+        if not len(self._pending):
+            return self._pending[:0]
+        horizon = int(max(self._durations, default=0) * self.margin)
+        cutoff = self._newest_end - horizon
+        starts = self._pending["t_start_ns"]
+        ready = starts <= cutoff
+        late = starts < self._released_until
+        self.late += int(late.sum())
+        out = self._pending[ready & ~late]
+        self._pending = self._pending[~ready & ~late]
+        if len(out):
+            out = out[np.argsort(out["t_start_ns"], kind="stable")]
+            self._released_until = max(self._released_until, int(out["t_start_ns"][-1]))
+        return out
+
+    def flush(self) -> np.ndarray:
+        """Everything still held, in issue order (at the end of a run)."""
+        out = self._pending[np.argsort(self._pending["t_start_ns"], kind="stable")]
+        self._pending = self._pending[:0]
+        return out
+
+    @property
+    def held(self) -> int:
+        return len(self._pending)

@@ -1,0 +1,407 @@
+"""The Python collective hook: records every torch.distributed call into the event ring.
+
+This is the Python side of greyhound 4.2's Monitor ("intercepts communication operations ...
+and logs their types and timestamps" into shared memory for the LocalAnalyzer). It works on
+any backend (gloo in tests) and sees what real frameworks issue, because it sits in the c10d
+*dispatcher*, below every caller: a Python kernel is registered for the ``Autograd`` dispatch key
+of each ``c10d::`` collective/p2p op (see :mod:`failslow.nccl_hook.c10d_ops`). Every call, from
+``torch.distributed`` functions, DDP's C++ reducer, FSDP2, DeepSpeed's stored references to
+``torch.distributed`` functions or Megatron's ``batch_isend_irecv``, passes through that key
+before the backend kernel. The kernel stamps ``t_start``, runs the real op below autograd
+(``_AutoDispatchBelowAutograd``), and writes the record from the Work's future callback, so the
+caller is never blocked; ``t_end`` is when that callback ran (see the README's capture notes for
+the GIL bias). Only c10d ops pay the Python cost - unlike a TorchDispatchMode, which pays per
+aten op and is thread-local. Measured: ``benchmarks/hook_mechanisms.py``.
+
+Known gaps: collectives issued before :func:`install` are not recorded (groups created before
+it are, from their next call on, and are published at install time); collectives issued under
+``torch.inference_mode()`` skip the Autograd key and are not recorded; ``monitored_barrier``
+is not a recorded op; a call whose work never completes (a hang) leaves no record.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from failslow.core.events import (
+    DEFAULT_CAPACITY,
+    Flags,
+    OpCode,
+    RingWriter,
+    Source,
+    groups_path,
+    ring_path,
+)
+from failslow.nccl_hook.c10d_ops import OP_SPECS, OpSpec, payload_dtype
+from failslow.nccl_hook.groups import GroupEntry, GroupTable, backend_name_of, group_ranks_of
+
+log = logging.getLogger(__name__)
+
+RING_DIR_ENV = "FAILSLOW_RING_DIR"
+_NEVER_POLLED = frozenset({OpCode.REDUCE_SCATTER, OpCode.REDUCE_SCATTER_COALESCED})
+
+
+class Capture:
+    """One process's capture: the ring writer, the group table and the dispatcher kernels."""
+
+    def __init__(self, ring_dir: Path, *, capacity: int, global_rank: int | None) -> None:
+        self.ring_dir = ring_dir
+        self.capacity = capacity
+        self.writer: RingWriter | None = None
+        self.ring_path: Path | None = None
+        self.groups = GroupTable()
+        self.active = False
+        self._tls = threading.local()
+        self._lib: Any = None
+        self._orig_helper: Any = None
+        self._open_lock = threading.Lock()
+        self._watcher = _Watcher(self)
+        if global_rank is not None:
+            self._open(global_rank)
+
+    # -- ring ------------------------------------------------------------------------------
+    def _open(self, global_rank: int) -> None:
+        with self._open_lock:
+            if self.writer is not None:
+                return
+            path = ring_path(self.ring_dir, global_rank, os.getpid())
+            local_rank = int(os.environ.get("LOCAL_RANK", "-1"))
+            self.writer = RingWriter(
+                path, capacity=self.capacity, global_rank=global_rank, local_rank=local_rank
+            )
+            self.ring_path = path
+            self.groups.set_path(groups_path(path))
+
+    def _ensure_writer(self) -> RingWriter | None:
+        if self.writer is None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                self._open(dist.get_rank())
+        return self.writer
+
+    # -- activation ------------------------------------------------------------------------
+    def activate(self) -> None:
+        import torch
+        import torch.distributed.distributed_c10d as c10d
+
+        if self.active:
+            return
+        lib = torch.library.Library("c10d", "IMPL")
+        for spec in OP_SPECS:
+            packet = getattr(torch.ops.c10d, spec.name, None)
+            if packet is None:  # op not in this torch version
+                continue
+            lib.impl(spec.name, self._make_kernel(spec, packet.default), "Autograd")
+        self._lib = lib
+        self._orig_helper = c10d._new_process_group_helper
+        c10d._new_process_group_helper = self._wrap_helper(self._orig_helper)
+        self.active = True
+        if c10d.is_initialized():
+            self._ensure_writer()
+            for pg in list(c10d._world.pg_group_ranks):
+                self._entry_for(pg)
+
+    def deactivate(self) -> None:
+        import torch.distributed.distributed_c10d as c10d
+
+        if not self.active:
+            return
+        self.active = False
+        if self._orig_helper is not None:
+            c10d._new_process_group_helper = self._orig_helper
+            self._orig_helper = None
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
+
+    def close(self) -> None:
+        self.deactivate()
+        with self._open_lock:
+            if self.writer is not None:
+                self.writer.close()
+
+    # -- groups ----------------------------------------------------------------------------
+    def _wrap_helper(self, orig: Any) -> Any:
+        sig = inspect.signature(orig)
+
+        @functools.wraps(orig)
+        def helper(*args: Any, **kwargs: Any) -> Any:
+            result = orig(*args, **kwargs)
+            try:
+                self._on_group_created(sig.bind(*args, **kwargs).arguments, result[0])
+            except Exception:  # never break group creation
+                log.exception("failslow: could not register a new process group")
+            return result
+
+        return helper
+
+    def _on_group_created(self, arguments: dict[str, Any], pg: Any) -> None:
+        import torch.distributed.distributed_c10d as c10d
+
+        if pg is None or pg is c10d.GroupMember.NON_GROUP_MEMBER:
+            return
+        members = list(arguments.get("global_ranks_in_group") or [])
+        is_world = not members
+        if is_world:
+            members = list(range(int(arguments["group_size"])))
+            if self.writer is None:
+                self._open(int(arguments["group_rank"]))
+        self.groups.add(
+            str(arguments["group_name"]),
+            members,
+            backend=str(arguments.get("backend", "")),
+            role="world" if is_world else None,
+        )
+
+    def _entry_for(self, pg: Any) -> GroupEntry:
+        name = pg.group_name
+        entry = self.groups.get(name)
+        if entry is None:
+            import torch.distributed.distributed_c10d as c10d
+
+            ranks = group_ranks_of(pg) or tuple(range(pg.size()))
+            role = "world" if pg is c10d.GroupMember.WORLD else None
+            entry = self.groups.add(name, ranks, backend=backend_name_of(pg), role=role)
+        return entry
+
+    # -- the dispatcher kernel -------------------------------------------------------------
+    def _make_kernel(self, spec: OpSpec, overload: Any) -> Any:
+        import torch
+        from torch._C._distributed_c10d import ProcessGroup, Work
+
+        below = torch._C._AutoDispatchBelowAutograd
+        tls = self._tls
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            if getattr(tls, "busy", False) or not self.active:
+                with below():
+                    return overload(*args, **kwargs)
+            tls.busy = True  # a collective issued from inside this call is not recorded
+            try:
+                t_start = time.monotonic_ns()
+                try:
+                    with below():
+                        out = overload(*args, **kwargs)
+                except BaseException:
+                    self._safely(self._record, spec, args, None, t_start, ProcessGroup, Work)
+                    raise
+                self._safely(self._record, spec, args, out, t_start, ProcessGroup, Work)
+                return out
+            finally:
+                tls.busy = False
+
+        return kernel
+
+    def _safely(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.debug("failslow: capture failed", exc_info=True)
+            writer = self.writer
+            if writer is not None:
+                writer.count_dropped()
+
+    def _record(
+        self, spec: OpSpec, args: tuple[Any, ...], out: Any, t_start: int, pg_cls: Any,
+        work_cls: Any,
+    ) -> None:
+        writer = self._ensure_writer()
+        if writer is None:
+            return
+        entry = self._entry_for(pg_cls.unbox(args[spec.pg_arg]))
+        payload = args[spec.input_arg]
+        flags = Flags.COALESCED if spec.coalesced else Flags.NONE
+        if spec.async_arg is not None and spec.async_arg < len(args) and args[spec.async_arg]:
+            flags |= Flags.ASYNC_OP
+        peer = -1
+        if spec.peer_arg is not None:
+            peer = entry.global_rank(int(args[spec.peer_arg]))
+        fields = dict(
+            t_start_ns=t_start,
+            nbytes=spec.nbytes(payload),
+            group_key=entry.key,
+            op=int(spec.op),
+            dtype=int(payload_dtype(payload)),
+            source=int(Source.PYTHON),
+            peer=peer,
+            call_index=next(entry.calls),
+        )
+        if out is None:  # the call raised
+            writer.write(t_end_ns=time.monotonic_ns(), flags=int(flags | Flags.FAILED), **fields)
+            return
+        work = work_cls.unbox(out[1] if spec.returns_tuple else out)
+        anysource = spec.name == "recv_any_source_"
+        try:
+            fut = work.get_future()
+        except Exception:  # no future (gloo send/recv and reduce-scatter works)
+            if spec.op in _NEVER_POLLED:
+                # gloo's reduce-scatter works report is_completed() False forever; the call
+                # has finished its exchange when it returns, so the return time is the end.
+                writer.write(
+                    t_end_ns=time.monotonic_ns(), flags=int(flags | Flags.END_IS_ENQUEUE),
+                    **fields,
+                )
+            else:
+                self._watcher.watch(work, fields, flags, entry, anysource)
+            return
+        fut.add_done_callback(
+            functools.partial(self._complete, fields, flags, work if anysource else None, entry)
+        )
+
+    def _complete(
+        self, fields: dict[str, Any], flags: Flags, work: Any, entry: GroupEntry, fut: Any
+    ) -> None:
+        t_end = time.monotonic_ns()
+        try:
+            try:
+                fut.value()
+            except Exception:
+                flags |= Flags.FAILED
+            self._finish(fields, flags, work, entry, t_end)
+        except Exception:  # never raise into a backend thread
+            log.debug("failslow: completion record failed", exc_info=True)
+
+    def _finish(
+        self, fields: dict[str, Any], flags: Flags, work: Any, entry: GroupEntry, t_end: int
+    ) -> None:
+        if work is not None and not flags & Flags.FAILED:  # recv from any source
+            fields["peer"] = entry.global_rank(int(work._source_rank()))
+        writer = self.writer
+        if writer is not None and not writer._mm.closed:
+            writer.write(t_end_ns=t_end, flags=int(flags), **fields)
+
+
+class _Watcher:
+    """Polls works that have no future (gloo send/recv/reduce_scatter) on one daemon thread.
+
+    ``t_end`` is the first poll that saw the work completed (poll period ``POLL_S``, plus the
+    wait for the GIL). The thread sleeps on a condition while nothing is pending.
+    """
+
+    POLL_S = 0.0002
+    GIVE_UP_NS = 600 * 10**9
+
+    def __init__(self, capture: Capture) -> None:
+        self._capture = capture
+        self._pending: list[tuple[Any, dict[str, Any], Flags, GroupEntry, bool]] = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, work: Any, fields: dict[str, Any], flags: Flags, entry: GroupEntry,
+              anysource: bool) -> None:
+        with self._cond:
+            self._pending.append((work, fields, flags, entry, anysource))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="failslow-work-watcher", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                items = list(self._pending)
+            done = []
+            for item in items:
+                work, fields, flags, entry, anysource = item
+                try:
+                    if not work.is_completed():
+                        if time.monotonic_ns() - fields["t_start_ns"] < self.GIVE_UP_NS:
+                            continue
+                        flags |= Flags.END_IS_ENQUEUE  # never saw it complete: give up
+                        self._capture._finish(fields, flags, None, entry, fields["t_start_ns"])
+                        done.append(item)
+                        continue
+                    t_end = time.monotonic_ns()
+                    if work.exception() is not None:
+                        flags |= Flags.FAILED
+                    self._capture._finish(fields, flags, work if anysource else None, entry,
+                                          t_end)
+                except Exception:
+                    log.debug("failslow: watched work failed", exc_info=True)
+                done.append(item)
+            with self._cond:
+                for item in done:
+                    self._pending.remove(item)
+            time.sleep(self.POLL_S)
+
+
+# -- module-level API ------------------------------------------------------------------------
+_lock = threading.Lock()
+_capture: Capture | None = None
+
+
+def _resolve_rank(global_rank: int | None) -> int | None:
+    if global_rank is not None:
+        return int(global_rank)
+    if os.environ.get("RANK", "").strip():
+        return int(os.environ["RANK"])
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except ImportError:
+        pass
+    return None
+
+
+def install(
+    ring_dir: str | os.PathLike[str] | None = None,
+    *,
+    capacity: int = DEFAULT_CAPACITY,
+    global_rank: int | None = None,
+) -> Capture:
+    """Start recording every torch.distributed call of this process into its event ring.
+
+    ``ring_dir`` defaults to ``$FAILSLOW_RING_DIR``, then to the directory of an earlier install. The global rank comes from ``global_rank``,
+    ``$RANK`` or the initialized default group; when none is known yet the ring is created as
+    soon as ``init_process_group`` runs. Call it before ``init_process_group`` to capture from
+    the first collective; called later, it captures every group from its next call on.
+    Idempotent: a second call returns the same :class:`Capture` (re-activating it after
+    :func:`uninstall`).
+    """
+    global _capture
+    if ring_dir is None:
+        ring_dir = os.environ.get(RING_DIR_ENV) or (_capture.ring_dir if _capture else None)
+        if ring_dir is None:
+            raise ValueError(
+                f"failslow.nccl_hook.install: no ring directory; pass ring_dir or set ${RING_DIR_ENV}"
+            )
+    directory = Path(ring_dir).resolve()
+    with _lock:
+        if _capture is not None and _capture.ring_dir != directory:
+            if _capture.active:
+                raise ValueError(
+                    f"failslow.nccl_hook is already installed with ring dir {_capture.ring_dir}; "
+                    f"uninstall() before installing with {directory}"
+                )
+            _capture.close()
+            _capture = None
+        if _capture is None:
+            _capture = Capture(directory, capacity=capacity, global_rank=_resolve_rank(global_rank))
+        _capture.activate()
+        return _capture
+
+
+def uninstall() -> None:
+    """Stop recording (works already in flight still complete into the ring)."""
+    with _lock:
+        if _capture is not None:
+            _capture.deactivate()
+
+
+def current() -> Capture | None:
+    """The installed capture, if any."""
+    return _capture if _capture is not None and _capture.active else None
