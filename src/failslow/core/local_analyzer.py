@@ -90,7 +90,12 @@ class LocalAnalyzer:
             records = state.reorder.push(state.reader.poll())
             if not len(records):
                 continue
+            epoch = state.tracker.epoch
             times = np.asarray(state.tracker.feed(records), dtype=np.float64)
+            if state.tracker.epoch != epoch and state.iterations:
+                # The call pattern was re-detected (more data, or a topology change): times
+                # before and after measure different things, so the baseline starts afresh.
+                state.detector = self._detector_factory()
             first = state.iterations
             events: list[ChangeEvent] = []
             reported_at: list[int] = []

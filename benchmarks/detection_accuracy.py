@@ -1,0 +1,180 @@
+"""Fail-slow detection accuracy: sliding window vs BOCD vs BOCD+V (greyhound 7.2, Tables 3-4).
+
+Usage::
+
+    python benchmarks/detection_accuracy.py [--seed S] [--jobs N] [--json]
+
+A labeled corpus from :mod:`failslow.sim.traces` (1-node, 4-node and at-scale jobs, with and
+without fail-slows, plus GC spikes, eval steps, warm-up, drift and sub-10% level shifts) is fed,
+one iteration time at a time, to each detector. Scoring (:func:`failslow.sim.traces.score_job`):
+
+- A labeled onset ``o`` is *matched* by the first not-yet-used reported onset whose report
+  iteration (the iteration whose ``update()`` returned it, ``detected_at``) lies in
+  ``[o, o + 60]``. Its *latency* is ``detected_at - o`` (0 = reported on the first slow
+  iteration). Compound steps are labeled onsets too and must be matched.
+- A reported onset is a *false alarm* if it matches no label and is reported outside every
+  labeled fail-slow ``[onset, relief + 60)``. Extra onsets inside a fail-slow are tolerated.
+- Job level: a job is *positive* if it has at least one labeled fail-slow. A positive job is a
+  true positive when every labeled onset is matched and it has no false alarm, otherwise a
+  false negative. A negative job is a true negative when no onset is reported at all, otherwise
+  a false positive. Accuracy = (TP + TN) / jobs, FPR = FP / negatives, FNR = FN / positives.
+- Onset latency: share of labeled onsets reported within 15 iterations, and the median latency
+  of the matched ones. False alarms per 10,000 iterations: false alarms over all iterations
+  outside labeled fail-slows. Reliefs: top-level fail-slows whose relief is reported within
+  120 iterations of the labeled relief (informational).
+
+Targets for BOCD+V: accuracy >= 99.5% with FPR <= 0.5%; >= 95% of onsets within 15 iterations,
+median latency <= 3; <= 0.1 false alarms per 10,000 iterations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from failslow.core.tracking import (
+    BOCDDetector,
+    Detector,
+    FailSlowDetector,
+    SlidingWindowDetector,
+)
+from failslow.sim.traces import CATEGORIES, JobScore, generate_corpus, score_job
+
+DETECTORS: dict[str, Callable[[], Detector]] = {
+    "SlidingWindow": SlidingWindowDetector,
+    "BOCD": BOCDDetector,
+    "BOCD+V": FailSlowDetector,
+}
+
+
+def summarize(scores: Sequence[JobScore]) -> dict[str, Any]:
+    """Job-level and onset-level metrics of a group of scored jobs."""
+    pos = [s for s in scores if s.positive]
+    neg = [s for s in scores if not s.positive]
+    tp = sum(s.correct for s in pos)
+    tn = sum(s.correct for s in neg)
+    lat = [x for s in pos for x in s.latencies]
+    found = [x for x in lat if x is not None]
+    quiet = sum(s.quiet_iterations for s in scores)
+    false_alarms = sum(s.false_alarms for s in scores)
+    return {
+        "jobs": len(scores),
+        "positives": len(pos),
+        "negatives": len(neg),
+        "tp": tp,
+        "fn": len(pos) - tp,
+        "tn": tn,
+        "fp": len(neg) - tn,
+        "accuracy": (tp + tn) / len(scores) if scores else float("nan"),
+        "fpr": (len(neg) - tn) / len(neg) if neg else 0.0,
+        "fnr": (len(pos) - tp) / len(pos) if pos else 0.0,
+        "onsets": len(lat),
+        "within_15": sum(1 for x in found if x <= 15) / len(lat) if lat else float("nan"),
+        "median_latency": statistics.median(found) if found else None,
+        "false_alarms": false_alarms,
+        "quiet_iterations": quiet,
+        "false_alarms_per_10k": 1e4 * false_alarms / quiet if quiet else 0.0,
+        "reliefs": f"{sum(s.reliefs_found for s in pos)}/{sum(s.reliefs_labeled for s in pos)}",
+    }
+
+
+def run(seed: int, jobs: int) -> dict[str, Any]:
+    """Score every detector on one corpus; returns a JSON-ready dict."""
+    corpus = generate_corpus(jobs, seed)
+    out: dict[str, Any] = {
+        "seed": seed,
+        "jobs": jobs,
+        "iterations": int(sum(t.times.size for t in corpus)),
+        "detectors": {},
+    }
+    for name, factory in DETECTORS.items():
+        scores: dict[str, list[JobScore]] = {c: [] for c in CATEGORIES}
+        updates, elapsed = 0, 0.0
+        for trace in corpus:
+            det = factory()
+            events = []
+            start = time.perf_counter()
+            for x in trace.times.tolist():
+                events.extend(det.update(x))
+            elapsed += time.perf_counter() - start
+            updates += trace.times.size
+            scores[trace.category].append(score_job(trace, events))
+        rows = {c: summarize(s) for c, s in scores.items() if s}
+        rows["all"] = summarize([s for group in scores.values() for s in group])
+        out["detectors"][name] = {"us_per_update": 1e6 * elapsed / updates, "rows": rows}
+    return out
+
+
+def targets(result: dict[str, Any]) -> dict[str, bool]:
+    row = result["detectors"]["BOCD+V"]["rows"]["all"]
+    med = row["median_latency"]
+    return {
+        "accuracy >= 99.5%": row["accuracy"] >= 0.995,
+        "FPR <= 0.5%": row["fpr"] <= 0.005,
+        ">= 95% onsets within 15 it": row["within_15"] >= 0.95,
+        "median latency <= 3 it": med is not None and med <= 3,
+        "<= 0.1 false alarms / 10k it": row["false_alarms_per_10k"] <= 0.1,
+    }
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def render(result: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"Fail-slow detection, seed {result['seed']}: {result['jobs']} jobs, "
+        f"{result['iterations']:,} iterations"
+    )
+    for col in ("detector", "category", "jobs (+/-)", "accuracy", "FPR (FP)", "FNR (FN)",
+                "onsets <=15 it", "median lat.", "FA /10k it", "reliefs", "us/update"):
+        table.add_column(col, justify="left" if col in ("detector", "category") else "right")
+    for name, det in result["detectors"].items():
+        for i, (cat, r) in enumerate(det["rows"].items()):
+            med = "-" if r["median_latency"] is None else f"{r['median_latency']:g}"
+            table.add_row(
+                name if i == 0 else "",
+                cat,
+                f"{r['jobs']} ({r['positives']}/{r['negatives']})",
+                _pct(r["accuracy"]),
+                f"{_pct(r['fpr'])} ({r['fp']})",
+                f"{_pct(r['fnr'])} ({r['fn']})",
+                f"{_pct(r['within_15'])} of {r['onsets']}",
+                med,
+                f"{r['false_alarms_per_10k']:.2f}",
+                r["reliefs"],
+                f"{det['us_per_update']:.0f}" if i == 0 else "",
+                end_section=cat == "all",
+            )
+    console.print(table)
+    for goal, ok in targets(result).items():
+        console.print(f"  BOCD+V {goal}: {'[green]met[/]' if ok else '[red]NOT met[/]'}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    result = run(args.seed, args.jobs)
+    result["targets_met"] = targets(result)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        render(result, Console(width=max(Console().width, 150)))
+    return 0 if all(result["targets_met"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Fail-slow detection on iteration times: BOCD plus verification (greyhound 4.2, "BOCD+V").
+
+BOCD (:mod:`.bocd`) proposes change points on log iteration time: when it puts at least
+``confidence`` (0.9, as in the paper) of its run-length posterior on runs that began since the
+last accepted change, the start of every such run holding >= 5% of the posterior is a
+candidate. A candidate becomes a report only after *verification*: the iteration time after
+the change must differ from the time before it by at least 10% (the paper's rule). Verification
+here uses robust statistics, so that the normal jitter of training (GC pauses, allocator misses,
+uneven sequence lengths, eval or checkpoint steps) and sub-10% level shifts cannot pass it:
+
+- "before" is the median of up to ``ref_window`` iterations before the candidate, within the
+  current regime;
+- with ``n >= min_post`` (3) points after the candidate, the median after must clear the 10%
+  line by ``margin_z`` (1.5) standard errors of a median of ``n`` points, with the noise scale
+  measured robustly (successive differences): a 7% shift seen through 4% noise does not pass,
+  and the margin shrinks as points accumulate;
+- until ``settle`` (12) points, also at least two thirds of them must lie beyond the line (the
+  *lower tercile* clears it), so one outlier, or two in three iterations, cannot pass, while a
+  real shift does in 2-3 iterations; and the points beyond the lower tercile must agree with
+  each other (a new level, not a cluster of GC / eval spikes). From ``settle`` points on the
+  median alone decides, so a noisy (congested) new level is still reported;
+- a relief needs the *upper tercile* after the candidate back within 10% of the baseline.
+The reported "after" is the median of the points after the change.
+
+State: a healthy baseline ``B`` (frozen at an onset). An *onset* is a verified >= 10% slowdown
+versus the level before it (``B`` when healthy, the current slow level during a fail-slow, so a
+further >= 10% step is reported as a compound onset). A *relief* is reported once iteration
+time is back within 10% of ``B``; a partial recovery only moves the current slow level.
+
+Slow drift never produces a BOCD run that clears verification, and sub-10% level shifts are
+rejected by it; both are absorbed by the rolling "before" window.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from failslow.core.tracking.bocd import RunLengthPosterior
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """A reported onset or relief of a fail-slow."""
+
+    type: Literal["onset", "relief"]
+    iteration: int  # 0-based index of the first iteration of the new regime
+    before_s: float  # typical iteration time before the change
+    after_s: float  # typical iteration time after it
+    change: float  # after_s / before_s - 1
+    detected_at: int = -1  # index of the iteration whose update() reported the event
+
+
+def check_time(x: float) -> float:
+    """Validate one iteration time (seconds) and return it as a float."""
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"iteration time must be a number of seconds, got {x!r}") from None
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"iteration time must be positive and finite, got {x!r}")
+    return value
+
+
+def median(a: np.ndarray) -> float:
+    """Median of a non-empty 1-D float array (a lean ``np.median``: this runs every update)."""
+    n = a.size
+    k = n // 2
+    if n % 2:
+        return float(np.partition(a, k)[k])
+    part = np.partition(a, (k - 1, k))
+    return 0.5 * float(part[k - 1] + part[k])
+
+
+class Detector(abc.ABC):
+    """What every detector offers: feed one iteration time, get the events it completes."""
+
+    name: str = "detector"
+
+    @abc.abstractmethod
+    def update(self, x_seconds: float) -> list[ChangeEvent]:
+        """Absorb the next iteration time; return events reported at this iteration."""
+
+    @property
+    @abc.abstractmethod
+    def slow(self) -> bool:
+        """True while a reported fail-slow has not been relieved."""
+
+
+class LogHistory:
+    """Bounded history of log iteration times, addressable by absolute iteration index."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._buf = np.empty(2 * keep)
+        self._len = 0
+        self.n = 0  # iterations seen
+
+    def append(self, y: float) -> None:
+        if self._len == self._buf.size:
+            self._buf[: self.keep] = self._buf[self._len - self.keep : self._len]
+            self._len = self.keep
+        self._buf[self._len] = y
+        self._len += 1
+        self.n += 1
+
+    def window(self, start: int, stop: int) -> np.ndarray:
+        """Log times of iterations ``start <= i < stop`` (clipped to what is kept)."""
+        first = self.n - self._len
+        start, stop = max(start, first, self.n - self.keep), min(stop, self.n)
+        if stop <= start:
+            return self._buf[:0]
+        return self._buf[start - first : stop - first]
+
+
+class FailSlowDetector(Detector):
+    """BOCD + verification (greyhound's BOCD+V), online."""
+
+    name = "BOCD+V"
+
+    def __init__(
+        self,
+        *,
+        threshold: float = 0.10,
+        confidence: float = 0.9,
+        min_post: int = 3,
+        min_ref: int = 10,
+        ref_window: int = 64,
+        hazard: float = 1.0 / 250.0,
+        max_run: int = 256,
+        prior_scale: float = 0.1,
+        min_spread: float = 0.04,
+        settle: int = 12,
+        candidate_mass: float = 0.05,
+        margin_z: float = 1.5,
+    ) -> None:
+        if threshold <= 0:
+            raise ValueError(f"threshold must be positive, got {threshold!r}")
+        if min_post < 1 or min_ref < 1 or ref_window < min_ref:
+            raise ValueError("need min_post >= 1, min_ref >= 1 and ref_window >= min_ref")
+        self.log_threshold = math.log1p(threshold)
+        self.confidence, self.min_post, self.min_ref = confidence, min_post, min_ref
+        self.ref_window, self.min_spread, self.settle = ref_window, min_spread, settle
+        self.candidate_mass, self.margin_z = candidate_mass, margin_z
+        self.bocd = RunLengthPosterior(hazard=hazard, max_run=max_run, prior_scale=prior_scale)
+        self.history = LogHistory(max(4 * max_run, 2 * ref_window))
+        self._slow = False
+        self._seg_start = 0  # first iteration of the current regime
+        self._baseline: float | None = None  # log of the healthy level (frozen at an onset)
+        self._level: float | None = None  # log of the current level (prior mean for BOCD)
+
+    @property
+    def slow(self) -> bool:
+        return self._slow
+
+    @property
+    def baseline_s(self) -> float | None:
+        return None if self._baseline is None else math.exp(self._baseline)
+
+    def _ref(self, c: int, min_points: int) -> float | None:
+        pre = self.history.window(max(self._seg_start, c - self.ref_window), c)
+        return median(pre) if pre.size >= min_points else None
+
+    def update(self, x_seconds: float) -> list[ChangeEvent]:
+        y = math.log(check_time(x_seconds))
+        t = self.history.n
+        self.history.append(y)
+        probs = self.bocd.update(y, self._level)
+        if self._level is None or t % 8 == 0:
+            seg = self.history.window(max(self._seg_start, t - self.ref_window), t + 1)
+            self._level = median(seg)
+        for c in self._candidates(probs, t):
+            events = self._verify(c, t)
+            if events is not None:
+                return events
+        return []
+
+    def _candidates(self, probs: np.ndarray, t: int) -> list[int]:
+        """Change points BOCD is confident about, most recent first.
+
+        BOCD must put ``confidence`` of its mass on runs that started within the current regime
+        (a change since the last accepted one); every such run start holding at least
+        ``candidate_mass`` of the posterior (at most three) is then verified. Looking past the
+        single most probable run matters when a GC spike just before a real change started a
+        young, wide run that shadows the change.
+        """
+        young = min(t - self._seg_start, self.bocd.max_run)  # slots 1..young-1 start later
+        if young <= self.min_post:
+            return []
+        head = probs[self.min_post : young]
+        if probs[1:young].sum() < self.confidence or head.size == 0:
+            return []
+        top = np.flatnonzero(head >= self.candidate_mass)
+        if top.size > 3:
+            top = top[np.argsort(head[top])[-3:]]
+        return [t + 1 - (self.min_post + int(k)) for k in np.sort(top)]
+
+    def _verify(self, c: int, t: int) -> list[ChangeEvent] | None:
+        """The paper's verification of a change at ``c``, with robust statistics."""
+        n = t - c + 1
+        raw = self.history.window(c, t + 1)
+        post = np.sort(raw)
+        upper = post[n - 1 - (n - 1) // 3]
+        after = 0.5 * float(post[(n - 1) // 2] + post[n // 2])
+        if not self._slow:
+            ref = self._ref(c, self.min_ref)
+            if ref is None and self._baseline is not None:
+                ref = self._baseline
+            if ref is not None and self._confirmed(c, raw, post, ref):
+                self._baseline = ref
+                return [self._enter(c, t, "onset", ref, after)]
+            return None
+        assert self._baseline is not None
+        ref = self._ref(c, 1)
+        before = ref if ref is not None else self._baseline
+        if upper - self._baseline <= self.log_threshold:
+            self._slow = False
+            return [self._enter(c, t, "relief", before, after)]
+        if ref is not None and self.history.window(self._seg_start, c).size >= self.min_post:
+            if self._confirmed(c, raw, post, ref):
+                return [self._enter(c, t, "onset", ref, after)]
+            if ref - upper >= self.log_threshold:  # partial recovery: new slow level
+                self._seg_start = c
+                self._level = after
+                return []
+        return None
+
+    def _noise(self, c: int) -> float:
+        """Robust noise scale (log units) before ``c``, from successive differences."""
+        pre = self.history.window(max(self._seg_start, c - self.ref_window), c)
+        if pre.size < 3:
+            return 0.0
+        return 1.0489 * median(np.abs(np.diff(pre)))  # sigma of y; trend- and step-proof
+
+    def _confirmed(self, c: int, raw: np.ndarray, post: np.ndarray, ref: float) -> bool:
+        """Is the slowdown after ``c`` (``raw`` in order, ``post`` sorted) a verified onset?
+
+        Let ``z = margin_z * 1.2533 * noise / sqrt(n)``, ``margin_z`` standard errors of a
+        median of ``n`` points. The median after ``c`` must clear the threshold line by ``z``:
+        a level shift just under the threshold, seen through noise, rarely does, and the
+        margin shrinks as points accumulate. Before ``settle`` points, with the noise measured
+        before ``c``, also:
+        1. at least two thirds of the points lie beyond the line (the lower tercile clears
+           it), so one outlier, or two in three iterations, cannot pass;
+        2. the points beyond the lower tercile agree with each other (spread within four noise
+           scales, at least ``min_spread``), unlike a cluster of GC / eval spikes.
+        From ``settle`` points on, the median alone decides (it ignores up to half the points
+        as outliers) with the larger of the noise before and after ``c``, so a noisy,
+        congested new level is still reported.
+        """
+        n = post.size
+        after = 0.5 * float(post[(n - 1) // 2] + post[n // 2])
+        scale = self._noise(c)
+        if n >= self.settle:
+            scale = max(scale, 1.0489 * median(np.abs(np.diff(raw))))
+        if after - ref - self.log_threshold < self.margin_z * 1.2533 * scale / math.sqrt(n):
+            return False
+        if n >= self.settle:
+            return True
+        lower = post[(n - 1) // 3]
+        if lower - ref < self.log_threshold:
+            return False
+        return post[-1] - lower <= max(4.0 * scale, self.min_spread)
+
+    def _enter(self, c: int, t: int, kind: str, before: float, after: float) -> ChangeEvent:
+        if kind == "onset":
+            self._slow = True
+        self._seg_start = c
+        self._level = after
+        return ChangeEvent(
+            type=kind,  # type: ignore[arg-type]
+            iteration=c,
+            before_s=math.exp(before),
+            after_s=math.exp(after),
+            change=math.exp(after - before) - 1.0,
+            detected_at=t,
+        )
+
+
+def detect(times: Sequence[float], detector: Detector | None = None) -> list[ChangeEvent]:
+    """Run a detector (default: :class:`FailSlowDetector`) over a whole series of times."""
+    det = FailSlowDetector() if detector is None else detector
+    events: list[ChangeEvent] = []
+    for x in times:
+        events.extend(det.update(x))
+    return events

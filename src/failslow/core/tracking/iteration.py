@@ -1,0 +1,265 @@
+"""Iteration times from one rank's collective-call records (greyhound section 4.2).
+
+"Once the recurring period is identified, the iteration time derives as the time difference
+between a communication operation and its occurrence in the previous period." Each record of
+:data:`failslow.core.events.RECORD_DTYPE` becomes a token from ``(op, group_key, nbytes)``; the
+ACF of :mod:`.acf` finds the period and an *anchor* token that occurs exactly once per period;
+an iteration time is the gap between consecutive ``t_start_ns`` of the anchor. Occasional extra
+calls (logging every N steps, eval bursts) therefore never shift the count, and an iteration
+that contains an eval burst simply measures longer, as it really was.
+
+:class:`IterationTracker` is the online form, used by the node's LocalAnalyzer: it keeps a
+bounded window of tokens, detects the pattern once enough calls have arrived, re-checks it every
+``recheck`` calls, and re-detects it from scratch when the anchor stops occurring (for example
+after a topology change, which changes every group key). Its decisions happen at fixed token
+counts, so feeding records in any chunking gives the same result; :func:`iteration_times` is the
+offline form and is exactly the tracker fed everything at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from failslow.core.tracking.acf import DEFAULT_THRESHOLD, Pattern, dominant_pattern
+
+_KEY_FIELDS = ("op", "group_key", "nbytes")
+
+
+def _check_records(records: np.ndarray) -> np.ndarray:
+    arr = np.asarray(records)
+    names = arr.dtype.names or ()
+    missing = [f for f in ("t_start_ns", *_KEY_FIELDS) if f not in names]
+    if arr.ndim != 1 or missing:
+        raise ValueError(
+            f"records must be a 1-D array of RECORD_DTYPE, got dtype {arr.dtype} "
+            f"with shape {arr.shape} (missing fields: {missing or 'none'})"
+        )
+    return arr
+
+
+class TokenCoder:
+    """Maps ``(op, group_key, nbytes)`` of each record to a small stable integer."""
+
+    def __init__(self, max_tokens: int = 1 << 16) -> None:
+        self._ids: dict[tuple[int, int, int], int] = {}
+        self._max = max_tokens
+
+    def encode(self, records: np.ndarray) -> np.ndarray:
+        if records.size == 0:
+            return np.empty(0, dtype=np.int64)
+        keys = np.empty(records.size, dtype=[("op", "<u8"), ("g", "<u8"), ("b", "<u8")])
+        keys["op"], keys["g"], keys["b"] = records["op"], records["group_key"], records["nbytes"]
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        if len(self._ids) + uniq.size > self._max:  # e.g. variable-size calls: forget old ones
+            self._ids.clear()
+        ids = np.empty(uniq.size, dtype=np.int64)
+        for i, key in enumerate(uniq.tolist()):
+            ids[i] = self._ids.setdefault(key, len(self._ids))
+        return ids[inverse.ravel()]
+
+
+@dataclass(frozen=True, slots=True)
+class IterationTimes:
+    """Per-iteration times of one rank (offline result)."""
+
+    period_calls: int | None  # calls per iteration of the dominant pattern (last one seen)
+    end_ns: np.ndarray  # t_start_ns of the anchor call that closes each iteration
+    seconds: np.ndarray  # duration of each iteration
+
+    def __len__(self) -> int:
+        return int(self.seconds.size)
+
+
+class IterationTracker:
+    """Online iteration-time tracker with bounded memory (``window`` tokens)."""
+
+    def __init__(
+        self,
+        *,
+        window: int = 8192,
+        min_tokens: int = 64,
+        retry: int = 256,
+        recheck: int = 8192,
+        max_lag: int = 2048,
+        threshold: float = DEFAULT_THRESHOLD,
+    ) -> None:
+        if min(window, min_tokens, retry, recheck, max_lag) <= 0:
+            raise ValueError("window, min_tokens, retry, recheck and max_lag must be positive")
+        if min_tokens > window:
+            raise ValueError(f"min_tokens ({min_tokens}) must not exceed window ({window})")
+        self.window, self.min_tokens, self.retry, self.recheck = window, min_tokens, retry, recheck
+        self.max_lag, self.threshold = max_lag, threshold
+        self._coder = TokenCoder()
+        self._tok = np.empty(2 * window, dtype=np.int64)
+        self._t = np.empty(2 * window, dtype=np.int64)
+        self._b = np.empty(2 * window, dtype=np.int64)  # payload bytes of each call
+        self._len = 0
+        self._total = 0  # tokens seen so far; absolute index of the next token
+        self._pattern: Pattern | None = None
+        self._search_from = 0
+        self._next_attempt = min_tokens
+        self._next_recheck = 0
+        self._recheck_gap = min_tokens  # doubles after each recheck, up to ``recheck``
+        self.epoch = 0  # +1 whenever the pattern is found anew or its period changes
+        self._last_anchor_idx = -1
+        self._last_anchor_t = 0
+
+    @property
+    def period_calls(self) -> int | None:
+        return None if self._pattern is None else self._pattern.period
+
+    def feed(self, records: np.ndarray) -> np.ndarray:
+        """Take new records of this rank; return the iteration times (s) completed by them."""
+        return self._feed(records)[1]
+
+    def flush(self) -> np.ndarray:
+        """Try a detection on what is buffered now (end of an offline trace)."""
+        return self._flush()[1]
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _flush(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._pattern is not None or self._total - self._search_from < 4:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        return self._attempt()
+
+    def _feed(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        recs = _check_records(records)
+        if recs.size == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        recs = recs[np.argsort(recs["t_start_ns"], kind="stable")]
+        times = recs["t_start_ns"].astype(np.int64)
+        nbytes = recs["nbytes"].astype(np.int64)
+        tokens = self._coder.encode(recs)
+        ends: list[np.ndarray] = []
+        secs: list[np.ndarray] = []
+        i, m = 0, tokens.size
+        while i < m:
+            if self._pattern is None:
+                boundary = self._next_attempt
+            else:
+                limit = math.ceil(4 * self._pattern.calls_per_period) + 64
+                boundary = min(self._next_recheck, self._last_anchor_idx + limit + 1)
+            step = max(1, min(m - i, boundary - self._total))
+            e, s = self._process(
+                tokens[i : i + step], times[i : i + step], nbytes[i : i + step]
+            )
+            ends.append(e)
+            secs.append(s)
+            i += step
+            if self._pattern is None and self._total >= self._next_attempt:
+                e, s = self._attempt()
+                ends.append(e)
+                secs.append(s)
+            elif self._pattern is not None:
+                if self._total - self._last_anchor_idx - 1 >= limit:  # anchor vanished
+                    self._pattern = None
+                    self._search_from = self._last_anchor_idx + 1
+                    self._next_attempt = max(self._search_from + self.min_tokens, self._total)
+                elif self._total >= self._next_recheck:
+                    self._recheck()
+        return np.concatenate(ends), np.concatenate(secs)
+
+    def _append(self, tok: np.ndarray, t: np.ndarray, b: np.ndarray) -> None:
+        n = tok.size
+        if self._len + n > self._tok.size:
+            keep = max(0, self.window - n)
+            for buf in (self._tok, self._t, self._b):
+                buf[:keep] = buf[self._len - keep : self._len]
+            self._len = keep
+        self._tok[self._len : self._len + n] = tok
+        self._t[self._len : self._len + n] = t
+        self._b[self._len : self._len + n] = b
+        self._len += n
+
+    def _process(
+        self, tok: np.ndarray, t: np.ndarray, b: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        start = self._total
+        self._append(tok, t, b)
+        self._total += tok.size
+        if self._pattern is None:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        pos = np.flatnonzero(tok == self._pattern.anchor)
+        if pos.size == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        self._last_anchor_idx = start + int(pos[-1])
+        return self._emit(t[pos])
+
+    def _emit(self, anchor_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Iteration times between consecutive anchor calls.
+
+        Batches are sorted by start time, but a record that arrives in a later batch than
+        newer ones (several writer threads) may be older: an anchor that would close an
+        iteration of non-positive length is skipped instead of reported.
+        """
+        keep = np.maximum.accumulate(np.concatenate(([self._last_anchor_t], anchor_t)))
+        fresh = np.concatenate(([False], np.diff(keep) > 0))
+        at = np.concatenate(([self._last_anchor_t], keep[fresh]))
+        self._last_anchor_t = int(at[-1])
+        return at[1:], np.diff(at) / 1e9
+
+    def _buffered(self, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        first = max(since, self._total - self._len, self._total - self.window)
+        lo = self._len - (self._total - first)
+        return self._tok[lo : self._len], self._t[lo : self._len], self._b[lo : self._len], first
+
+    def _attempt(self) -> tuple[np.ndarray, np.ndarray]:
+        tok, t, b, first = self._buffered(self._search_from)
+        pattern = None
+        if tok.size >= 4:
+            pattern = dominant_pattern(
+                tok, t, nbytes=b, max_lag=min(self.max_lag, tok.size // 3),
+                threshold=self.threshold,
+            )
+        if pattern is None:  # back off geometrically up to ``retry`` calls between attempts
+            span = self._total - self._search_from
+            self._next_attempt = self._total + min(self.retry, max(self.min_tokens, span))
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        self._pattern = pattern
+        self.epoch += 1
+        # A pattern found on little data is confirmed on doubling amounts of it: a call that
+        # closes each iteration (a pipeline's gradient all-reduce) may not have recurred yet.
+        self._recheck_gap = self.min_tokens
+        self._next_recheck = self._total + self._recheck_gap
+        pos = np.flatnonzero(tok == pattern.anchor)
+        self._last_anchor_idx = first + int(pos[-1])
+        self._last_anchor_t = int(t[pos[0]])
+        return self._emit(t[pos[1:]])
+
+    def _recheck(self) -> None:
+        self._recheck_gap = min(self.recheck, 2 * self._recheck_gap)
+        self._next_recheck = self._total + self._recheck_gap
+        tok, t, b, first = self._buffered(0)
+        pattern = dominant_pattern(
+            tok, t, nbytes=b, max_lag=min(self.max_lag, tok.size // 3), threshold=self.threshold
+        )
+        if pattern is None or self._pattern is None:
+            return
+        if pattern.period == self._pattern.period and self._pattern.anchor in pattern.kept:
+            # Same pattern: keep measuring from the same anchor (switching loses an iteration).
+            pattern = dataclasses.replace(pattern, anchor=self._pattern.anchor)
+        else:
+            self.epoch += 1
+        if pattern.anchor != self._pattern.anchor:
+            pos = np.flatnonzero(tok == pattern.anchor)
+            self._last_anchor_idx = first + int(pos[-1])
+            self._last_anchor_t = int(t[pos[-1]])
+        self._pattern = pattern
+
+
+def iteration_times(records: np.ndarray, **tracker_options: int | float) -> IterationTimes:
+    """Iteration times of one rank's records (offline; the tracker fed everything at once)."""
+    options = dict(tracker_options)
+    if "min_tokens" not in options:  # offline, the first attempt may see the whole trace
+        window = int(options.get("window", 8192))
+        options["min_tokens"] = max(64, min(window, len(records)))
+    tracker = IterationTracker(**options)  # type: ignore[arg-type]
+    ends, secs = tracker._feed(records)
+    more_ends, more_secs = tracker._flush()
+    ends, secs = np.concatenate((ends, more_ends)), np.concatenate((secs, more_secs))
+    return IterationTimes(tracker.period_calls, ends, secs)

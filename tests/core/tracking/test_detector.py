@@ -1,0 +1,142 @@
+"""BOCD + verification and the section 7.2 baselines on synthetic iteration times."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from failslow.core.tracking import (
+    BOCDDetector,
+    ChangeEvent,
+    Detector,
+    FailSlowDetector,
+    RunLengthPosterior,
+    SlidingWindowDetector,
+    detect,
+)
+
+ALL = [FailSlowDetector, BOCDDetector, SlidingWindowDetector]
+
+
+def noisy(n: int, *, sd: float = 0.02, seed: int = 0, base: float = 1.0) -> np.ndarray:
+    return base * np.exp(np.random.default_rng(seed).normal(0.0, sd, n))
+
+
+def onsets(events: list[ChangeEvent]) -> list[ChangeEvent]:
+    return [e for e in events if e.type == "onset"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_20_percent_step_detected_within_a_few_iterations(seed: int) -> None:
+    x = noisy(1500, seed=seed)
+    x[1000:] *= 1.2
+    events = detect(x)
+    assert [e.type for e in events] == ["onset"]
+    (e,) = events
+    assert 998 <= e.iteration <= 1001
+    assert e.detected_at - 1000 <= 4
+    assert e.change == pytest.approx(0.2, abs=0.04)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_5_percent_step_is_not_reported(seed: int) -> None:
+    x = noisy(2000, seed=seed)
+    x[1000:] *= 1.05
+    assert detect(x) == []
+
+
+def test_single_spikes_are_not_reported() -> None:
+    x = noisy(2000, seed=1)
+    x[[400, 900, 1300]] *= 3.0
+    x[1600] *= 8.0  # an eval / checkpoint step
+    assert detect(x) == []
+
+
+def test_slow_drift_is_not_reported() -> None:
+    x = noisy(4000, seed=2) * np.linspace(1.0, 1.15, 4000)
+    assert detect(x) == []
+
+
+def test_relief_and_compound_onset() -> None:
+    x = noisy(3000, seed=3)
+    x[1000:2000] *= 1.25
+    x[1400:1700] *= 1.3  # compound: a further 30% on top of the fail-slow
+    det = FailSlowDetector()
+    events, slow_at = [], {}
+    for i, v in enumerate(x):
+        events += det.update(float(v))
+        slow_at[i] = det.slow
+    assert [e.type for e in events] == ["onset", "onset", "relief"]
+    first, second, relief = events
+    assert abs(first.iteration - 1000) <= 2
+    assert abs(second.iteration - 1400) <= 2
+    assert second.change == pytest.approx(0.3, abs=0.06)  # relative to the slow level
+    assert abs(relief.iteration - 2000) <= 2
+    assert relief.detected_at - 2000 <= 6
+    assert slow_at[1100]
+    assert slow_at[1500]
+    assert not slow_at[2100]
+    assert not slow_at[900]
+    assert det.baseline_s == pytest.approx(1.0, rel=0.03)
+
+
+def test_partial_recovery_is_not_a_relief() -> None:
+    x = noisy(2500, seed=4)
+    x[500:2000] *= 1.3
+    x[800:1200] *= 1.4
+    types = [e.type for e in detect(x)]
+    assert types == ["onset", "onset", "relief"]
+
+
+def test_jitter_trace_baselines_differ_from_bocd_v() -> None:
+    rng = np.random.default_rng(5)
+    x = noisy(5000, sd=0.03, seed=5) * np.exp(0.01 * rng.standard_t(3, 5000))
+    spikes = rng.choice(5000, 40, replace=False)
+    x[spikes] *= rng.uniform(1.5, 3.0, 40)
+    assert detect(x, FailSlowDetector()) == []
+    raw = onsets(detect(x, BOCDDetector()))
+    assert len(raw) >= 5  # classical BOCD mistakes jitter for change points
+    assert len(onsets(detect(x, SlidingWindowDetector()))) != len(raw)
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_all_detectors_share_the_interface(cls: type[Detector]) -> None:
+    det = cls()
+    assert isinstance(det, Detector)
+    x = noisy(800, seed=6)
+    x[400:] *= 1.5
+    events = [e for v in x for e in det.update(float(v))]
+    assert any(e.type == "onset" and 395 <= e.iteration <= 405 for e in events)
+    assert det.slow
+
+
+@pytest.mark.parametrize("cls", ALL)
+@pytest.mark.parametrize("bad", [math.nan, 0.0, -1.0, math.inf, "fast"])
+def test_bad_iteration_times(cls: type[Detector], bad: object) -> None:
+    det = cls()
+    det.update(1.0)
+    with pytest.raises(ValueError, match=repr(bad).replace("(", r"\(")):
+        det.update(bad)  # type: ignore[arg-type]
+
+
+def test_bocd_posterior_is_a_distribution_and_finds_the_run() -> None:
+    bocd = RunLengthPosterior(max_run=64)
+    y = np.log(noisy(300, seed=7))
+    y[200:] += 0.3
+    for v in y:
+        p = bocd.update(float(v))
+    assert p.sum() == pytest.approx(1.0)
+    assert p.size == 65
+    assert p[0] == 0.0
+    assert int(np.argmax(p)) == 64  # the run since iteration 200, capped at max_run
+    assert p[60:].sum() > 0.9
+
+
+def test_detect_matches_update_loop() -> None:
+    x = noisy(1200, seed=8)
+    x[600:] *= 1.4
+    det = FailSlowDetector()
+    manual = [e for v in x for e in det.update(float(v))]
+    assert detect(x) == manual

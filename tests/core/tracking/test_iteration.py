@@ -1,0 +1,123 @@
+"""Iteration times from RECORD_DTYPE arrays, offline and online (greyhound 4.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from failslow.core.events import RECORD_DTYPE, OpCode
+from failslow.core.tracking import IterationTracker, iteration_times
+
+# (op, group, nbytes, offset in seconds from the iteration start)
+CALLS = [
+    (OpCode.ALLGATHER, 1, 1 << 20, 0.010),
+    (OpCode.ALLREDUCE, 1, 4096, 0.050),
+    (OpCode.ALLREDUCE, 1, 4096, 0.090),
+    (OpCode.ALLREDUCE, 1, 4096, 0.130),
+    (OpCode.REDUCE_SCATTER, 2, 1 << 24, 0.200),
+    (OpCode.ALLREDUCE, 2, 8, 0.240),
+]
+
+
+def make_records(
+    n_iter: int, *, seed: int = 0, offset_jitter: float = 0.0, topology_change_at: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Records of one rank and the true iteration durations (s)."""
+    rng = np.random.default_rng(seed)
+    rows: list[tuple[float, int, int, int]] = []
+    t = 0.0
+    for k in range(5):  # start-up: parameter broadcast and barriers
+        rows.append((t, int(OpCode.BROADCAST), 9, 1000 + k))
+        rows.append((t + 0.001, int(OpCode.BARRIER), 9, 0))
+        t += 0.01
+    durations = []
+    for i in range(n_iter):
+        shift = 100 if topology_change_at is not None and i >= topology_change_at else 0
+        d = 0.3 * float(np.exp(rng.normal(0, 0.03)))
+        for op, group, nbytes, off in CALLS:
+            off += offset_jitter * float(rng.normal())
+            rows.append((t + off, int(op), group + shift, nbytes))
+        if i % 10 == 9:  # logging all-reduce every 10 steps
+            rows.append((t + 0.27, int(OpCode.ALLREDUCE), 3, 4))
+        if i % 100 == 99:  # eval burst every 100 steps, which also takes time
+            for j in range(5):
+                rows.append((t + 0.28 + 0.01 * j, int(OpCode.ALLREDUCE), 4, 16 + j % 2))
+            d += 0.2
+        durations.append(d)
+        t += d
+    rec = np.zeros(len(rows), dtype=RECORD_DTYPE)
+    times = np.array([r[0] for r in rows])
+    rec["t_start_ns"] = np.round(times * 1e9).astype(np.int64)
+    rec["t_end_ns"] = rec["t_start_ns"] + 1000
+    rec["op"] = [r[1] for r in rows]
+    rec["group_key"] = [r[2] for r in rows]
+    rec["nbytes"] = [r[3] for r in rows]
+    rec["commit"] = np.arange(1, len(rows) + 1)
+    return rec, np.array(durations)
+
+
+def test_offline_matches_ground_truth() -> None:
+    rec, truth = make_records(400)
+    result = iteration_times(rec)
+    assert result.period_calls == len(CALLS)
+    assert len(result) == truth.size - 1
+    np.testing.assert_allclose(result.seconds, truth[:-1], rtol=1e-6)
+    assert np.all(np.diff(result.end_ns) > 0)
+
+
+def test_offset_jitter_keeps_error_small() -> None:
+    rec, truth = make_records(400, offset_jitter=0.002, seed=2)
+    result = iteration_times(rec[np.argsort(rec["t_start_ns"])])
+    err = np.abs(result.seconds / truth[: len(result)] - 1)
+    assert np.median(err) < 0.012  # greyhound 7.2 reports < 1.2%
+
+
+def test_unsorted_records_are_ordered_by_start_time() -> None:
+    rec, truth = make_records(200)
+    shuffled = rec[np.random.default_rng(0).permutation(rec.size)]
+    np.testing.assert_allclose(iteration_times(shuffled).seconds, truth[:-1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_online_equals_offline(seed: int) -> None:
+    rec, _ = make_records(600, seed=seed)
+    offline = iteration_times(rec)
+    tracker = IterationTracker()
+    rng = np.random.default_rng(seed)
+    parts, i = [], 0
+    while i < rec.size:
+        step = int(rng.integers(1, 400))
+        parts.append(tracker.feed(rec[i : i + step]))
+        i += step
+    parts.append(tracker.flush())
+    online = np.concatenate(parts)
+    np.testing.assert_array_equal(online, offline.seconds)
+    assert tracker.period_calls == offline.period_calls
+
+
+def test_redetects_after_topology_change() -> None:
+    rec, truth = make_records(1200, topology_change_at=600)
+    tracker = IterationTracker(window=2048)
+    online = np.concatenate([tracker.feed(rec[i : i + 97]) for i in range(0, rec.size, 97)])
+    assert tracker.period_calls == len(CALLS)
+    assert online.size > 1100  # only the iterations around the change are lost
+    assert np.median(np.abs(online / np.median(truth) - 1)) < 0.05
+    assert online.max() < 2 * truth.max()
+
+
+def test_memory_is_bounded() -> None:
+    rec, _ = make_records(3000)
+    tracker = IterationTracker(window=512, min_tokens=128, retry=128, recheck=512)
+    for i in range(0, rec.size, 50):
+        tracker.feed(rec[i : i + 50])
+        assert tracker._len <= 2 * 512
+    assert tracker.period_calls == len(CALLS)
+
+
+def test_bad_records() -> None:
+    with pytest.raises(ValueError, match="RECORD_DTYPE"):
+        iteration_times(np.zeros(10))
+    tracker = IterationTracker(min_tokens=64, retry=64)
+    rec, _ = make_records(200)
+    out = [tracker.feed(rec[:600]), tracker.feed(rec[700:]), tracker.feed(rec[600:700])]
+    assert np.all(np.concatenate(out) > 0)  # late, older records never give negative times
