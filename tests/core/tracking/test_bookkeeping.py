@@ -90,3 +90,24 @@ def test_online_tracker_widens_to_the_step_and_bumps_epoch() -> None:
     out = [tracker.feed(rec[i : i + 16]) for i in range(0, len(rec), 16)]
     assert tracker.period_calls == 33 and tracker.epoch >= 2
     np.testing.assert_allclose(out[-1], 0.25, rtol=1e-6)
+
+
+def test_megatron_1f1b_stage_with_light_once_per_step_calls() -> None:
+    """The real Megatron PP=2 x DP=2 stage-0 pattern (12 calls): 1F1B p2p, then DP syncs.
+
+    The only calls that occur once per step are light; they must stay (they are the anchors).
+    """
+    step = [(int(OpCode.SEND), 9, 1 << 20), (int(OpCode.SEND), 9, 1 << 20),
+            (int(OpCode.RECV), 10, 1 << 20), (int(OpCode.SEND), 9, 1 << 20),
+            (int(OpCode.RECV), 10, 1 << 20), (int(OpCode.SEND), 9, 1 << 20),
+            (int(OpCode.RECV), 10, 1 << 20), (int(OpCode.RECV), 10, 1 << 20),
+            (int(OpCode.ALLREDUCE), 1, 2 << 20), (int(OpCode.ALLREDUCE), 1, 4096),
+            (int(OpCode.ALLREDUCE), 1, 2 << 20), (int(OpCode.ALLREDUCE), 2, 2048)]
+    rows = []
+    t = 0.0
+    for _ in range(40):
+        rows += [(t + 0.01 * k, op, g, b) for k, (op, g, b) in enumerate(step)]
+        t += 0.4
+    result = iteration_times(_records(rows))
+    assert result.period_calls == 12
+    np.testing.assert_allclose(result.seconds, 0.4, rtol=1e-6)

@@ -122,7 +122,10 @@ def bookkeeping_mask(tokens: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     if not recurring.any():
         return np.zeros(y.size, dtype=bool)
     heavy = size >= size[recurring].max() * LIGHT_FRACTION
-    rate = float(np.median(counts[recurring & heavy]))  # ~ calls of a heavy token per run
+    heavy_counts = counts[recurring & heavy]
+    # The rate of the least frequent heavy call that belongs to every step (the once-per-step
+    # gradient sync), ignoring heavy calls rarer than a tenth of the busiest (an eval's).
+    rate = float(heavy_counts[heavy_counts >= 0.1 * heavy_counts.max()].min())
     light_rare = ~heavy & (counts < 0.5 * rate)
     return light_rare[inverse]
 
@@ -146,6 +149,18 @@ def dominant_pattern(
         y, b = y[keep], np.asarray(nbytes, dtype=np.float64)[keep]
         if times_ns is not None:
             times_ns = np.asarray(times_ns)[keep]
+    return _dominant(y, times_ns, b, max_lag, threshold, coarse_threshold, min_share)
+
+
+def _dominant(
+    y: np.ndarray,
+    times_ns: np.ndarray | None,
+    b: np.ndarray | None,
+    max_lag: int | None,
+    threshold: float,
+    coarse_threshold: float,
+    min_share: float,
+) -> Pattern | None:
     n = y.size
     if n < 4:
         return None

@@ -234,7 +234,7 @@ class IterationTracker:
     def _recheck(self) -> None:
         self._recheck_gap = min(self.recheck, 2 * self._recheck_gap)
         self._next_recheck = self._total + self._recheck_gap
-        tok, t, b, first = self._buffered(0)
+        tok, t, b, first = self._buffered(self._search_from)  # never mix in an old pattern
         pattern = dominant_pattern(
             tok, t, nbytes=b, max_lag=min(self.max_lag, tok.size // 3), threshold=self.threshold
         )
