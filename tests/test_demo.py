@@ -17,8 +17,8 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     out = tmp_path / "run"
     exe = os.path.join(os.path.dirname(sys.executable), "failslow")
     proc = subprocess.run(
-        [exe, "demo", "--no-live", "--iterations", "150", "--slow-start", "50",
-         "--slow-end", "100", "--out", str(out)],
+        [exe, "demo", "--no-live", "--iterations", "160", "--slow-start", "60",
+         "--slow-end", "110", "--out", str(out)],
         capture_output=True, text=True, timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -28,9 +28,13 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     relief_latency = summary["relief_latency_iterations"]
     assert onset_latency is not None and 0 <= onset_latency <= 15
     assert relief_latency is not None and 0 <= relief_latency <= 15
-    errors = summary["iteration_time_median_rel_error"]
-    assert len(errors) == 4 and max(errors.values()) < 0.05
-    assert summary["events_lost"] == 0 and summary["events_exported"] > 4 * 150
+    errors = summary["iteration_time_rel_error"]
+    # 10-iteration means track the ranks' own step timers closely; single iterations carry the
+    # scheduling noise of 4 ranks on 2 cores, so they are only checked to be in the right range.
+    assert len(errors) == 4
+    assert max(e["per_10_iterations"] for e in errors.values()) < 0.03
+    assert max(e["per_iteration"] for e in errors.values()) < 0.25
+    assert summary["events_lost"] == 0 and summary["events_exported"] > 4 * 160
     for name in ("iteration_times.csv", "events.jsonl", "iteration_times.png"):
         assert (out / name).stat().st_size > 0
     # The CSV the demo writes is itself a valid `failslow analyze` input.

@@ -114,12 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run a 4-rank gloo job with an injected compute fail-slow")
     p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--iterations", type=int, default=240)
+    p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--slow-rank", type=int, default=2)
-    p.add_argument("--slow-start", type=int, default=80, help="iteration the slowdown starts")
-    p.add_argument("--slow-end", type=int, default=160, help="iteration the slowdown ends")
+    p.add_argument("--slow-start", type=int, default=70, help="iteration the slowdown starts")
+    p.add_argument("--slow-end", type=int, default=140, help="iteration the slowdown ends")
     p.add_argument(
-        "--stopped-fraction", type=float, default=0.4,
+        "--stopped-fraction", type=float, default=0.5,
         help="share of wall time the slow rank is SIGSTOPped while the slowdown lasts",
     )
     p.add_argument("--out", help="run directory (default: runs/demo-<time>)")

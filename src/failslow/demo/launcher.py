@@ -30,11 +30,11 @@ from failslow.faults import DutyCycleThrottle
 @dataclass
 class DemoOptions:
     world_size: int = 4
-    iterations: int = 240
+    iterations: int = 200
     slow_rank: int = 2
-    slow_start: int = 80
-    slow_end: int = 160
-    stopped_fraction: float = 0.4
+    slow_start: int = 70
+    slow_end: int = 140
+    stopped_fraction: float = 0.5
     out_dir: Path | None = None
     live: bool = True
     startup_timeout_s: float = 120.0
@@ -121,12 +121,19 @@ def _spawn_workers(opts: DemoOptions, ring_dir: Path, out: Path, port: int) -> l
 
 
 def _merge_event(state: DemoState, rank: int, event, at_iteration: int, reported_at: int) -> None:
-    """Job-level events: the first rank to report one opens it; others within 20 join it."""
-    for known in reversed(state.detected):
-        if known.type == event.type and abs(known.iteration - at_iteration) <= 20:
-            if rank not in known.ranks:
-                known.ranks.append(rank)
-            return
+    """Job-level events follow the job's state, as a controller would see it.
+
+    While the job is healthy, the first rank to report an onset opens a job onset; later onset
+    reports (other ranks, compound slowdowns) join it. While it is slow, the first relief report
+    opens a job relief, and later ones join that.
+    """
+    current = state.detected[-1] if state.detected else None
+    if current is not None and current.type == event.type:
+        if rank not in current.ranks:
+            current.ranks.append(rank)
+        return
+    if current is None and event.type == "relief":
+        return  # a relief without an onset (e.g. a slow start-up settling) is not a job event
     state.detected.append(
         DetectedEvent(event.type, at_iteration, [rank], float(event.change), reported_at,
                       float(event.before_s), float(event.after_s))

@@ -79,13 +79,16 @@ def _ground_truth(out: Path) -> dict[int, np.ndarray]:
     return truth
 
 
-def iteration_time_error(ring_dir: Path, truth: dict[int, np.ndarray]) -> dict[int, float]:
-    """Median relative error of ring-derived iteration times vs each rank's own step timer.
+def iteration_time_error(
+    ring_dir: Path, truth: dict[int, np.ndarray], window: int = 10
+) -> dict[int, dict[str, float]]:
+    """Relative error of ring-derived iteration times vs each rank's own step timer.
 
     Each derived iteration (ending at ``end_ns``) is matched with the step whose end is nearest;
-    matches further than half a step apart are left out.
+    matches further than half a step apart are left out. Per rank: the median error of single
+    iterations, and of ``window``-iteration means (what training logs usually print).
     """
-    errors: dict[int, float] = {}
+    errors: dict[int, dict[str, float]] = {}
     for ring in find_rings(ring_dir):
         reader = RingReader(ring)
         try:
@@ -104,9 +107,15 @@ def iteration_time_error(ring_dir: Path, truth: dict[int, np.ndarray]) -> dict[i
         idx = np.clip(np.searchsorted(t_end, ends), 1, len(t_end) - 1)
         nearer = np.where(np.abs(t_end[idx - 1] - ends) < np.abs(t_end[idx] - ends), idx - 1, idx)
         close = np.abs(t_end[nearer] - ends) < 0.5 * t_dur[nearer] * 1e9
-        if close.any():
-            rel = np.abs(secs[close] - t_dur[nearer[close]]) / t_dur[nearer[close]]
-            errors[rank] = float(np.median(rel))
+        if not close.any():
+            continue
+        got, want = secs[close], t_dur[nearer[close]]
+        means = [abs(got[i : i + window].sum() / want[i : i + window].sum() - 1)
+                 for i in range(0, len(got) - window + 1, window)]
+        errors[rank] = {
+            "per_iteration": float(np.median(np.abs(got - want) / want)),
+            f"per_{window}_iterations": float(np.median(means)) if means else float("nan"),
+        }
     return errors
 
 
@@ -152,10 +161,12 @@ def write_results(state: DemoState, analyzer: LocalAnalyzer, ring_dir: Path, out
     onsets = [e for e in state.detected if e.type == "onset"]
     reliefs = [e for e in state.detected if e.type == "relief"]
     start, end = state.inject_start_iter, state.inject_end_iter
-    onset = next((e for e in onsets if start is not None and e.iteration >= start - 5), None)
-    relief = next((e for e in reliefs if end is not None and e.iteration >= end - 5), None)
-    false_onsets = [e for e in onsets if start is None or e.iteration < start - 5
-                    or (end is not None and e.iteration > end + 5)]
+    # Judged by when an event was reported: an onset reported while the slowdown lasts is a
+    # detection, one reported before it (or after it ended) is a false alarm.
+    onset = next((e for e in onsets if start is not None and e.reported_at >= start
+                  and (end is None or e.reported_at <= end)), None)
+    relief = next((e for e in reliefs if end is not None and e.reported_at >= end), None)
+    false_onsets = [e for e in onsets if e is not onset]
     summary: dict[str, Any] = {
         "world_size": opts.world_size,
         "slow_rank": opts.slow_rank,
@@ -166,7 +177,7 @@ def write_results(state: DemoState, analyzer: LocalAnalyzer, ring_dir: Path, out
         "onset_latency_iterations": onset.reported_at - start if onset and start is not None else None,
         "relief_latency_iterations": relief.reported_at - end if relief and end is not None else None,
         "false_onsets": len(false_onsets),
-        "iteration_time_median_rel_error": errors,
+        "iteration_time_rel_error": errors,
         "events_exported": n_events,
         "events_lost": lost,
         "analyzer_records_lost": analyzer.dropped(),
@@ -193,9 +204,12 @@ def write_results(state: DemoState, analyzer: LocalAnalyzer, ring_dir: Path, out
     table.add_row("false onsets", "0", str(len(false_onsets)), "")
     console.print(table)
     if errors:
-        worst = max(errors.values())
-        console.print(f"ACF iteration time vs each rank's own step timer: median relative error "
-                      f"{np.median(list(errors.values())):.2%} (worst rank {worst:.2%})")
+        single = [e["per_iteration"] for e in errors.values()]
+        tens = [e["per_10_iterations"] for e in errors.values()]
+        console.print(
+            "ACF iteration time vs each rank's own step timer (median relative error): "
+            f"{np.median(tens):.2%} for 10-iteration means, {np.median(single):.2%} per single "
+            "iteration (scheduling noise of 4 ranks on this machine's cores)", soft_wrap=True)
     console.print(f"{n_events} collective events captured ({lost} lost); results in {out}/ "
                   f"(iteration_times.csv, events.jsonl, summary.json"
                   f"{', iteration_times.png' if plotted else ''})")

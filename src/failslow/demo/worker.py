@@ -58,8 +58,8 @@ def main() -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
 
     torch.manual_seed(0)
-    vocab, seq, batch = 512, 64, 8
-    model = DistributedDataParallel(_build_model(vocab, d_model=96, layers=2))
+    vocab, seq, batch = 512, 64, 16
+    model = DistributedDataParallel(_build_model(vocab, d_model=128, layers=3))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(1000 + rank)
     loss_fn = torch.nn.CrossEntropyLoss()
