@@ -122,8 +122,11 @@ def _rank_main(args: argparse.Namespace) -> None:
 def _table(data: dict) -> str:
     times, calls, steps = data["times"], data["calls"], data["steps"]
     base = statistics.mean(times["none"])
-    rows = ["| mechanism | mean step (ms) | median step (ms) | overhead vs none | c10d calls seen/step |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| mechanism | mean step (ms) | median step (ms) | overhead vs none "
+        "| c10d calls seen/step |",
+        "|---|---|---|---|---|",
+    ]
     for m in MECHS:
         mean = statistics.mean(times[m])
         rows.append(
@@ -164,7 +167,8 @@ def main() -> None:
         if any(rc):
             sys.exit(f"ranks failed: {rc}")
         data = json.loads(out.read_text())
-    print(f"DDP MLP, {args.world} ranks gloo, {args.rounds} interleaved rounds x {args.steps} steps")
+    print(f"DDP MLP, {args.world} ranks gloo, "
+          f"{args.rounds} interleaved rounds x {args.steps} steps")
     print(_table(data))
 
 

@@ -14,7 +14,9 @@ from failslow.cli import main
 from failslow.core.events import GroupInfo, OpCode, RingWriter, group_key, groups_path, ring_path
 from failslow.traceio import read_trace
 
-STEP_OPS = [("allreduce", "dp", 4 << 20), ("allreduce", "dp", 4 << 20), ("allgather", "tp", 1 << 20)]
+STEP_OPS = [
+    ("allreduce", "dp", 4 << 20), ("allreduce", "dp", 4 << 20), ("allgather", "tp", 1 << 20),
+]
 
 
 def _iteration_times(n: int, slow: tuple[int, int] | None, seed: int = 0) -> np.ndarray:
@@ -121,7 +123,7 @@ def test_bad_file_is_one_line_and_others_still_analyzed(tmp_path, capsys) -> Non
 def test_malformed_inputs_name_file_and_problem(tmp_path, content, message) -> None:
     path = tmp_path / "trace.txt"
     path.write_text(content)
-    with pytest.raises(ValueError, match="trace.txt") as info:
+    with pytest.raises(ValueError, match=r"trace\.txt") as info:
         read_trace(path)
     assert message in str(info.value)
 
@@ -138,7 +140,9 @@ def test_export_then_analyze_roundtrip(tmp_path, capsys) -> None:
         writer = RingWriter(ring_path(ring_dir, rank, 1000 + rank), capacity=4096, global_rank=rank)
         keys = {g: group_key(g, [0, 1]) for g in ("dp", "tp")}
         groups_path(writer.path).write_text(
-            "".join(GroupInfo(key=k, ranks=(0, 1), name=g).to_json() + "\n" for g, k in keys.items())
+            "".join(
+                GroupInfo(key=k, ranks=(0, 1), name=g).to_json() + "\n" for g, k in keys.items()
+            )
         )
         t = 0
         for dur in times:

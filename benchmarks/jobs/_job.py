@@ -48,7 +48,7 @@ class StepTimer:
         rank = dist.get_rank()
         path = Path(out)
         path = path.with_name(f"{path.stem}.rank{rank}{path.suffix or '.json'}")
-        times = [(b - a) / 1e9 for a, b in zip(self.marks, self.marks[1:])]
+        times = [(b - a) / 1e9 for a, b in zip(self.marks, self.marks[1:], strict=False)]
         path.write_text(json.dumps({
             "job": job, "rank": rank, "world": dist.get_world_size(),
             "step_end_ns": self.marks[1:], "step_start_ns": self.marks[:-1], "step_s": times,

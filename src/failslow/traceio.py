@@ -31,6 +31,7 @@ from failslow.core.events import (
     OpCode,
     RingFormatError,
     RingReader,
+    _enum_or_unknown,
     find_rings,
     group_key,
     read_groups,
@@ -189,9 +190,7 @@ def iter_ring_rows(ring_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]
                 key = int(r["group_key"])
                 row: dict[str, Any] = {
                     "rank": rank,
-                    "op": OpCode(int(r["op"])).label
-                    if int(r["op"]) in OpCode._value2member_map_
-                    else "unknown",
+                    "op": _enum_or_unknown(OpCode, int(r["op"])).label,
                     "group": f"{key:#x}",
                     "nbytes": int(r["nbytes"]),
                     "t_start_ns": int(r["t_start_ns"]),

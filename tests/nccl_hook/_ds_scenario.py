@@ -51,7 +51,7 @@ def scenario_deepspeed(ctx: dict[str, Any]) -> dict[str, Any]:
     for step in range(steps):
         x = torch.randn(8, 128, generator=g)
 
-        def one() -> None:
+        def one(x: torch.Tensor = x) -> None:
             loss = engine(x).square().mean()
             engine.backward(loss)
             engine.step()

@@ -64,7 +64,7 @@ def scenario_megatron(ctx: dict[str, Any]) -> dict[str, Any]:
     for step in range(steps):
         data = iter([torch.randn(SEQ, MBS, HIDDEN) for _ in range(MICRO)])
 
-        def one() -> None:
+        def one(data: object = data) -> None:
             opt.zero_grad()
             fb(forward_step_func=forward_step, data_iterator=data, model=[model],
                num_microbatches=MICRO, seq_length=SEQ, micro_batch_size=MBS,
@@ -73,7 +73,7 @@ def scenario_megatron(ctx: dict[str, Any]) -> dict[str, Any]:
 
         ctx["phases"].run(f"pp_step{step}", one)
     pp_group = ps.get_pipeline_model_parallel_group()
-    other = [r for r in dist.get_process_group_ranks(pp_group) if r != dist.get_rank()][0]
+    other = next(r for r in dist.get_process_group_ranks(pp_group) if r != dist.get_rank())
     return {
         "steps": steps,
         "micro": MICRO,

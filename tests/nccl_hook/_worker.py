@@ -160,7 +160,7 @@ def _train_ddp(steps: int, phases: Phases | None) -> tuple[list[torch.Tensor], A
         x = torch.randn(32, 256, generator=g)
         y = torch.randn(32, 64, generator=g)
 
-        def one() -> None:
+        def one(x: torch.Tensor = x, y: torch.Tensor = y) -> None:
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
@@ -205,7 +205,7 @@ def scenario_fsdp2(ctx: dict[str, Any]) -> dict[str, Any]:
     for step in range(steps):
         x = torch.randn(16, 256, generator=g)
 
-        def one() -> None:
+        def one(x: torch.Tensor = x) -> None:
             opt.zero_grad()
             model(x).square().mean().backward()
             opt.step()

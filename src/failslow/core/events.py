@@ -493,6 +493,10 @@ class RingReader:
                 pass
 
 
+def _enum_or_unknown(cls: type[enum.IntEnum], value: int) -> Any:
+    return cls(value) if value in cls._value2member_map_ else cls(0)
+
+
 def records_to_events(records: np.ndarray) -> list[CommEvent]:
     """Decode ring records into CommEvent objects (for tests and small exports)."""
     return [
@@ -501,9 +505,9 @@ def records_to_events(records: np.ndarray) -> list[CommEvent]:
             t_end_ns=int(r["t_end_ns"]),
             nbytes=int(r["nbytes"]),
             group_key=int(r["group_key"]),
-            op=OpCode(int(r["op"])) if int(r["op"]) in OpCode._value2member_map_ else OpCode.UNKNOWN,
-            dtype=DType(int(r["dtype"])) if int(r["dtype"]) in DType._value2member_map_ else DType.UNKNOWN,
-            source=Source(int(r["source"])) if int(r["source"]) in Source._value2member_map_ else Source.UNKNOWN,
+            op=_enum_or_unknown(OpCode, int(r["op"])),
+            dtype=_enum_or_unknown(DType, int(r["dtype"])),
+            source=_enum_or_unknown(Source, int(r["source"])),
             flags=Flags(int(r["flags"]) & 0xF),
             peer=int(r["peer"]),
             call_index=int(r["call_index"]),

@@ -11,7 +11,6 @@ Results: a live view, a summary table, and in the run directory ``iteration_time
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -34,7 +33,7 @@ class DemoOptions:
     slow_rank: int = 2
     slow_start: int = 70
     slow_end: int = 140
-    stopped_fraction: float = 0.5
+    stopped_fraction: float = 0.6
     out_dir: Path | None = None
     live: bool = True
     startup_timeout_s: float = 120.0
@@ -100,7 +99,9 @@ def _ring_root() -> Path:
     return Path(tempfile.mkdtemp(prefix="failslow-demo-", dir=base))
 
 
-def _spawn_workers(opts: DemoOptions, ring_dir: Path, out: Path, port: int) -> list[subprocess.Popen]:
+def _spawn_workers(
+    opts: DemoOptions, ring_dir: Path, out: Path, port: int
+) -> list[subprocess.Popen]:
     procs = []
     for rank in range(opts.world_size):
         env = dict(os.environ)
@@ -110,7 +111,7 @@ def _spawn_workers(opts: DemoOptions, ring_dir: Path, out: Path, port: int) -> l
             FAILSLOW_DEMO_STEPS=str(opts.iterations), FAILSLOW_DEMO_OUT=str(out),
             OMP_NUM_THREADS="1",
         )
-        log = open(out / f"worker-{rank}.log", "w")  # noqa: SIM115 - closed with the process
+        log = open(out / f"worker-{rank}.log", "w")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "failslow.demo.worker"], env=env, stdout=log, stderr=log
@@ -159,7 +160,7 @@ def run_demo(opts: DemoOptions) -> int:
                 for update in analyzer.poll():
                     if len(update.new_times):
                         state.last_times[update.rank] = float(update.new_times[-1])
-                    for event, seen in zip(update.events, update.reported_at):
+                    for event, seen in zip(update.events, update.reported_at, strict=True):
                         at = event.iteration
                         _merge_event(state, update.rank, event, at, seen)
                         if not opts.live:
@@ -176,11 +177,13 @@ def run_demo(opts: DemoOptions) -> int:
                 if throttle is None and state.iteration >= opts.slow_start:
                     throttle = DutyCycleThrottle(procs[opts.slow_rank].pid, opts.stopped_fraction)
                     throttle.start()
-                    state.inject_start_ns, state.inject_start_iter = throttle.started_ns, state.iteration
+                    state.inject_start_ns = throttle.started_ns
+                    state.inject_start_iter = state.iteration
                     state.injected = f"rank {opts.slow_rank} stopped {opts.stopped_fraction:.0%}"
                 if throttle is not None and throttle.active and state.iteration >= opts.slow_end:
                     throttle.stop()
-                    state.inject_end_ns, state.inject_end_iter = throttle.stopped_ns, state.iteration
+                    state.inject_end_ns = throttle.stopped_ns
+                    state.inject_end_iter = state.iteration
                     state.injected = "released"
                 refresh()
                 if all(p.poll() is not None for p in procs):
@@ -197,7 +200,7 @@ def run_demo(opts: DemoOptions) -> int:
                     )
                 time.sleep(0.1)
             for update in analyzer.poll():  # the tail
-                for event, seen in zip(update.events, update.reported_at):
+                for event, seen in zip(update.events, update.reported_at, strict=True):
                     _merge_event(state, update.rank, event, event.iteration, seen)
             refresh()
     finally:

@@ -26,7 +26,9 @@ def _build_model(vocab: int, d_model: int, layers: int):
             layer = nn.TransformerEncoderLayer(
                 d_model, nhead=4, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True
             )
-            self.encoder = nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
+            self.encoder = nn.TransformerEncoder(
+                layer, num_layers=layers, enable_nested_tensor=False
+            )
             self.head = nn.Linear(d_model, vocab)
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:

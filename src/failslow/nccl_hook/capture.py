@@ -365,7 +365,8 @@ def install(
 ) -> Capture:
     """Start recording every torch.distributed call of this process into its event ring.
 
-    ``ring_dir`` defaults to ``$FAILSLOW_RING_DIR``, then to the directory of an earlier install. The global rank comes from ``global_rank``,
+    ``ring_dir`` defaults to ``$FAILSLOW_RING_DIR``, then to the directory of an earlier
+    install. The global rank comes from ``global_rank``,
     ``$RANK`` or the initialized default group; when none is known yet the ring is created as
     soon as ``init_process_group`` runs. Call it before ``init_process_group`` to capture from
     the first collective; called later, it captures every group from its next call on.
@@ -377,7 +378,8 @@ def install(
         ring_dir = os.environ.get(RING_DIR_ENV) or (_capture.ring_dir if _capture else None)
         if ring_dir is None:
             raise ValueError(
-                f"failslow.nccl_hook.install: no ring directory; pass ring_dir or set ${RING_DIR_ENV}"
+                "failslow.nccl_hook.install: no ring directory; "
+                f"pass ring_dir or set ${RING_DIR_ENV}"
             )
     directory = Path(ring_dir).resolve()
     with _lock:

@@ -52,7 +52,7 @@ def test_tracker_finds_a_short_pattern_early() -> None:
 
 
 def test_pipeline_gradient_allreduce_stays_in_the_iteration() -> None:
-    """16 micro-batches of light p2p per step, one heavy DP all-reduce: one step, not one micro-batch."""
+    """16 micro-batches of light p2p and one heavy DP all-reduce: the step, not a micro-batch."""
     rows = []
     t = 0.0
     for _ in range(60):
