@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import numpy as np
+
 from failslow.core.local_analyzer import LocalAnalyzer
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
@@ -74,7 +76,8 @@ class DemoState:
     options: DemoOptions
     iteration: int = 0  # job iterations derived so far (slowest rank's count)
     last_times: dict[int, float] = field(default_factory=dict)
-    baseline: dict[int, float] = field(default_factory=dict)
+    baseline: dict[int, float] = field(default_factory=dict)  # frozen at an onset
+    recent: dict[int, float] = field(default_factory=dict)  # median of the last 20 iterations
     slow: dict[int, bool] = field(default_factory=dict)
     injected: str = "not yet"
     inject_start_ns: int | None = None
@@ -168,9 +171,13 @@ def run_demo(opts: DemoOptions) -> int:
                                   f"({event.change:+.1%})", flush=True)
                 for rank, rs in analyzer.ranks.items():
                     state.slow[rank] = rs.detector.slow
-                    base = getattr(rs.detector, "baseline_s", None)
-                    if base:
+                    base = rs.detector.baseline_s
+                    if base and rs.detector.slow:
                         state.baseline[rank] = float(base)
+                    else:
+                        state.baseline.pop(rank, None)
+                    if rs.iteration_times:
+                        state.recent[rank] = float(np.median(rs.iteration_times[-20:]))
                 counts = [rs.iterations for rs in analyzer.ranks.values()]
                 state.iteration = min(counts) if len(counts) == opts.world_size else 0
                 # Inject and release on the job's tracked iteration count.

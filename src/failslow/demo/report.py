@@ -37,12 +37,15 @@ def _view(state: DemoState) -> Group:
     bar = ProgressBar(total=opts.iterations, completed=min(state.iteration, opts.iterations))
     progress = Text(f"iterations derived from the rings: {state.iteration}/{opts.iterations} "
                     "(a few start-up calls precede the first)")
-    table = Table("rank", "last iteration (s)", "healthy baseline (s)", "state", box=None)
+    table = Table("rank", "last iteration (s)", "median of last 20 (s)", "healthy baseline (s)",
+                  "state", box=None)
     for rank in sorted(state.last_times):
         slow = state.slow.get(rank, False)
         base = state.baseline.get(rank)
+        recent = state.recent.get(rank)
         table.add_row(
-            str(rank), f"{state.last_times[rank]:.3f}", f"{base:.3f}" if base else "-",
+            str(rank), f"{state.last_times[rank]:.3f}", f"{recent:.3f}" if recent else "-",
+            f"{base:.3f}" if base else "-",
             Text("SLOW", style="bold red") if slow else Text("healthy", style="green"),
         )
     lines = [head, bar, progress, table]
