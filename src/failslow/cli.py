@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-start", type=int, default=70, help="iteration the slowdown starts")
     p.add_argument("--slow-end", type=int, default=140, help="iteration the slowdown ends")
     p.add_argument(
-        "--stopped-fraction", type=float, default=0.6,
+        "--stopped-fraction", type=float, default=0.7,
         help="share of wall time the slow rank is SIGSTOPped while the slowdown lasts",
     )
     p.add_argument("--out", help="run directory (default: runs/demo-<time>)")

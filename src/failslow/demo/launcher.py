@@ -35,7 +35,7 @@ class DemoOptions:
     slow_rank: int = 2
     slow_start: int = 70
     slow_end: int = 140
-    stopped_fraction: float = 0.6
+    stopped_fraction: float = 0.7
     out_dir: Path | None = None
     live: bool = True
     startup_timeout_s: float = 120.0
@@ -85,6 +85,7 @@ class DemoState:
     inject_start_iter: int | None = None
     inject_end_iter: int | None = None
     detected: list[DetectedEvent] = field(default_factory=list)
+    pending: dict[int, tuple] = field(default_factory=dict)  # rank -> vote for the next event
 
 
 def _free_store() -> tuple[object, int]:
@@ -124,24 +125,38 @@ def _spawn_workers(
     return procs
 
 
-def _merge_event(state: DemoState, rank: int, event, at_iteration: int, reported_at: int) -> None:
-    """Job-level events follow the job's state, as a controller would see it.
+QUORUM_WINDOW = 20  # iterations within which rank reports count as one job event
 
-    While the job is healthy, the first rank to report an onset opens a job onset; later onset
-    reports (other ranks, compound slowdowns) join it. While it is slow, the first relief report
-    opens a job relief, and later ones join that.
+
+def _merge_event(state: DemoState, rank: int, event, at_iteration: int, reported_at: int) -> None:
+    """Job-level events from per-rank reports, as a controller would aggregate them.
+
+    A synchronous job slows down on every rank at once, so a job onset (while healthy) or relief
+    (while slow) opens when at least half of the ranks report it within ``QUORUM_WINDOW``
+    iterations; one rank's noise alone never does. Later reports of the same kind join it.
     """
     current = state.detected[-1] if state.detected else None
-    if current is not None and current.type == event.type:
-        if rank not in current.ranks:
-            current.ranks.append(rank)
+    expected = "relief" if current is not None and current.type == "onset" else "onset"
+    if event.type != expected:
+        if current is not None and current.type == event.type and rank not in current.ranks:
+            current.ranks.append(rank)  # a late rank (or a compound step) joins the open event
         return
-    if current is None and event.type == "relief":
-        return  # a relief without an onset (e.g. a slow start-up settling) is not a job event
+    votes = state.pending
+    votes[rank] = (at_iteration, reported_at, float(event.change), event)
+    for r in [r for r, v in votes.items() if reported_at - v[1] > QUORUM_WINDOW]:
+        del votes[r]
+    if 2 * len(votes) < state.options.world_size:
+        return
+    iterations = sorted(v[0] for v in votes.values())
+    first = min(votes.values(), key=lambda v: v[0])[3]
     state.detected.append(
-        DetectedEvent(event.type, at_iteration, [rank], float(event.change), reported_at,
-                      float(event.before_s), float(event.after_s))
+        DetectedEvent(
+            event.type, iterations[len(iterations) // 2], sorted(votes),
+            float(np.median([v[2] for v in votes.values()])), reported_at,
+            float(first.before_s), float(first.after_s),
+        )
     )
+    votes.clear()
 
 
 def run_demo(opts: DemoOptions) -> int:

@@ -153,6 +153,7 @@ class FailSlowDetector(Detector):
         self._seg_start = 0  # first iteration of the current regime
         self._baseline: float | None = None  # log of the healthy level (frozen at an onset)
         self._level: float | None = None  # log of the current level (prior mean for BOCD)
+        self._slow_level = 0.0  # log of the level at the last onset (the 'before' of a relief)
 
     @property
     def slow(self) -> bool:
@@ -178,7 +179,30 @@ class FailSlowDetector(Detector):
             events = self._verify(c, t)
             if events is not None:
                 return events
+        if self._slow:
+            return self._settled_relief(t)
         return []
+
+    def _settled_relief(self, t: int) -> list[ChangeEvent]:
+        """Relief without a fresh change point: the current segment has settled back.
+
+        A recovery can first look like a partial one (a few noisy points just above the line),
+        which re-bases the segment at what is in fact the healthy level; no later change point
+        then exists to verify. Once the segment holds ``settle`` points whose median is back
+        within the threshold of the baseline by half a standard error, that is the relief.
+        """
+        c = self._seg_start
+        n = t - c + 1
+        if n < self.settle or self._baseline is None:
+            return []
+        raw = self.history.window(c, t + 1)
+        after = median(raw)
+        scale = 1.0489 * median(np.abs(np.diff(raw)))
+        margin = 0.5 * self.margin_z * 1.2533 * scale / math.sqrt(n)
+        if after - self._baseline > self.log_threshold - margin:
+            return []
+        self._slow = False
+        return [self._enter(c, t, "relief", self._slow_level, after)]
 
     def _candidates(self, probs: np.ndarray, t: int) -> list[int]:
         """Change points BOCD is confident about, most recent first.
@@ -218,14 +242,23 @@ class FailSlowDetector(Detector):
         assert self._baseline is not None
         ref = self._ref(c, 1)
         before = ref if ref is not None else self._baseline
-        if upper - self._baseline <= self.log_threshold:
+        # Relief: two thirds of the points are back within the threshold of the baseline (fast,
+        # for clean series), or - for noisy ones, where even a healthy level's upper tercile can
+        # sit above the line - the drop from the slow level is verified like an onset in reverse
+        # and the median is back within the threshold.
+        back = after - self._baseline <= self.log_threshold
+        dropped = ref is not None and self._confirmed(c, -raw, np.sort(-raw), -ref)
+        if upper - self._baseline <= self.log_threshold or (back and dropped):
             self._slow = False
             return [self._enter(c, t, "relief", before, after)]
         if ref is not None and self.history.window(self._seg_start, c).size >= self.min_post:
             if self._confirmed(c, raw, post, ref):
                 return [self._enter(c, t, "onset", ref, after)]
-            if ref - upper >= self.log_threshold:  # partial recovery: new slow level
-                self._seg_start = c
+            if ref - upper >= self.log_threshold:  # a clear drop from the slow level
+                if back:  # ... to within the threshold of the baseline: relief
+                    self._slow = False
+                    return [self._enter(c, t, "relief", before, after)]
+                self._seg_start = c  # partial recovery: a new, lower slow level
                 self._level = after
                 return []
         return None
@@ -270,6 +303,7 @@ class FailSlowDetector(Detector):
     def _enter(self, c: int, t: int, kind: str, before: float, after: float) -> ChangeEvent:
         if kind == "onset":
             self._slow = True
+            self._slow_level = after
         self._seg_start = c
         self._level = after
         return ChangeEvent(
