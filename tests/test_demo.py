@@ -33,7 +33,8 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     assert onset_latency is not None
     assert 0 <= onset_latency <= 25
     assert relief_latency is not None
-    assert 0 <= relief_latency <= 25
+    # a noisy recovery is confirmed once 12 settled iterations sit back at the baseline
+    assert 0 <= relief_latency <= 30
     errors = summary["iteration_time_rel_error"]
     # 10-iteration means track the ranks' own step timers closely; single iterations carry the
     # scheduling noise of 4 ranks on 2 cores, so they are only checked to be in the right range.
