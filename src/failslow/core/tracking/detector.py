@@ -153,7 +153,7 @@ class FailSlowDetector(Detector):
         self._seg_start = 0  # first iteration of the current regime
         self._baseline: float | None = None  # log of the healthy level (frozen at an onset)
         self._level: float | None = None  # log of the current level (prior mean for BOCD)
-        self._slow_level = 0.0  # log of the level at the last onset (the 'before' of a relief)
+        self._slow_level = 0.0  # log of the level at the first onset of the current fail-slow
 
     @property
     def slow(self) -> bool:
@@ -183,6 +183,17 @@ class FailSlowDetector(Detector):
             return self._settled_relief(t)
         return []
 
+    def _recovered(self, level: float) -> bool:
+        """Is ``level`` (log) a recovery from the current fail-slow?
+
+        Back within the threshold of the healthy baseline, or - since a shared machine's healthy
+        level drifts while a fail-slow lasts - at least half of the slowdown (in log terms) gone.
+        A smaller drop is a partial recovery: a new, lower slow level.
+        """
+        assert self._baseline is not None
+        allowed = max(self.log_threshold, 0.5 * (self._slow_level - self._baseline))
+        return level - self._baseline <= allowed
+
     def _settled_relief(self, t: int) -> list[ChangeEvent]:
         """Relief without a fresh change point: the current segment has settled back.
 
@@ -199,7 +210,7 @@ class FailSlowDetector(Detector):
         after = median(raw)
         scale = 1.0489 * median(np.abs(np.diff(raw)))
         margin = 0.5 * self.margin_z * 1.2533 * scale / math.sqrt(n)
-        if after - self._baseline > self.log_threshold - margin:
+        if not self._recovered(after + margin):
             return []
         self._slow = False
         return [self._enter(c, t, "relief", self._slow_level, after)]
@@ -246,7 +257,7 @@ class FailSlowDetector(Detector):
         # for clean series), or - for noisy ones, where even a healthy level's upper tercile can
         # sit above the line - the drop from the slow level is verified like an onset in reverse
         # and the median is back within the threshold.
-        back = after - self._baseline <= self.log_threshold
+        back = self._recovered(after)
         dropped = ref is not None and self._confirmed(c, -raw, np.sort(-raw), -ref)
         if upper - self._baseline <= self.log_threshold or (back and dropped):
             self._slow = False
@@ -302,8 +313,9 @@ class FailSlowDetector(Detector):
 
     def _enter(self, c: int, t: int, kind: str, before: float, after: float) -> ChangeEvent:
         if kind == "onset":
+            if not self._slow:  # the level of the fail-slow itself, not of a compound step
+                self._slow_level = after
             self._slow = True
-            self._slow_level = after
         self._seg_start = c
         self._level = after
         return ChangeEvent(
