@@ -51,18 +51,24 @@ def test_tracker_finds_a_short_pattern_early() -> None:
     assert first_seen is not None and first_seen <= 80  # within ~40 iterations, not 128
 
 
-def test_pipeline_gradient_allreduce_stays_in_the_iteration() -> None:
-    """16 micro-batches of light p2p and one heavy DP all-reduce: the step, not a micro-batch."""
+def pipeline_steps(n_steps: int, *, grad_norm: bool) -> list[tuple[float, int, int, int]]:
+    """16 micro-batches of light p2p per step, then the heavy DP gradient all-reduce."""
     rows = []
     t = 0.0
-    for _ in range(60):
+    for _ in range(n_steps):
         for m in range(16):
             rows.append((t + 0.01 * m, int(OpCode.SEND), 5, 8192))
             rows.append((t + 0.01 * m + 0.005, int(OpCode.RECV), 5, 8192))
         rows.append((t + 0.17, int(OpCode.ALLREDUCE), 6, 4 << 20))
-        rows.append((t + 0.18, int(OpCode.ALLREDUCE), 7, 4))  # grad-norm / loss: light, every step
+        if grad_norm:  # grad-norm / loss: light, but every step
+            rows.append((t + 0.18, int(OpCode.ALLREDUCE), 7, 4))
         t += 0.25
-    result = iteration_times(_records(rows))
+    return rows
+
+
+def test_pipeline_gradient_allreduce_stays_in_the_iteration() -> None:
+    """The step, not the micro-batch, is the iteration."""
+    result = iteration_times(_records(pipeline_steps(60, grad_norm=True)))
     assert result.period_calls == 34
     np.testing.assert_allclose(result.seconds, 0.25, rtol=1e-6)
 
@@ -77,15 +83,7 @@ def test_bookkeeping_mask_marks_only_light_infrequent_calls() -> None:
 
 def test_online_tracker_widens_to_the_step_and_bumps_epoch() -> None:
     """Online, the first attempt (64 calls) sees the micro-batch; a recheck widens it."""
-    rows = []
-    t = 0.0
-    for _ in range(60):
-        for m in range(16):
-            rows.append((t + 0.01 * m, int(OpCode.SEND), 5, 8192))
-            rows.append((t + 0.01 * m + 0.005, int(OpCode.RECV), 5, 8192))
-        rows.append((t + 0.17, int(OpCode.ALLREDUCE), 6, 4 << 20))
-        t += 0.25
-    rec = _records(rows)
+    rec = _records(pipeline_steps(60, grad_norm=False))
     tracker = IterationTracker()
     out = [tracker.feed(rec[i : i + 16]) for i in range(0, len(rec), 16)]
     assert tracker.period_calls == 33 and tracker.epoch >= 2

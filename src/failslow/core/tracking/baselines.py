@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from failslow.core.tracking.bocd import RunLengthPosterior
-from failslow.core.tracking.detector import ChangeEvent, Detector, LogHistory, check_time, median
+from failslow.core.tracking.detector import ChangeEvent, Detector, LogHistory, median
 
 
 def _event(kind: str, c: int, t: int, before: float, after: float) -> ChangeEvent:
@@ -55,14 +55,8 @@ class BOCDDetector(Detector):
         self._armed = True
         self._level: float | None = None
 
-    @property
-    def slow(self) -> bool:
-        return self._slow
-
     def update(self, x_seconds: float) -> list[ChangeEvent]:
-        y = math.log(check_time(x_seconds))
-        t = self.history.n
-        self.history.append(y)
+        y, t = self._observe(x_seconds)
         probs = self.bocd.update(y, self._level)
         seg = self.history.window(max(self._seg_start, t - self.ref_window), t + 1)
         self._level = median(seg)
@@ -103,14 +97,8 @@ class SlidingWindowDetector(Detector):
         self._baseline = 0.0
         self._quiet_until = 0
 
-    @property
-    def slow(self) -> bool:
-        return self._slow
-
     def update(self, x_seconds: float) -> list[ChangeEvent]:
-        y = math.log(check_time(x_seconds))
-        t = self.history.n
-        self.history.append(y)
+        _, t = self._observe(x_seconds)
         c = t + 1 - self.window
         if c - self.history_len < 0 or t < self._quiet_until:
             return []

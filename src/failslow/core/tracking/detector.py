@@ -81,15 +81,24 @@ class Detector(abc.ABC):
     """What every detector offers: feed one iteration time, get the events it completes."""
 
     name: str = "detector"
+    _slow: bool = False
+    history: LogHistory
 
     @abc.abstractmethod
     def update(self, x_seconds: float) -> list[ChangeEvent]:
         """Absorb the next iteration time; return events reported at this iteration."""
 
     @property
-    @abc.abstractmethod
     def slow(self) -> bool:
         """True while a reported fail-slow has not been relieved."""
+        return self._slow
+
+    def _observe(self, x_seconds: float) -> tuple[float, int]:
+        """Validate and record one iteration time; returns (log time, its index)."""
+        y = math.log(check_time(x_seconds))
+        t = self.history.n
+        self.history.append(y)
+        return y, t
 
 
 class LogHistory:
@@ -156,10 +165,6 @@ class FailSlowDetector(Detector):
         self._slow_level = 0.0  # log of the level at the first onset of the current fail-slow
 
     @property
-    def slow(self) -> bool:
-        return self._slow
-
-    @property
     def baseline_s(self) -> float | None:
         return None if self._baseline is None else math.exp(self._baseline)
 
@@ -168,9 +173,7 @@ class FailSlowDetector(Detector):
         return median(pre) if pre.size >= min_points else None
 
     def update(self, x_seconds: float) -> list[ChangeEvent]:
-        y = math.log(check_time(x_seconds))
-        t = self.history.n
-        self.history.append(y)
+        y, t = self._observe(x_seconds)
         probs = self.bocd.update(y, self._level)
         if self._level is None or t % 8 == 0:
             seg = self.history.window(max(self._seg_start, t - self.ref_window), t + 1)
