@@ -43,11 +43,9 @@ def _rank_main(args: argparse.Namespace) -> None:
     store = dist.TCPStore("127.0.0.1", args.port, args.world, is_master=False)
     dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world)
     ring_dir = Path(args.ring_dir)
-    torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(
-        torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-        torch.nn.Linear(1024, 512),
-    ), bucket_cap_mb=1)
+    from jobs._job import benchmark_mlp  # benchmarks/ is the script's directory
+
+    model = DDP(benchmark_mlp(), bucket_cap_mb=1)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(768, 512)
     counts = {"n": 0}

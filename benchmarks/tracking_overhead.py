@@ -74,11 +74,9 @@ def _worker(args: argparse.Namespace) -> None:
     capture = hook.install(args.ring_dir)  # before init, as a job would
     store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(
-        torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-        torch.nn.Linear(1024, 512),
-    ), bucket_cap_mb=1)
+    from jobs._job import benchmark_mlp  # benchmarks/ is the script's directory
+
+    model = DDP(benchmark_mlp(), bucket_cap_mb=1)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(args.batch, 512)
 

@@ -35,6 +35,15 @@ def start(description: str) -> argparse.Namespace:
     return args
 
 
+def benchmark_mlp() -> torch.nn.Sequential:
+    """The MLP every benchmark trains (512-1024-1024-512), seeded alike on every rank."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+        torch.nn.Linear(1024, 512),
+    )
+
+
 class StepTimer:
     """Monotonic timestamps of every optimizer step."""
 

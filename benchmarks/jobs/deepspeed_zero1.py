@@ -9,14 +9,11 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed
 import torch
 import torch.distributed as dist
-from _job import StepTimer, finish, start
+from _job import StepTimer, benchmark_mlp, finish, start
 
 args = start(__doc__)
 deepspeed.init_distributed(dist_backend="gloo")
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
-                            torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-                            torch.nn.Linear(1024, 512))
+model = benchmark_mlp()
 config = {
     "train_micro_batch_size_per_gpu": 256, "train_batch_size": 256 * dist.get_world_size(),
     "gradient_clipping": 0.0, "zero_optimization": {"stage": 1},

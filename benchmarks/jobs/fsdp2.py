@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from _job import StepTimer, finish, start
+from _job import StepTimer, benchmark_mlp, finish, start
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 args = start(__doc__)
 mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
-                            torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-                            torch.nn.Linear(1024, 512))
+model = benchmark_mlp()
 for m in model:
     if isinstance(m, torch.nn.Linear):
         fully_shard(m, mesh=mesh)
