@@ -64,6 +64,20 @@ class StepTimer:
         }))
 
 
+def train_and_finish(model: torch.nn.Module, args: argparse.Namespace, job: str) -> None:
+    """SGD on one fixed batch for ``args.steps`` timed steps, then the timer file and teardown."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(512, 512)
+    timer = StepTimer()
+    for _ in range(args.steps):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        timer.step_done()
+    timer.write(args.out, job)
+    finish()
+
+
 def finish() -> None:
     dist.barrier()
     time.sleep(0.1)

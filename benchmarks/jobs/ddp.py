@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-from _job import StepTimer, benchmark_mlp, finish, start
+from _job import benchmark_mlp, start, train_and_finish
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 args = start(__doc__)
 model = DDP(benchmark_mlp(), bucket_cap_mb=1)
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x = torch.randn(512, 512)
-timer = StepTimer()
-for _ in range(args.steps):
-    opt.zero_grad()
-    model(x).square().mean().backward()
-    opt.step()
-    timer.step_done()
-timer.write(args.out, "ddp")
-finish()
+train_and_finish(model, args, "ddp")
