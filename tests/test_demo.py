@@ -23,29 +23,30 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
+    why = "demo summary: " + json.dumps(summary)  # every failure says what the run saw
     # An onset other than the injected one is either a real slowdown of this shared machine
     # (seen once: +26% for 16 iterations on all four ranks) or a false alarm; the detector's false
     # alarm rate is measured on the labeled corpus (tests/core/tracking/test_corpus.py).
-    assert len(summary["other_onsets"]) <= 1
+    assert len(summary["other_onsets"]) <= 1, why
     # Latency bound: single iterations here carry ~20-30% scheduling noise (4 ranks on 2 shared
     # cores) and the throttle's effective slowdown varies with load (+20% to +55% measured), so
     # verification (1.5 standard errors past the 10% line) may need ~20 iterations; the detector's
     # own latency targets are checked on the labeled corpus (tests/core/tracking/test_corpus.py).
     onset_latency = summary["onset_latency_iterations"]
     relief_latency = summary["relief_latency_iterations"]
-    assert onset_latency is not None
-    assert 0 <= onset_latency <= 25
-    assert relief_latency is not None
+    assert onset_latency is not None, why
+    assert 0 <= onset_latency <= 25, why
+    assert relief_latency is not None, why
     # a noisy recovery is confirmed once 12 settled iterations sit back at the baseline
-    assert 0 <= relief_latency <= 30
+    assert 0 <= relief_latency <= 30, why
     errors = summary["iteration_time_rel_error"]
     # 10-iteration means track the ranks' own step timers closely; single iterations carry the
     # scheduling noise of 4 ranks on 2 cores, so they are only checked to be in the right range.
-    assert len(errors) == 4
-    assert max(e["per_10_iterations"] for e in errors.values()) < 0.05  # measured 1.1-3.3%
-    assert max(e["per_iteration"] for e in errors.values()) < 0.25
-    assert summary["events_lost"] == 0
-    assert summary["events_exported"] > 4 * 160
+    assert len(errors) == 4, why
+    assert max(e["per_10_iterations"] for e in errors.values()) < 0.05, why  # measured 1.1-3.3%
+    assert max(e["per_iteration"] for e in errors.values()) < 0.25, why
+    assert summary["events_lost"] == 0, why
+    assert summary["events_exported"] > 4 * 160, why
     for name in ("iteration_times.csv", "events.jsonl", "iteration_times.png"):
         assert (out / name).stat().st_size > 0
     # The CSV the demo writes is itself a valid `failslow analyze` input.
@@ -54,4 +55,4 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     assert analyzed.returncode == 0, analyzed.stderr
     events = json.loads(analyzed.stdout)[str(out / "iteration_times.csv")]["events"]
     # One rank's series (noisier than the four the live view merges) shows at least the onset.
-    assert [e["type"] for e in events][:1] == ["onset"]
+    assert [e["type"] for e in events][:1] == ["onset"], analyzed.stdout
