@@ -1,0 +1,87 @@
+"""Plans the planner emits and adapters apply (DESIGN.md, Contracts: Plan).
+
+One of :class:`Ignore` (greyhound S1), :class:`MicroBatchPlan` (S2), :class:`TopologyPlan`
+(S3), :class:`RestartPlan` (S4) or :class:`RerouteOrReconfigure` (odyssey IV: data rerouting or
+dynamic parallelism after a fail-stop). Each carries its estimated overhead (seconds of lost
+training, paid once) and expected step time afterwards, so the ski-rental policy and the
+simulator compare them on one scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    overhead_s: float = 0.0
+    """Estimated one-off cost of applying the plan, in seconds of lost training."""
+    step_time_s: float | None = None
+    """Estimated step time once the plan is in effect (None: unknown)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ignore(Plan):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class MicroBatchPlan(Plan):
+    """Micro-batches per DP replica and the loss weights that keep the gradient unchanged.
+
+    ``weights[r] = counts[r] * D / M``: replica ``r`` scales its mean loss by it, so the
+    all-reduced mean gradient equals the even split's (greyhound 5.2, weighted aggregation).
+    """
+
+    counts: tuple[int, ...]
+    weights: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StateMove:
+    """Copy the training state of one role from one host to another."""
+
+    role: int
+    src_host: str
+    dst_host: str
+    nbytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopologyPlan(Plan):
+    """New host of every role (``hosts[r]``), and the state moves that get it there."""
+
+    hosts: tuple[str, ...]
+    moves: tuple[StateMove, ...] = ()
+    reason: str = ""
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(m.nbytes for m in self.moves)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartPlan(Plan):
+    """Restart from the in-memory checkpoint without ``evict`` hosts, on ``replacements``."""
+
+    evict: tuple[str, ...]
+    replacements: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RerouteOrReconfigure(Plan):
+    """Odyssey's choice after losing nodes: reroute data within the old layout, or re-plan.
+
+    ``choice`` is ``"reroute"`` (keep DP/PP, survivors of a stage take the lost replicas'
+    micro-batches, odyssey Eq. 12-13) or ``"reconfigure"`` (new DP/PP sizes, layer split and
+    batch distribution, odyssey Alg. 1).
+    """
+
+    choice: str
+    dp: int
+    pp: int
+    layers_per_stage: tuple[int, ...] = ()
+    micro_batches_per_replica: tuple[int, ...] = ()
+    failed_per_stage: tuple[int, ...] = ()
+    alternatives: dict[str, float] = field(default_factory=dict)
+    """Estimated total cost (seconds) of each option considered, for the record."""

@@ -1,0 +1,144 @@
+"""The job's parallel layout as the planner sees it (DESIGN.md, Contracts: Topology).
+
+An adapter reports this; the planner, the simulator and the tests work on it and never on a
+framework object. A *role* is a global rank number together with its coordinates
+``(tp, dp, pp)``; ``hosts[r]`` is the node that currently runs role ``r``. Topology plans
+(greyhound 5.2, S3) change which host runs which role, never the roles themselves.
+
+:meth:`Topology.megatron` builds Megatron-core's default rank order (``tp-cp-ep-dp-pp``: TP
+varies fastest, then DP, then PP), which DeepSpeed's pipeline engine also uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from failslow.errors import ConfigError
+
+Coord = tuple[int, int, int]
+"""(tp, dp, pp) coordinates of one role."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """TP/DP/PP sizes, each role's coordinates and host, and the step's batch layout.
+
+    ``micro_batches`` is M, the number of micro-batches in one global batch (all DP replicas
+    together); ``layers_per_stage[p]`` is the number of transformer layers on stage ``p``.
+    """
+
+    tp: int
+    dp: int
+    pp: int
+    coords: tuple[Coord, ...]
+    hosts: tuple[str, ...]
+    micro_batches: int
+    micro_batch_size: int = 1
+    layers_per_stage: tuple[int, ...] = ()
+    _index: dict[Coord, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "dp", "pp", "micro_batches", "micro_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"topology: {name} must be a positive integer, got {value!r}")
+        n = self.tp * self.dp * self.pp
+        if len(self.coords) != n or len(self.hosts) != n:
+            raise ConfigError(
+                f"topology: tp*dp*pp = {n} roles, but {len(self.coords)} coords and "
+                f"{len(self.hosts)} hosts were given"
+            )
+        index = self._index
+        for rank, (t, d, p) in enumerate(self.coords):
+            if not (0 <= t < self.tp and 0 <= d < self.dp and 0 <= p < self.pp):
+                raise ConfigError(f"topology: rank {rank} has coords {(t, d, p)} out of range")
+            if (t, d, p) in index:
+                raise ConfigError(
+                    f"topology: ranks {index[(t, d, p)]} and {rank} share coords {(t, d, p)}"
+                )
+            index[(t, d, p)] = rank
+        if self.layers_per_stage and len(self.layers_per_stage) != self.pp:
+            raise ConfigError(
+                f"topology: layers_per_stage has {len(self.layers_per_stage)} entries, "
+                f"expected pp = {self.pp}"
+            )
+
+    @classmethod
+    def megatron(
+        cls,
+        *,
+        tp: int,
+        dp: int,
+        pp: int,
+        gpus_per_host: int,
+        micro_batches: int,
+        micro_batch_size: int = 1,
+        layers_per_stage: Sequence[int] = (),
+    ) -> Topology:
+        """Megatron's default order: rank = tp + TP * (dp + DP * pp); hosts fill in rank order."""
+        if gpus_per_host < 1:
+            raise ConfigError(f"topology: gpus_per_host must be >= 1, got {gpus_per_host}")
+        coords = tuple((t, d, p) for p in range(pp) for d in range(dp) for t in range(tp))
+        hosts = tuple(f"node{r // gpus_per_host:05d}" for r in range(len(coords)))
+        return cls(
+            tp=tp,
+            dp=dp,
+            pp=pp,
+            coords=coords,
+            hosts=hosts,
+            micro_batches=micro_batches,
+            micro_batch_size=micro_batch_size,
+            layers_per_stage=tuple(layers_per_stage),
+        )
+
+    @property
+    def world_size(self) -> int:
+        return len(self.coords)
+
+    def rank_of(self, tp: int, dp: int, pp: int) -> int:
+        return self._index[(tp, dp, pp)]
+
+    def replica_of(self, rank: int) -> int:
+        """DP replica (model copy) that ``rank`` belongs to."""
+        return self.coords[rank][1]
+
+    def stage_of(self, rank: int) -> int:
+        return self.coords[rank][2]
+
+    def replica_ranks(self, dp: int) -> list[int]:
+        """All ranks of DP replica ``dp`` (its TP x PP grid)."""
+        return [self.rank_of(t, dp, p) for p in range(self.pp) for t in range(self.tp)]
+
+    def dp_group(self, tp: int, pp: int) -> list[int]:
+        """Ranks that all-reduce gradients together (same tp and pp), in dp order."""
+        return [self.rank_of(tp, d, pp) for d in range(self.dp)]
+
+    def pp_group(self, tp: int, dp: int) -> list[int]:
+        """Ranks of one pipeline (same tp and dp), in stage order."""
+        return [self.rank_of(tp, dp, p) for p in range(self.pp)]
+
+    def tp_group(self, dp: int, pp: int) -> list[int]:
+        return [self.rank_of(t, dp, pp) for t in range(self.tp)]
+
+    @cached_property
+    def host_names(self) -> tuple[str, ...]:
+        """Distinct hosts in order of first appearance."""
+        return tuple(dict.fromkeys(self.hosts))
+
+    def ranks_on(self, host: str) -> list[int]:
+        return [r for r, h in enumerate(self.hosts) if h == host]
+
+    def with_hosts(self, hosts: Sequence[str]) -> Topology:
+        """The same layout with roles placed on other hosts (the result of a topology plan)."""
+        return Topology(
+            tp=self.tp,
+            dp=self.dp,
+            pp=self.pp,
+            coords=self.coords,
+            hosts=tuple(hosts),
+            micro_batches=self.micro_batches,
+            micro_batch_size=self.micro_batch_size,
+            layers_per_stage=self.layers_per_stage,
+        )
