@@ -1,0 +1,141 @@
+"""MultiLevelPlanner (greyhound Alg. 1): break-even buys, Table 2 filtering, relief, compounds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from failslow.core.diagnosis.record import Diagnosis, Kind, SlowLink, SlowRank
+from failslow.core.planner.plans import Ignore, Plan
+from failslow.core.planner.ski_rental import (
+    ALL_KINDS,
+    COMPUTE_ONLY,
+    MultiLevelPlanner,
+    Strategy,
+    hindsight_cost,
+)
+from failslow.errors import FailslowError
+
+COMPUTE = Diagnosis(Kind.COMPUTE, (SlowRank(3, 2.0),))
+COMM = Diagnosis(Kind.COMMUNICATION, slow_links=(SlowLink(0, 8, 3.0),))
+
+
+def fixed(overhead: float, step: float | None) -> Callable[[Diagnosis], Plan]:
+    return lambda _d: Ignore(overhead_s=overhead, step_time_s=step)
+
+
+def three_levels(s2=(2.0, 1.1), s3=(30.0, 1.05), s4=(300.0, 1.0)) -> list[Strategy]:
+    return [
+        Strategy("restart", ALL_KINDS, fixed(*s4), last_resort=True, revertible=False),
+        Strategy("topology", ALL_KINDS, fixed(*s3)),
+        Strategy("microbatch", COMPUTE_ONLY, fixed(*s2)),
+    ]
+
+
+def run(planner: MultiLevelPlanner, times: list[float]) -> list[tuple[int, str, str]]:
+    out = []
+    for i, t in enumerate(times):
+        out += [(i, d.action, d.strategy) for d in planner.observe(t)]
+    return out
+
+
+def test_buys_each_level_when_impact_reaches_its_overhead():
+    planner = MultiLevelPlanner(three_levels(), min_gain=0.0)
+    assert planner.onset(COMPUTE, healthy_step_s=1.0) == []
+    assert [n for n, _ in planner.candidates()] == ["microbatch", "topology", "restart"]
+    # slow step 2.0 s: 1 s impact per step, S2 bought after 2 steps (impact 2.0 >= 2.0)
+    decisions = run(planner, [2.0, 2.0])
+    assert decisions == [(1, "apply", "microbatch")]
+    # S2 ineffective (still 2.0): S3 bought when the cumulative impact reaches 30 s
+    decisions = run(planner, [2.0] * 40)
+    assert decisions == [(27, "apply", "topology")]
+    assert planner.impact_s == pytest.approx(42.0)  # rent keeps accruing after the buy
+
+
+def test_effective_strategy_stops_the_rent():
+    planner = MultiLevelPlanner(three_levels())
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    run(planner, [2.0, 2.0])
+    assert planner.applied == ("microbatch",)
+    assert run(planner, [1.0] * 1000) == []  # back to healthy: no further buy
+    assert planner.impact_s == pytest.approx(2.0)
+
+
+def test_root_cause_filters_strategies_table_2():
+    planner = MultiLevelPlanner(three_levels())
+    planner.onset(COMM, healthy_step_s=1.0)
+    assert [n for n, _ in planner.candidates()] == ["topology", "restart"]
+
+
+def test_skips_a_level_that_would_not_beat_the_observed_step_time():
+    # S3 estimates 1.5 s, but S2 already brought the job to 1.25 s: buying S3 is pointless;
+    # the restart (estimated healthy) is still bought at its break-even point.
+    planner = MultiLevelPlanner(three_levels(s3=(30.0, 1.5)), min_gain=0.05)
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    run(planner, [2.0, 2.0])
+    decisions = run(planner, [1.25] * 1500)
+    assert decisions == [(1191, "apply", "restart")]
+
+
+def test_relief_reverts_newest_first_and_not_restart():
+    planner = MultiLevelPlanner(three_levels(), min_gain=0.0)
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    run(planner, [2.0] * 400)
+    assert planner.applied == ("microbatch", "topology", "restart")
+    reverts = planner.relief()
+    assert [(d.action, d.strategy) for d in reverts] == [
+        ("revert", "topology"),
+        ("revert", "microbatch"),
+    ]
+    assert not planner.active and planner.observe(5.0) == []
+
+
+def test_compound_onset_replans_and_keeps_impact():
+    planner = MultiLevelPlanner(three_levels(), min_gain=0.0)
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    run(planner, [2.0] * 5)
+    again = planner.onset(Diagnosis(Kind.BOTH, (SlowRank(3, 2.0),)), healthy_step_s=1.0)
+    assert [(d.action, d.strategy) for d in again] == [("apply", "microbatch")]
+    assert planner.impact_s == pytest.approx(5.0)
+
+
+def test_bad_inputs_are_clear_errors():
+    with pytest.raises(FailslowError, match="unique"):
+        MultiLevelPlanner(three_levels() * 2)
+    planner = MultiLevelPlanner(three_levels())
+    with pytest.raises(FailslowError, match="healthy step time"):
+        planner.onset(COMPUTE, healthy_step_s=0.0)
+    bad = [Strategy("x", ALL_KINDS, fixed(float("nan"), 1.0))]
+    with pytest.raises(FailslowError, match="overhead"):
+        MultiLevelPlanner(bad).onset(COMPUTE, healthy_step_s=1.0)
+
+
+def _online_cost(duration: int, slow: float, levels: list[tuple[float, float]]) -> float:
+    strategies = [Strategy(f"s{i}", ALL_KINDS, fixed(o, s)) for i, (o, s) in enumerate(levels)]
+    planner = MultiLevelPlanner(strategies, min_gain=0.0)
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    cost, step = 0.0, slow
+    for _ in range(duration):
+        cost += step - 1.0
+        for d in planner.observe(step):
+            plan: Plan = d.plan
+            cost += plan.overhead_s
+            step = plan.step_time_s or step
+    return cost
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    duration=st.integers(1, 3000),
+    slow=st.floats(1.05, 5.0),
+    overhead=st.floats(0.5, 500.0),
+)
+def test_single_buy_is_two_competitive(duration, slow, overhead):
+    """Classic ski rental: one option that eliminates the slowdown -> cost <= 2 x hindsight
+    (+ one step of rent, since decisions happen at step granularity)."""
+    online = _online_cost(duration, slow, [(overhead, 1.0)])
+    best = hindsight_cost(duration, 1.0, slow, [(overhead, 1.0)])
+    assert online <= 2 * best + (slow - 1.0) + 1e-9
