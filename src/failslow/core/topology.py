@@ -127,8 +127,16 @@ class Topology:
         """Distinct hosts in order of first appearance."""
         return tuple(dict.fromkeys(self.hosts))
 
+    @cached_property
+    def _ranks_by_host(self) -> dict[str, list[int]]:
+        index: dict[str, list[int]] = {}
+        for rank, host in enumerate(self.hosts):
+            index.setdefault(host, []).append(rank)
+        return index
+
     def ranks_on(self, host: str) -> list[int]:
-        return [r for r, h in enumerate(self.hosts) if h == host]
+        """Ranks placed on ``host`` (an index built once, O(ranks on host) per call)."""
+        return list(self._ranks_by_host.get(host, ()))
 
     def with_hosts(self, hosts: Sequence[str]) -> Topology:
         """The same layout with roles placed on other hosts (the result of a topology plan)."""

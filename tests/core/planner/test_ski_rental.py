@@ -80,11 +80,15 @@ def test_skips_a_level_that_would_not_beat_the_observed_step_time():
     assert decisions == [(1191, "apply", "restart")]
 
 
-def test_relief_reverts_newest_first_and_not_restart():
+def test_relief_reverts_newest_first_and_a_restart_supersedes():
     planner = MultiLevelPlanner(three_levels(), min_gain=0.0)
     planner.onset(COMPUTE, healthy_step_s=1.0)
     run(planner, [2.0] * 400)
-    assert planner.applied == ("microbatch", "topology", "restart")
+    assert planner.applied == ("restart",)  # the restart superseded S2 and S3
+    assert planner.relief() == []
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    run(planner, [2.0] * 40)
+    assert planner.applied == ("microbatch", "topology")
     reverts = planner.relief()
     assert [(d.action, d.strategy) for d in reverts] == [
         ("revert", "topology"),

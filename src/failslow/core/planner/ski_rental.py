@@ -21,7 +21,8 @@ What this object adds to the paper's loop, each as a rule a user can read here:
 - **Compound events**: a new onset while an event is active re-plans with the new diagnosis
   and keeps the accumulated impact, so cheap strategies are re-applied at once for the new
   straggler, expensive ones still wait for their break-even point.
-- **Restart is last**: a strategy flagged ``last_resort`` is always sorted after the others.
+- **Restart is last**: a strategy flagged ``last_resort`` is always sorted after the others;
+  applying a non-revertible one (a restart rebuilds the job) supersedes the plans before it.
 """
 
 from __future__ import annotations
@@ -187,6 +188,8 @@ class MultiLevelPlanner:
                 and expected > current * (1.0 - self._min_gain)
             ):
                 continue  # would not beat what is observed now: not worth its overhead
+            if not candidate.strategy.revertible:
+                event.applied.clear()  # a restart rebuilds the job: earlier plans are moot
             event.applied.append(candidate)
             event.recent.clear()
             decisions.append(
