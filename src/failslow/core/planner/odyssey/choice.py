@@ -209,14 +209,14 @@ def plan_failstop(
             step_time_s=best.step_time_s,
         )
 
-    options = [p for p in (reroute, reconfigure) if p is not None]
-    if not options:
+    feasible = [p for p in (reroute, reconfigure) if p is not None]
+    if not feasible:
         raise FailslowError("odyssey: no way to continue: " + "; ".join(reasons))
     costs = {"reroute": math.inf, "reconfigure": math.inf}
-    for p in options:
+    for p in feasible:
         assert p.step_time_s is not None
         costs[p.choice] = lost(p.step_time_s, p.overhead_s)
-    chosen = min(options, key=lambda p: costs[p.choice])  # ties: reroute (listed first)
+    chosen = min(feasible, key=lambda p: costs[p.choice])  # ties: reroute (listed first)
     return FailstopPlan(
         choice=chosen.choice,
         dp=chosen.dp,
