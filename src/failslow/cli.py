@@ -61,8 +61,11 @@ def _print_analyses(analyses: list) -> None:
         for e in a.events:
             style = "red" if e.type == "onset" else "green"
             table.add_row(
-                f"[{style}]{e.type}[/{style}]", str(e.iteration), f"{e.before_s:.4f}",
-                f"{e.after_s:.4f}", f"{e.change:+.1%}",
+                f"[{style}]{e.type}[/{style}]",
+                str(e.iteration),
+                f"{e.before_s:.4f}",
+                f"{e.after_s:.4f}",
+                f"{e.change:+.1%}",
             )
         console.print(table)
 
@@ -95,6 +98,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(options)
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.console import Console
+
+    from failslow.sim.report import simulate
+    from failslow.sim.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    policies = args.policies.split(",") if args.policies else None
+    out = Path(args.out or f"runs/simulate-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    simulate(scenario, policies, out, Console(width=max(Console().width, 120)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="failslow", description="Detect and mitigate fail-slows in distributed training."
@@ -119,12 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-start", type=int, default=70, help="iteration the slowdown starts")
     p.add_argument("--slow-end", type=int, default=140, help="iteration the slowdown ends")
     p.add_argument(
-        "--stopped-fraction", type=float, default=0.7,
+        "--stopped-fraction",
+        type=float,
+        default=0.7,
         help="share of wall time the slow rank is SIGSTOPped while the slowdown lasts",
     )
     p.add_argument("--out", help="run directory (default: runs/demo-<time>)")
     p.add_argument("--no-live", action="store_true", help="no live display (plain log lines)")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("simulate", help="simulate mitigation policies on a shipped scenario")
+    p.add_argument("scenario", metavar="SCENARIO", help="greyhound-table6, odyssey-vb or scale-16k")
+    p.add_argument("--policies", help="comma-separated (default: the scenario's own list)")
+    p.add_argument("--out", help="output directory (default: runs/simulate-<name>-<time>)")
+    p.set_defaults(func=_cmd_simulate)
     return parser
 
 

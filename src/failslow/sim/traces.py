@@ -46,12 +46,15 @@ class CategorySpec:
 
 
 SPECS: dict[str, CategorySpec] = {
-    "1-node": CategorySpec((0.4, 0.55), (2000, 4000), 10.0, (0.12, 0.30), 2, 0.0,
-                           (0.01, 0.025), 1.0, 0.3, 0.5),
-    "4-node": CategorySpec((1.5, 2.1), (2000, 4500), 24.0, (0.15, 0.60), 2, 0.2,
-                           (0.015, 0.03), 1.5, 0.5, 0.35),
-    "at-scale": CategorySpec((2.0, 3.0), (3000, 6000), 72.0, (0.20, 1.50), 2, 0.7,
-                             (0.015, 0.03), 1.5, 0.6, 0.15),
+    "1-node": CategorySpec(
+        (0.4, 0.55), (2000, 4000), 10.0, (0.12, 0.30), 2, 0.0, (0.01, 0.025), 1.0, 0.3, 0.5
+    ),
+    "4-node": CategorySpec(
+        (1.5, 2.1), (2000, 4500), 24.0, (0.15, 0.60), 2, 0.2, (0.015, 0.03), 1.5, 0.5, 0.35
+    ),
+    "at-scale": CategorySpec(
+        (2.0, 3.0), (3000, 6000), 72.0, (0.20, 1.50), 2, 0.7, (0.015, 0.03), 1.5, 0.6, 0.15
+    ),
 }
 
 
@@ -230,6 +233,11 @@ def score_job(trace: Trace, events: list) -> JobScore:  # type: ignore[type-arg]
     found = sum(1 for f in outer if any(f.relief <= d <= f.relief + 120 for d in reliefs))
     correct = false_alarms == 0 and all(lat is not None for lat in latencies)
     return JobScore(
-        trace.positive, correct, tuple(latencies), false_alarms,
-        int(n - inside[:n].sum()), found, len(outer),
+        trace.positive,
+        correct,
+        tuple(latencies),
+        false_alarms,
+        int(n - inside[:n].sum()),
+        found,
+        len(outer),
     )

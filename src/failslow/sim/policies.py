@@ -1,0 +1,323 @@
+"""Mitigation policies the simulator compares, each driving the real planner code.
+
+- ``none``: ignore fail-slows; after a fail-stop wait for the repair, restart from the last
+  remote checkpoint.
+- ``restart``: every diagnosed fail-slow and every fail-stop -> checkpoint to remote storage
+  and restart without the bad host (greyhound S4 alone).
+- ``greyhound``: ski-rental over S1..S4 (greyhound 5.1 Alg. 1) with the real S2 allocator and
+  S3 topology planner; S4 and fail-stops use remote-storage checkpoint-restart.
+- ``failslow``: the same ski-rental planner, but S4 and fail-stops restart from in-memory
+  checkpoints onto warm standbys (byterobust 6) and, when no standby is left, fall back to
+  odyssey's reroute-or-reconfigure choice.
+- ``oobleck`` / ``recycle`` / ``odyssey``: fail-stop handling only - always reconfigure,
+  always reroute, or odyssey's adaptive choice (odyssey V-B baselines).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from failslow.core.diagnosis.record import Diagnosis
+from failslow.core.planner.allocation import microbatch_plan
+from failslow.core.planner.odyssey import ClusterState, healthy_step_time, plan_failstop
+from failslow.core.planner.plans import MicroBatchPlan, Plan, RestartPlan, TopologyPlan
+from failslow.core.planner.ski_rental import (
+    ALL_KINDS,
+    COMPUTE_ONLY,
+    Decision,
+    MultiLevelPlanner,
+    Strategy,
+)
+from failslow.core.planner.topology_plan import plan_topology
+
+if TYPE_CHECKING:
+    from failslow.sim.engine import Simulation
+
+
+class Policy:
+    name = "none"
+    halted = False
+
+    def attach(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def on_diagnosis(self, diagnosis: Diagnosis) -> None:
+        pass
+
+    def on_relief(self) -> None:
+        pass
+
+    def on_step(self, step_s: float) -> None:
+        pass
+
+    def on_failstop(self, host: str) -> None:
+        """Default: training halts until the host is repaired, then a remote restart."""
+        self.halted = True
+        self.sim.mark("halt until repair")
+
+    def on_repair(self, host: str) -> None:
+        if self.halted:
+            self.halted = False
+            self.sim.lose_progress()
+            self.sim.pause(self.sim.costs.restart_disk_s)
+            self.sim.mark(f"restart after repair of {host}")
+
+
+def _slow_hosts(sim: Simulation, diagnosis: Diagnosis) -> list[str]:
+    hosts = {sim.topology.hosts[s.rank] for s in diagnosis.slow_ranks}
+    hosts |= {sim.topology.hosts[link.b] for link in diagnosis.slow_links}
+    return sorted(hosts)
+
+
+class AlwaysRestart(Policy):
+    name = "restart"
+
+    def on_diagnosis(self, diagnosis: Diagnosis) -> None:
+        self.sim.replace_hosts(_slow_hosts(self.sim, diagnosis))
+        self.sim.pause(self.sim.costs.restart_disk_s)
+        self.sim.mark("S4 restart")
+
+    def on_failstop(self, host: str) -> None:
+        self.sim.lose_progress()
+        self.sim.replace_hosts([host])
+        self.sim.pause(self.sim.costs.restart_disk_s)
+        self.sim.mark("restart on spare")
+
+
+class SkiRental(Policy):
+    """greyhound 5.1: Algorithm 1 over S2 (allocation), S3 (topology), S4 (restart)."""
+
+    name = "greyhound"
+    in_memory = False
+
+    def attach(self, sim: Simulation) -> None:
+        super().attach(sim)
+        self.planner = MultiLevelPlanner(
+            [
+                Strategy("S2 micro-batches", COMPUTE_ONLY, self._build_s2),
+                Strategy("S3 topology", ALL_KINDS, self._build_s3),
+                Strategy(
+                    "S4 restart", ALL_KINDS, self._build_s4, last_resort=True, revertible=False
+                ),
+            ]
+        )
+        self._undo: dict[int, object] = {}
+
+    def _restart_s(self) -> float:
+        costs = self.sim.costs
+        return costs.restart_memory_s if self.in_memory else costs.restart_disk_s
+
+    def _build_s2(self, diagnosis: Diagnosis) -> Plan | None:
+        sim = self.sim
+        healthy = sim.scenario.model.forward_s + sim.scenario.model.backward_s
+        started = time.perf_counter()
+        plan = microbatch_plan(sim.topology, diagnosis, healthy_time=healthy, overhead_s=0.0)
+        solve_s = time.perf_counter() - started
+        if list(plan.counts) == sim.counts:
+            return None
+        # the counts take effect at the next step boundary: the solve is the whole cost
+        return replace(plan, overhead_s=solve_s, step_time_s=self._estimate(counts=plan.counts))
+
+    def _estimate(self, **change: object) -> float:
+        """Step time the simulator's model predicts for a changed state (the plan's gain)."""
+        from failslow.sim.stepmodel import step_time
+
+        sim = self.sim
+        topology = change.get("topology", sim.topology)
+        counts = change.get("counts", sim.counts)
+        saved = sim.topology
+        sim.topology = topology  # type: ignore[assignment]
+        compute, links = sim.affecting()
+        sim.topology = saved
+        return step_time(topology, sim.scenario.model, counts, compute, links)  # type: ignore[arg-type]
+
+    def _build_s3(self, diagnosis: Diagnosis) -> Plan | None:
+        sim = self.sim
+        costs = sim.costs
+        plan = plan_topology(
+            sim.topology,
+            diagnosis,
+            state_bytes_per_rank=costs.state_bytes_per_rank,
+            transfer_bandwidth_bytes_per_s=costs.transfer_bytes_per_s,
+            pause_s=costs.pause_s,
+        )
+        if plan is None:
+            return None
+        return replace(
+            plan, step_time_s=self._estimate(topology=sim.topology.with_hosts(plan.hosts))
+        )
+
+    def _build_s4(self, diagnosis: Diagnosis) -> Plan | None:
+        return RestartPlan(
+            evict=tuple(_slow_hosts(self.sim, diagnosis)),
+            overhead_s=self._restart_s(),
+            step_time_s=self.sim.healthy_step_s(),
+        )
+
+    def on_diagnosis(self, diagnosis: Diagnosis) -> None:
+        self._apply(self.planner.onset(diagnosis, healthy_step_s=self.sim.healthy_step_s()))
+
+    def on_step(self, step_s: float) -> None:
+        if self.planner.active:
+            self._apply(self.planner.observe(step_s))
+
+    def on_relief(self) -> None:
+        self._apply(self.planner.relief())
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        sim = self.sim
+        for d in decisions:
+            plan = d.plan
+            if d.action == "apply":
+                if isinstance(plan, MicroBatchPlan):
+                    self._undo[id(plan)] = list(sim.counts)
+                    sim.set_counts(list(plan.counts))
+                elif isinstance(plan, TopologyPlan):
+                    self._undo[id(plan)] = sim.topology
+                    sim.pause(plan.overhead_s)
+                    sim.set_topology(sim.topology.with_hosts(plan.hosts))
+                elif isinstance(plan, RestartPlan):
+                    sim.pause(plan.overhead_s)
+                    sim.set_counts(sim.even_counts)
+                    sim.replace_hosts(list(plan.evict), warm=self.in_memory)
+                sim.mark(f"{d.strategy}")
+            else:
+                previous = self._undo.pop(id(plan), None)
+                if isinstance(plan, MicroBatchPlan) and previous is not None:
+                    sim.set_counts(previous)  # type: ignore[arg-type]
+                elif isinstance(plan, TopologyPlan) and previous is not None:
+                    sim.pause(plan.overhead_s)
+                    sim.set_topology(previous)  # type: ignore[arg-type]
+                sim.mark(f"revert {d.strategy}")
+
+    def on_failstop(self, host: str) -> None:
+        sim = self.sim
+        sim.lose_progress()
+        sim.replace_hosts([host])
+        sim.pause(sim.costs.restart_disk_s)
+        sim.mark("restart (remote checkpoint)")
+
+
+class Replanning(Policy):
+    """Fail-stops handled by odyssey's model: reroute, reconfigure, or choose (Eq. 8)."""
+
+    name = "odyssey"
+    options: tuple[str, ...] = ("reroute", "reconfigure")
+
+    def attach(self, sim: Simulation) -> None:
+        super().attach(sim)
+        self.failed: set[str] = set()
+        self.reconfigured = False
+
+    def _replan(self, reason: str) -> None:
+        sim = self.sim
+        scenario = sim.scenario
+        assert scenario.profile is not None
+        topology = scenario.topology
+        if not self.failed:
+            # every host is back: return to the original layout
+            cost = sim.costs.replan_s if self.reconfigured else 0.0
+            sim.pause(cost)
+            sim.degraded_step_s, self.reconfigured = None, False
+            sim.changed()
+            sim.mark(f"back to full layout ({reason})")
+            return
+        cluster = ClusterState.from_topology(topology, self.failed)
+        alive = topology.world_size - len(self.failed) * topology.tp
+        rate = scenario.host_failures_per_hour * max(alive, 1) / 3600.0
+        plan = plan_failstop(
+            scenario.profile,
+            cluster,
+            global_batch_microbatches=topology.micro_batches,
+            horizon_s=1.0 / rate if rate > 0 else scenario.duration_s,
+            restart_s=sim.costs.replan_s,
+            options=self._options(cluster),
+        )
+        full = healthy_step_time(
+            scenario.profile, ClusterState.from_topology(topology), topology.micro_batches
+        )
+        assert plan.step_time_s is not None
+        sim.pause(plan.overhead_s)
+        # the simulator's clock runs on its own step model; odyssey's ratio carries over
+        sim.degraded_step_s = sim.healthy_step_s() * plan.step_time_s / full
+        sim.changed()
+        self.reconfigured = plan.choice == "reconfigure"
+        sim.mark(f"{plan.choice} dp={plan.dp} pp={plan.pp} ({reason})")
+
+    def _options(self, cluster: ClusterState) -> tuple[str, ...]:
+        return self.options
+
+    def on_failstop(self, host: str) -> None:
+        if self.sim.scenario.profile is None:
+            Policy.on_failstop(self, host)  # nothing to re-plan with: wait for the repair
+            return
+        self.failed.add(host)
+        self._replan(f"lost {host}")
+
+    def on_repair(self, host: str) -> None:
+        if host in self.failed:
+            self.failed.discard(host)
+            self._replan(f"{host} repaired")
+        else:
+            super().on_repair(host)
+
+
+class AlwaysReconfigure(Replanning):
+    name = "oobleck"
+    options = ("reconfigure",)
+
+
+class AlwaysReroute(Replanning):
+    name = "recycle"
+    options = ("reroute",)
+
+    def _options(self, cluster: ClusterState) -> tuple[str, ...]:
+        if any(f >= cluster.dp for f in cluster.failures):
+            return ("reconfigure",)  # a stage lost every replica: rerouting cannot continue
+        return self.options
+
+
+class Failslow(SkiRental, Replanning):
+    """Ski-rental with in-memory restarts onto warm standbys; odyssey when none is left."""
+
+    name = "failslow"
+    in_memory = True
+
+    def attach(self, sim: Simulation) -> None:
+        SkiRental.attach(self, sim)
+        self.failed = set()
+        self.reconfigured = False
+
+    def _build_s4(self, diagnosis: Diagnosis) -> Plan | None:
+        if self.sim.spares < len(_slow_hosts(self.sim, diagnosis)):
+            return None
+        return super()._build_s4(diagnosis)
+
+    def on_failstop(self, host: str) -> None:
+        sim = self.sim
+        if sim.spares > 0:
+            sim.replace_hosts([host], warm=True)
+            sim.pause(sim.costs.restart_memory_s)
+            sim.mark("restart on standby (in-memory)")
+        elif sim.scenario.profile is not None:
+            Replanning.on_failstop(self, host)
+        else:
+            sim.replace_hosts([host])
+            sim.pause(sim.costs.restart_disk_s)
+            sim.mark("cold restart (in-memory state kept)")
+
+    def on_repair(self, host: str) -> None:
+        Replanning.on_repair(self, host)
+
+
+POLICIES: dict[str, type[Policy]] = {
+    "none": Policy,
+    "restart": AlwaysRestart,
+    "greyhound": SkiRental,
+    "failslow": Failslow,
+    "oobleck": AlwaysReconfigure,
+    "recycle": AlwaysReroute,
+    "odyssey": Replanning,
+}
