@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+import failslow.core.planner.planner as planner_module
 import failslow.sim.policies as policies
 from failslow.cli import main
 from failslow.core.diagnosis.record import Kind
@@ -36,14 +37,14 @@ def test_compute_failslow_gets_the_exact_s2_allocation(monkeypatch):
     slow = FailSlow(60.0, 400.0, Kind.COMPUTE, 2.0, gpu=("node00003", 0))
     scenario = replace(base, events=(slow,), duration_s=600.0)
     calls = []
-    real = policies.microbatch_plan
+    real = planner_module.microbatch_plan
 
     def spy(*args, **kwargs):
         plan = real(*args, **kwargs)
         calls.append(plan)
         return plan
 
-    monkeypatch.setattr(policies, "microbatch_plan", spy)
+    monkeypatch.setattr(planner_module, "microbatch_plan", spy)
     sim = Simulation(scenario, policies.POLICIES["greyhound"]())
     trace = sim.run()
     assert calls, "the policy never called the real S2 planner"

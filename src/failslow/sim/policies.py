@@ -15,22 +15,21 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from failslow.core.diagnosis.record import Diagnosis
-from failslow.core.planner.allocation import microbatch_plan
-from failslow.core.planner.odyssey import ClusterState, healthy_step_time, plan_failstop
-from failslow.core.planner.plans import MicroBatchPlan, Plan, RestartPlan, TopologyPlan
-from failslow.core.planner.ski_rental import (
-    ALL_KINDS,
-    COMPUTE_ONLY,
-    Decision,
-    MultiLevelPlanner,
-    Strategy,
+from failslow.core.planner.odyssey import ClusterState, healthy_step_time
+from failslow.core.planner.planner import MitigationCosts, Planner
+from failslow.core.planner.plans import (
+    MicroBatchPlan,
+    Plan,
+    RerouteOrReconfigure,
+    RestartPlan,
+    TopologyPlan,
 )
-from failslow.core.planner.topology_plan import plan_topology
+from failslow.core.planner.ski_rental import Decision
+from failslow.core.topology import Topology
+from failslow.sim.stepmodel import step_time
 
 if TYPE_CHECKING:
     from failslow.sim.engine import Simulation
@@ -94,73 +93,45 @@ class SkiRental(Policy):
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
-        self.planner = MultiLevelPlanner(
-            [
-                Strategy("S2 micro-batches", COMPUTE_ONLY, self._build_s2),
-                Strategy("S3 topology", ALL_KINDS, self._build_s3),
-                Strategy(
-                    "S4 restart", ALL_KINDS, self._build_s4, last_resort=True, revertible=False
-                ),
-            ]
+        costs = sim.costs
+        model = sim.scenario.model
+        self.planner = Planner(
+            sim.topology,
+            MitigationCosts(
+                state_bytes_per_rank=costs.state_bytes_per_rank,
+                transfer_bytes_per_s=costs.transfer_bytes_per_s,
+                pause_s=costs.pause_s,
+                restart_s=costs.restart_memory_s if self.in_memory else costs.restart_disk_s,
+                replan_s=costs.replan_s,
+            ),
+            healthy_microbatch_s=model.forward_s + model.backward_s,
+            profile=sim.scenario.profile,
+            estimate=self._estimate,
+            can_restart=self._can_restart,
         )
         self._undo: dict[int, object] = {}
 
-    def _restart_s(self) -> float:
-        costs = self.sim.costs
-        return costs.restart_memory_s if self.in_memory else costs.restart_disk_s
+    def _can_restart(self, diagnosis: Diagnosis) -> bool:
+        return not self.in_memory or self.sim.spares >= len(_slow_hosts(self.sim, diagnosis))
 
-    def _build_s2(self, diagnosis: Diagnosis) -> Plan | None:
+    def _estimate(self, plan: Plan, layout: Topology) -> float:
+        """Step time the simulator's model predicts once ``plan`` is in effect."""
         sim = self.sim
-        healthy = sim.scenario.model.forward_s + sim.scenario.model.backward_s
-        started = time.perf_counter()
-        plan = microbatch_plan(sim.topology, diagnosis, healthy_time=healthy, overhead_s=0.0)
-        solve_s = time.perf_counter() - started
-        if list(plan.counts) == sim.counts:
-            return None
-        # the counts take effect at the next step boundary: the solve is the whole cost
-        return replace(plan, overhead_s=solve_s, step_time_s=self._estimate(counts=plan.counts))
-
-    def _estimate(self, **change: object) -> float:
-        """Step time the simulator's model predicts for a changed state (the plan's gain)."""
-        from failslow.sim.stepmodel import step_time
-
-        sim = self.sim
-        topology = change.get("topology", sim.topology)
-        counts = change.get("counts", sim.counts)
-        saved = sim.topology
-        sim.topology = topology  # type: ignore[assignment]
+        if isinstance(plan, RestartPlan):
+            return sim.healthy_step_s()
+        counts = list(plan.counts) if isinstance(plan, MicroBatchPlan) else sim.counts
+        saved, sim.topology = sim.topology, layout
         compute, links = sim.affecting()
         sim.topology = saved
-        return step_time(topology, sim.scenario.model, counts, compute, links)  # type: ignore[arg-type]
-
-    def _build_s3(self, diagnosis: Diagnosis) -> Plan | None:
-        sim = self.sim
-        costs = sim.costs
-        plan = plan_topology(
-            sim.topology,
-            diagnosis,
-            state_bytes_per_rank=costs.state_bytes_per_rank,
-            transfer_bandwidth_bytes_per_s=costs.transfer_bytes_per_s,
-            pause_s=costs.pause_s,
-        )
-        if plan is None:
-            return None
-        return replace(
-            plan, step_time_s=self._estimate(topology=sim.topology.with_hosts(plan.hosts))
-        )
-
-    def _build_s4(self, diagnosis: Diagnosis) -> Plan | None:
-        return RestartPlan(
-            evict=tuple(_slow_hosts(self.sim, diagnosis)),
-            overhead_s=self._restart_s(),
-            step_time_s=self.sim.healthy_step_s(),
-        )
+        return step_time(layout, sim.scenario.model, counts, compute, links)
 
     def on_diagnosis(self, diagnosis: Diagnosis) -> None:
+        self.planner.topology = self.sim.topology
         self._apply(self.planner.onset(diagnosis, healthy_step_s=self.sim.healthy_step_s()))
 
     def on_step(self, step_s: float) -> None:
-        if self.planner.active:
+        if self.planner.ski.active:
+            self.planner.topology = self.sim.topology
             self._apply(self.planner.observe(step_s))
 
     def on_relief(self) -> None:
@@ -185,11 +156,11 @@ class SkiRental(Policy):
                 sim.mark(f"{d.strategy}")
             else:
                 previous = self._undo.pop(id(plan), None)
-                if isinstance(plan, MicroBatchPlan) and previous is not None:
-                    sim.set_counts(previous)  # type: ignore[arg-type]
-                elif isinstance(plan, TopologyPlan) and previous is not None:
+                if isinstance(plan, MicroBatchPlan) and isinstance(previous, list):
+                    sim.set_counts(previous)
+                elif isinstance(plan, TopologyPlan) and isinstance(previous, Topology):
                     sim.pause(plan.overhead_s)
-                    sim.set_topology(previous)  # type: ignore[arg-type]
+                    sim.set_topology(previous)
                 sim.mark(f"revert {d.strategy}")
 
     def on_failstop(self, host: str) -> None:
@@ -227,14 +198,24 @@ class Replanning(Policy):
         cluster = ClusterState.from_topology(topology, self.failed)
         alive = topology.world_size - len(self.failed) * topology.tp
         rate = scenario.host_failures_per_hour * max(alive, 1) / 3600.0
-        plan = plan_failstop(
-            scenario.profile,
-            cluster,
-            global_batch_microbatches=topology.micro_batches,
+        planner = Planner(
+            topology,
+            MitigationCosts(
+                state_bytes_per_rank=sim.costs.state_bytes_per_rank,
+                transfer_bytes_per_s=sim.costs.transfer_bytes_per_s,
+                pause_s=sim.costs.pause_s,
+                restart_s=sim.costs.restart_memory_s,
+                replan_s=sim.costs.replan_s,
+            ),
+            healthy_microbatch_s=scenario.model.forward_s + scenario.model.backward_s,
+            profile=scenario.profile,
+        )
+        plan = planner.failstop(
+            self.failed,
             horizon_s=1.0 / rate if rate > 0 else scenario.duration_s,
-            restart_s=sim.costs.replan_s,
             options=self._options(cluster),
         )
+        assert isinstance(plan, RerouteOrReconfigure)
         full = healthy_step_time(
             scenario.profile, ClusterState.from_topology(topology), topology.micro_batches
         )
@@ -289,11 +270,6 @@ class Failslow(SkiRental, Replanning):
         SkiRental.attach(self, sim)
         self.failed = set()
         self.reconfigured = False
-
-    def _build_s4(self, diagnosis: Diagnosis) -> Plan | None:
-        if self.sim.spares < len(_slow_hosts(self.sim, diagnosis)):
-            return None
-        return super()._build_s4(diagnosis)
 
     def on_failstop(self, host: str) -> None:
         sim = self.sim

@@ -1,0 +1,144 @@
+"""One planner for fail-slows and fail-stops (DESIGN.md: Planner; greyhound 5, odyssey IV).
+
+:class:`Planner` is what the controller and the simulator talk to. Fail-slows go through the
+ski-rental :class:`~failslow.core.planner.ski_rental.MultiLevelPlanner` over S2 (exact
+micro-batch allocation), S3 (topology plan) and S4 (restart without the bad hosts), each
+built for the current layout with its estimated overhead; fail-stops go to odyssey's
+reroute-or-reconfigure choice (Eq. 8) when a layer profile is known, else to a restart. All
+costs come from :class:`MitigationCosts` (measured or configured), none from this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from failslow.core.diagnosis.record import Diagnosis
+from failslow.core.planner.allocation import microbatch_plan
+from failslow.core.planner.odyssey import ClusterState, ModelProfile, plan_failstop
+from failslow.core.planner.plans import Plan, RerouteOrReconfigure, RestartPlan
+from failslow.core.planner.ski_rental import (
+    ALL_KINDS,
+    COMPUTE_ONLY,
+    Decision,
+    MultiLevelPlanner,
+    Strategy,
+)
+from failslow.core.planner.topology_plan import plan_topology
+from failslow.core.topology import Topology
+
+
+@dataclass(frozen=True, kw_only=True)
+class MitigationCosts:
+    """What actions cost on this cluster: measured where the job can, configured otherwise."""
+
+    microbatch_apply_s: float = 0.0
+    """Beyond the measured solve time: S2 takes effect at the next step boundary."""
+    state_bytes_per_rank: int
+    transfer_bytes_per_s: float
+    pause_s: float
+    """Pause, regroup communicators and resume around a topology swap."""
+    restart_s: float
+    """Restart without the evicted hosts (from in-memory checkpoints if available)."""
+    replan_s: float = 0.0
+    """Odyssey: restart in a new parallel layout, on top of the weight transfer."""
+
+
+class Planner:
+    """Decisions for one job. ``estimate`` (optional) predicts a plan's step time."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        costs: MitigationCosts,
+        *,
+        healthy_microbatch_s: float,
+        profile: ModelProfile | None = None,
+        estimate: Callable[[Plan, Topology], float] | None = None,
+        can_restart: Callable[[Diagnosis], bool] | None = None,
+        min_gain: float = 0.05,
+    ) -> None:
+        self.topology = topology
+        self.costs = costs
+        self.profile = profile
+        self._healthy_microbatch_s = healthy_microbatch_s
+        self._estimate = estimate
+        self._can_restart = can_restart
+        self.ski = MultiLevelPlanner(
+            [
+                Strategy("S2 micro-batches", COMPUTE_ONLY, self._s2),
+                Strategy("S3 topology", ALL_KINDS, self._s3),
+                Strategy("S4 restart", ALL_KINDS, self._s4, last_resort=True, revertible=False),
+            ],
+            min_gain=min_gain,
+        )
+
+    # ---- fail-slow -------------------------------------------------------------------------
+    def onset(self, diagnosis: Diagnosis, *, healthy_step_s: float) -> list[Decision]:
+        return self.ski.onset(diagnosis, healthy_step_s=healthy_step_s)
+
+    def observe(self, step_time_s: float) -> list[Decision]:
+        return self.ski.observe(step_time_s)
+
+    def relief(self) -> list[Decision]:
+        return self.ski.relief()
+
+    def _with_estimate(self, plan: Plan, layout: Topology) -> Plan:
+        if self._estimate is None:
+            return plan
+        return replace(plan, step_time_s=self._estimate(plan, layout))
+
+    def _s2(self, diagnosis: Diagnosis) -> Plan | None:
+        started = time.perf_counter()
+        plan = microbatch_plan(
+            self.topology, diagnosis, healthy_time=self._healthy_microbatch_s, overhead_s=0.0
+        )
+        solve_s = time.perf_counter() - started
+        even = self.topology.micro_batches // self.topology.dp
+        if all(c == even for c in plan.counts):
+            return None
+        plan = replace(plan, overhead_s=solve_s + self.costs.microbatch_apply_s)
+        return self._with_estimate(plan, self.topology)
+
+    def _s3(self, diagnosis: Diagnosis) -> Plan | None:
+        plan = plan_topology(
+            self.topology,
+            diagnosis,
+            state_bytes_per_rank=self.costs.state_bytes_per_rank,
+            transfer_bandwidth_bytes_per_s=self.costs.transfer_bytes_per_s,
+            pause_s=self.costs.pause_s,
+        )
+        if plan is None:
+            return None
+        return self._with_estimate(plan, self.topology.with_hosts(plan.hosts))
+
+    def _s4(self, diagnosis: Diagnosis) -> Plan | None:
+        if self._can_restart is not None and not self._can_restart(diagnosis):
+            return None
+        hosts = {self.topology.hosts[s.rank] for s in diagnosis.slow_ranks}
+        hosts |= {self.topology.hosts[link.b] for link in diagnosis.slow_links}
+        plan = RestartPlan(evict=tuple(sorted(hosts)), overhead_s=self.costs.restart_s)
+        return self._with_estimate(plan, self.topology)
+
+    # ---- fail-stop -------------------------------------------------------------------------
+    def failstop(
+        self,
+        failed_hosts: Iterable[str],
+        *,
+        horizon_s: float,
+        options: tuple[str, ...] = ("reroute", "reconfigure"),
+    ) -> RerouteOrReconfigure | RestartPlan:
+        """Plan after losing ``failed_hosts``: odyssey's choice, or a restart without a profile."""
+        failed = tuple(sorted(set(failed_hosts)))
+        if self.profile is None:
+            return RestartPlan(evict=failed, overhead_s=self.costs.restart_s)
+        return plan_failstop(
+            self.profile,
+            ClusterState.from_topology(self.topology, failed),
+            global_batch_microbatches=self.topology.micro_batches,
+            horizon_s=horizon_s,
+            restart_s=self.costs.replan_s,
+            transfer_bandwidth_Bps=self.costs.transfer_bytes_per_s,
+            options=options,
+        )
