@@ -66,16 +66,22 @@ def test_link_failslow_is_moved_off_the_dp_ring_by_s3():
     trace = sim.run()
     labels = [label for _, label in trace.actions]
     assert labels[0] == "S3 topology" and "revert S3 topology" in labels
-    assert sim.topology.hosts == base.topology.hosts  # reverted after relief
+    assert sim.topology.hosts == base.topology.hosts  # greyhound reverts after relief
     assert trace.final_steps > _run(scenario, "none").final_steps
+    kept = Simulation(scenario, policies.POLICIES["failslow"]())
+    kept_trace = kept.run()
+    assert [label for _, label in kept_trace.actions] == ["S3 topology"]
+    assert kept.topology.hosts != base.topology.hosts
+    assert kept_trace.final_steps > trace.final_steps  # no second pause
 
 
 def test_greyhound_table6_mitigation_beats_no_mitigation():
     scenario = load_scenario("greyhound-table6")
     results, _ = run_policies(scenario, ["none", "greyhound", "failslow"])
     by = {r.policy: r for r in results}
-    assert by["greyhound"].gain > 1.1, by
-    assert by["failslow"].steps >= by["greyhound"].steps, by
+    # both ski-rental policies recover a large part of the loss (the ceiling healthy/none is
+    # 1.9x here); which one wins depends on whether a restart is bought near an event's end
+    assert by["greyhound"].gain > 1.3 and by["failslow"].gain > 1.3, by
 
 
 def test_odyssey_adaptive_is_at_least_as_good_as_either_fixed_policy():

@@ -8,7 +8,8 @@
   S3 topology planner; S4 and fail-stops use remote-storage checkpoint-restart.
 - ``failslow``: the same ski-rental planner, but S4 and fail-stops restart from in-memory
   checkpoints onto warm standbys (byterobust 6) and, when no standby is left, fall back to
-  odyssey's reroute-or-reconfigure choice.
+  odyssey's reroute-or-reconfigure choice; a topology swap is kept after relief (reverting
+  it only costs another pause).
 - ``oobleck`` / ``recycle`` / ``odyssey``: fail-stop handling only - always reconfigure,
   always reroute, or odyssey's adaptive choice (odyssey V-B baselines).
 """
@@ -108,6 +109,7 @@ class SkiRental(Policy):
             profile=sim.scenario.profile,
             estimate=self._estimate,
             can_restart=self._can_restart,
+            revert_topology=not self.in_memory,  # greyhound reverts (7.5); failslow keeps it
         )
         self._undo: dict[int, object] = {}
 
@@ -141,6 +143,7 @@ class SkiRental(Policy):
         sim = self.sim
         for d in decisions:
             plan = d.plan
+            sim.mark(d.strategy if d.action == "apply" else f"revert {d.strategy}")
             if d.action == "apply":
                 if isinstance(plan, MicroBatchPlan):
                     self._undo[id(plan)] = list(sim.counts)
@@ -153,7 +156,6 @@ class SkiRental(Policy):
                     sim.pause(plan.overhead_s)
                     sim.set_counts(sim.even_counts)
                     sim.replace_hosts(list(plan.evict), warm=self.in_memory)
-                sim.mark(f"{d.strategy}")
             else:
                 previous = self._undo.pop(id(plan), None)
                 if isinstance(plan, MicroBatchPlan) and isinstance(previous, list):
@@ -161,7 +163,6 @@ class SkiRental(Policy):
                 elif isinstance(plan, TopologyPlan) and isinstance(previous, Topology):
                     sim.pause(plan.overhead_s)
                     sim.set_topology(previous)
-                sim.mark(f"revert {d.strategy}")
 
     def on_failstop(self, host: str) -> None:
         sim = self.sim

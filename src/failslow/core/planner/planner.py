@@ -46,7 +46,13 @@ class MitigationCosts:
 
 
 class Planner:
-    """Decisions for one job. ``estimate`` (optional) predicts a plan's step time."""
+    """Decisions for one job. ``estimate`` (optional) predicts a plan's step time.
+
+    ``revert_topology``: undo a topology swap at relief, as greyhound does (7.5). Off by
+    default: a node-granular swap leaves a healthy job exactly as fast as before (the same
+    layout on renamed hosts), so undoing it only pays the pause and the state moves again.
+    Micro-batch plans are always undone at relief (the even split is the healthy optimum).
+    """
 
     def __init__(
         self,
@@ -58,6 +64,7 @@ class Planner:
         estimate: Callable[[Plan, Topology], float] | None = None,
         can_restart: Callable[[Diagnosis], bool] | None = None,
         min_gain: float = 0.05,
+        revert_topology: bool = False,
     ) -> None:
         self.topology = topology
         self.costs = costs
@@ -68,7 +75,7 @@ class Planner:
         self.ski = MultiLevelPlanner(
             [
                 Strategy("S2 micro-batches", COMPUTE_ONLY, self._s2),
-                Strategy("S3 topology", ALL_KINDS, self._s3),
+                Strategy("S3 topology", ALL_KINDS, self._s3, revertible=revert_topology),
                 Strategy("S4 restart", ALL_KINDS, self._s4, last_resort=True, revertible=False),
             ],
             min_gain=min_gain,
