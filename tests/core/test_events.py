@@ -200,3 +200,24 @@ def test_events_to_records_inverse() -> None:
                         peer=3, call_index=i) for i in range(4)]
     assert records_to_events(events_to_records(events)) == events
     assert os.path.basename(str(ring_path("/tmp", 7, 12))) == "rank00007-pid12.ring"
+
+
+def test_group_members_merge_into_group_info_only_when_complete(tmp_path):
+    from failslow.core.events import GroupMember, merge_members, read_groups, read_members
+
+    members = [GroupMember(key=7, comm_rank=i, size=3, global_rank=10 + 2 * i) for i in (2, 0)]
+    assert merge_members(members) == {}
+    members.append(GroupMember(key=7, comm_rank=1, size=3, global_rank=12, host="h", pid=5))
+    merged = merge_members(members)
+    assert merged[7].ranks == (10, 12, 14) and merged[7].backend == "nccl"
+    ring = tmp_path / "rank00000-pid1.ring"
+    ring.with_suffix(".groups.jsonl").write_text(
+        "\n".join(m.to_json() for m in members)
+        + "\n"
+        + GroupInfo(key=9, ranks=(0, 1)).to_json()
+        + "\n"
+    )
+    assert sorted(read_members(ring), key=lambda m: m.comm_rank) == sorted(
+        members, key=lambda m: m.comm_rank
+    )
+    assert list(read_groups(ring)) == [9]  # member lines are not GroupInfo lines

@@ -21,8 +21,10 @@ Ring file layout (little-endian, one file per process, normally under ``/dev/shm
     52      4     local_rank i32      LOCAL_RANK of the writer, -1 if unknown
     56      8     mono_anchor_ns i64  CLOCK_MONOTONIC when the ring was created
     64      8     wall_anchor_ns i64  CLOCK_REALTIME at the same instant
-    72      8     control u64         control word of the pause trap (0 = run)
-    80      176   reserved            zero
+    72      8     control u64         control word of the pause trap (0 = run, else pause)
+    80      8     parked u64          write_index + 1 when a thread parked in the trap, 0 = none
+    88      8     self_releases u64   parks that ended by the trap's timeout, not by a resume
+    96      160   reserved            zero
     256     capacity * 64             record slots; slot of index i is i % capacity
 
     offset  size  record field
@@ -159,6 +161,8 @@ HEADER_LAYOUT: tuple[tuple[str, str, int], ...] = (
     ("mono_anchor_ns", "<i8", 56),
     ("wall_anchor_ns", "<i8", 64),
     ("control", "<u8", 72),
+    ("parked", "<u8", 80),
+    ("self_releases", "<u8", 88),
 )
 """(field, numpy type, byte offset) of every header field; the rest up to 256 is reserved."""
 
@@ -273,6 +277,85 @@ class GroupInfo:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """One rank's view of a communicator it belongs to, as the C shim sees it.
+
+    A rank inside NCCL knows its own position and the communicator's size but not the other
+    members' global ranks; :func:`merge_members` assembles a :class:`GroupInfo` once every
+    position of a key has been reported (by the rings of one node, or by the controller).
+    ``key`` is equal on every member: a hash of the ncclUniqueId (with the per-process
+    communicator sequence number when ``NCCL_COMM_ID`` makes ids repeat), or for a split the
+    parent's key with the color and the parent's split sequence number.
+    """
+
+    key: int
+    comm_rank: int
+    size: int
+    global_rank: int
+    host: str = ""
+    pid: int = 0
+    parent_key: int = 0
+    color: int = -1
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "member": True,
+                "key": self.key,
+                "comm_rank": self.comm_rank,
+                "size": self.size,
+                "global_rank": self.global_rank,
+                "host": self.host,
+                "pid": self.pid,
+                "parent_key": self.parent_key,
+                "color": self.color,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> GroupMember:
+        obj = json.loads(text)
+        return cls(
+            key=int(obj["key"]),
+            comm_rank=int(obj["comm_rank"]),
+            size=int(obj["size"]),
+            global_rank=int(obj["global_rank"]),
+            host=str(obj.get("host", "")),
+            pid=int(obj.get("pid", 0)),
+            parent_key=int(obj.get("parent_key", 0)),
+            color=int(obj.get("color", -1)),
+        )
+
+
+def merge_members(members: Iterable[GroupMember]) -> dict[int, GroupInfo]:
+    """GroupInfo of every key whose positions 0..size-1 have all been reported."""
+    by_key: dict[int, dict[int, GroupMember]] = {}
+    for m in members:
+        by_key.setdefault(m.key, {})[m.comm_rank] = m
+    out = {}
+    for key, seen in by_key.items():
+        size = next(iter(seen.values())).size
+        if len(seen) == size and all(i in seen for i in range(size)):
+            out[key] = GroupInfo(
+                key=key, ranks=tuple(seen[i].global_rank for i in range(size)), backend="nccl"
+            )
+    return out
+
+
+def read_members(ring: str | os.PathLike[str]) -> list[GroupMember]:
+    """The shim's membership lines published beside a ring."""
+    path = groups_path(ring)
+    if not path.exists():
+        return []
+    return [
+        GroupMember.from_json(line)
+        for line in path.read_text().splitlines()
+        if line.strip() and '"member": true' in line
+    ]
+
+
 def ring_path(directory: str | os.PathLike[str], global_rank: int, pid: int) -> Path:
     """Where the ring of one process lives inside a run's ring directory."""
     return Path(directory) / f"rank{global_rank:05d}-pid{pid}.ring"
@@ -289,7 +372,7 @@ def read_groups(ring: str | os.PathLike[str]) -> dict[int, GroupInfo]:
     groups: dict[int, GroupInfo] = {}
     if path.exists():
         for line in path.read_text().splitlines():
-            if line.strip():
+            if line.strip() and '"member": true' not in line:
                 info = GroupInfo.from_json(line)
                 groups[info.key] = info
     return groups
