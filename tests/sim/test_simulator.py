@@ -114,3 +114,14 @@ def test_cli_simulate_bad_input_is_one_line(argv, message, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_scale_16k_runs_the_real_planner_at_16384_gpus():
+    scenario = load_scenario("scale-16k")
+    assert scenario.topology.world_size == 16_384
+    results, traces = run_policies(scenario, ["none", "failslow"])
+    by = {r.policy: r for r in results}
+    labels = {label.split(" (")[0] for _, label in traces["failslow"].actions}
+    assert {"S2 micro-batches", "restart on standby"} <= labels, labels
+    assert by["failslow"].gain > 1.5, by
