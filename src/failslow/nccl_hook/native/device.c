@@ -1,0 +1,181 @@
+/* Optional device-side timing of NCCL calls (FAILSLOW_DEVICE_TIMING=1), greyhound 4.2/6.
+ *
+ * The CUDA runtime is never linked: its functions are looked up at run time in a libcudart the
+ * process has already loaded (RTLD_NOLOAD; FAILSLOW_CUDART_LIB overrides the name), else in the
+ * global scope. With none found, device timing turns itself off with one stderr line and the
+ * shim records enqueue times (Flags.END_IS_ENQUEUE).
+ *
+ * For a call issued outside a NCCL group, on a stream that is not being captured into a CUDA
+ * graph, the shim records a CUDA event on the call's stream before and after it. The training
+ * stream is never synchronized: a background thread polls cudaEventQuery and, once the end
+ * event completed, writes the record with t_start_ns = host enqueue time and
+ * t_end_ns = t_start_ns + cudaEventElapsedTime(start, end), so its duration is the device
+ * duration of the collective (including the wait for its peers). Calls inside
+ * ncclGroupStart/End are launched at ncclGroupEnd, so they keep enqueue timing. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "device.h"
+
+typedef int (*ev_create_t)(void **, unsigned);
+typedef int (*ev_record_t)(void *, void *);
+typedef int (*ev_query_t)(void *);
+typedef int (*ev_elapsed_t)(float *, void *, void *);
+typedef int (*ev_destroy_t)(void *);
+typedef int (*is_capturing_t)(void *, int *);
+
+static struct {
+  ev_create_t create;
+  ev_record_t record;
+  ev_query_t query;
+  ev_elapsed_t elapsed;
+  ev_destroy_t destroy;
+  is_capturing_t is_capturing;
+} cu;
+
+#define CUDA_SUCCESS 0
+#define CUDA_NOT_READY 600
+#define PENDING_MAX 4096
+
+typedef struct pending {
+  void *ev0, *ev1;
+  int64_t t_start, t_end_host;
+  uint64_t nbytes, group_key, call_index;
+  int op, dtype, flags;
+  int32_t peer;
+} pending;
+
+static int g_state; /* 0 = not looked up, 1 = on, -1 = off */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pending g_pending[PENDING_MAX];
+static int g_npending;
+static int g_harvester_started;
+
+static void *find_cudart(void) {
+  const char *forced = getenv("FAILSLOW_CUDART_LIB");
+  static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
+                                      "libcudart.so", NULL};
+  if (forced && *forced) return dlopen(forced, RTLD_NOW | RTLD_NOLOAD);
+  for (const char *const *n = names; *n; n++) {
+    void *h = dlopen(*n, RTLD_NOW | RTLD_NOLOAD);
+    if (h) return h;
+  }
+  return dlsym(RTLD_DEFAULT, "cudaEventRecord") ? RTLD_DEFAULT : NULL;
+}
+
+static int lookup(void) {
+  const char *want = getenv("FAILSLOW_DEVICE_TIMING");
+  if (!want || !*want || strcmp(want, "0") == 0) return -1;
+  void *h = find_cudart();
+  if (!h) {
+    fls_note("FAILSLOW_DEVICE_TIMING=%s but no CUDA runtime is loaded in this process; "
+             "recording enqueue times only", want);
+    return -1;
+  }
+  cu.create = (ev_create_t)dlsym(h, "cudaEventCreateWithFlags");
+  cu.record = (ev_record_t)dlsym(h, "cudaEventRecord");
+  cu.query = (ev_query_t)dlsym(h, "cudaEventQuery");
+  cu.elapsed = (ev_elapsed_t)dlsym(h, "cudaEventElapsedTime");
+  cu.destroy = (ev_destroy_t)dlsym(h, "cudaEventDestroy");
+  cu.is_capturing = (is_capturing_t)dlsym(h, "cudaStreamIsCapturing");
+  if (!cu.create || !cu.record || !cu.query || !cu.elapsed || !cu.destroy || !cu.is_capturing) {
+    fls_note("the loaded CUDA runtime lacks the event functions; recording enqueue times only");
+    return -1;
+  }
+  return 1;
+}
+
+int fls_device_enabled(void) {
+  int s = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
+  if (FLS_LIKELY(s != 0)) return s > 0;
+  pthread_mutex_lock(&g_lock);
+  s = g_state;
+  if (s == 0) {
+    s = lookup();
+    __atomic_store_n(&g_state, s, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return s > 0;
+}
+
+void *fls_device_begin(void *stream) {
+  int capturing = 0;
+  if (cu.is_capturing(stream, &capturing) != CUDA_SUCCESS || capturing != 0) return NULL;
+  void *ev = NULL;
+  if (cu.create(&ev, 0 /* cudaEventDefault: timing on */) != CUDA_SUCCESS) return NULL;
+  if (cu.record(ev, stream) != CUDA_SUCCESS) {
+    cu.destroy(ev);
+    return NULL;
+  }
+  return ev;
+}
+
+static void harvest_once(void) {
+  pthread_mutex_lock(&g_lock);
+  int kept = 0;
+  for (int i = 0; i < g_npending; i++) {
+    pending *p = &g_pending[i];
+    int q = cu.query(p->ev1);
+    if (q == CUDA_NOT_READY) {
+      g_pending[kept++] = *p;
+      continue;
+    }
+    float ms = 0.0f;
+    if (q == CUDA_SUCCESS && cu.elapsed(&ms, p->ev0, p->ev1) == CUDA_SUCCESS)
+      fls_emit(p->t_start, p->t_start + (int64_t)((double)ms * 1e6), p->nbytes, p->group_key,
+               p->call_index, p->op, p->dtype, p->flags, p->peer);
+    else
+      fls_emit(p->t_start, p->t_end_host, p->nbytes, p->group_key, p->call_index, p->op,
+               p->dtype, p->flags | FLS_FL_END_IS_ENQUEUE, p->peer);
+    cu.destroy(p->ev0);
+    cu.destroy(p->ev1);
+  }
+  g_npending = kept;
+  pthread_mutex_unlock(&g_lock);
+}
+
+static void *harvester(void *arg) {
+  (void)arg;
+  const struct timespec nap = {0, 500000};
+  for (;;) {
+    nanosleep(&nap, NULL);
+    harvest_once();
+  }
+  return NULL;
+}
+
+int fls_device_end(void *ev0, void *stream, int64_t t_start, int64_t t_end_host,
+                   uint64_t nbytes, uint64_t group_key, uint64_t call_index, int op, int dtype,
+                   int flags, int32_t peer) {
+  void *ev1 = NULL;
+  if (cu.create(&ev1, 0) != CUDA_SUCCESS) goto host;
+  if (cu.record(ev1, stream) != CUDA_SUCCESS) {
+    cu.destroy(ev1);
+    goto host;
+  }
+  pthread_mutex_lock(&g_lock);
+  if (g_npending == PENDING_MAX) {
+    pthread_mutex_unlock(&g_lock);
+    cu.destroy(ev1);
+    goto host;
+  }
+  g_pending[g_npending++] = (pending){ev0, ev1, t_start, t_end_host, nbytes, group_key,
+                                      call_index, op, dtype, flags, peer};
+  if (!g_harvester_started) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    g_harvester_started = pthread_create(&t, &attr, harvester, NULL) == 0;
+    pthread_attr_destroy(&attr);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return 1;
+host:
+  cu.destroy(ev0);
+  return 0;
+}
