@@ -1,7 +1,8 @@
 """The ``failslow`` command.
 
 Subcommands: ``analyze`` (offline detection on trace files, greyhound 4.2), ``export`` (a run's
-event rings to JSONL), ``demo`` (a real 4-rank training job with an injected fail-slow).
+event rings to JSONL), ``demo`` (a real 4-rank training job with an injected fail-slow), ``run``
+(launch a command with capture on), ``doctor`` (can capture work on this machine).
 User errors print one line and exit with status 2; nothing prints a traceback for them.
 """
 
@@ -113,6 +114,30 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from failslow.nccl_hook.run import RunOptions, run
+
+    if args.stray and args.cmd is not None:
+        raise FailslowError(f"unrecognized arguments before --: {' '.join(args.stray)}")
+    if args.stray:
+        raise FailslowError("put -- before the command: failslow run [options] -- CMD [ARGS...]")
+    options = RunOptions(
+        command=list(args.cmd or []),
+        ring_dir=Path(args.ring_dir) if args.ring_dir else None,
+        capacity=args.capacity,
+        pause_timeout_s=args.pause_timeout,
+        shim=not args.no_shim,
+        python_hook=args.python_hook,
+    )
+    return run(options)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from failslow.nccl_hook.doctor import main as doctor
+
+    return doctor(as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="failslow", description="Detect and mitigate fail-slows in distributed training."
@@ -151,12 +176,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", help="comma-separated (default: the scenario's own list)")
     p.add_argument("--out", help="output directory (default: runs/simulate-<name>-<time>)")
     p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser(
+        "run",
+        help="launch a command with capture on: failslow run [options] -- CMD ...",
+        usage="failslow run [options] -- CMD [ARGS...]",
+    )
+    p.add_argument("--ring-dir", help="where the rings go (default: a new /dev/shm/failslow-*)")
+    p.add_argument("--capacity", type=int, help="records per ring, a power of two")
+    p.add_argument(
+        "--pause-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a paused rank resumes on its own after this long (default 60)",
+    )
+    p.add_argument("--no-shim", action="store_true", help="no LD_PRELOAD shim (Python hook only)")
+    p.add_argument(
+        "--python-hook",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="turn the Python hook on in every Python process of CMD (default: on)",
+    )
+    p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_run, cmd=None)
+
+    p = sub.add_parser("doctor", help="check that capture (shim, NCCL, Python hook) works here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_doctor)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] | None = None
+    if argv[:1] == ["run"] and "--" in argv:  # everything after -- belongs to CMD
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
+    if argv[:1] == ["run"]:  # stray words become one readable error in _cmd_run
+        args, unknown = parser.parse_known_args(argv)
+        args.stray = [*args.stray, *unknown]
+        args.cmd = command
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except FailslowError as exc:

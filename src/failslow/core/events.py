@@ -59,6 +59,7 @@ import json
 import mmap
 import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -203,6 +204,8 @@ _U64 = struct.Struct("<Q")
 _OFF_WRITE_INDEX = dict((n, o) for n, _, o in HEADER_LAYOUT)["write_index"]
 _OFF_DROPPED = dict((n, o) for n, _, o in HEADER_LAYOUT)["dropped"]
 _OFF_CONTROL = dict((n, o) for n, _, o in HEADER_LAYOUT)["control"]
+HEADER_WORDS: dict[str, int] = {n: o // 8 for n, t, o in HEADER_LAYOUT if t[-2:] in ("u8", "i8")}
+"""Index of every 8-byte header field in the header read as little-endian u64 words."""
 
 
 class RingFormatError(ValueError):
@@ -356,9 +359,17 @@ def read_members(ring: str | os.PathLike[str]) -> list[GroupMember]:
     ]
 
 
-def ring_path(directory: str | os.PathLike[str], global_rank: int, pid: int) -> Path:
-    """Where the ring of one process lives inside a run's ring directory."""
-    return Path(directory) / f"rank{global_rank:05d}-pid{pid}.ring"
+def ring_path(
+    directory: str | os.PathLike[str], global_rank: int, pid: int, source: str = ""
+) -> Path:
+    """Where the ring of one process lives inside a run's ring directory.
+
+    The C shim writes ``rank{R:05d}-pid{P}.ring``; the Python hook writes the same name, or
+    ``rank{R:05d}-pid{P}-py.ring`` (``source="py"``) when the shim is active in its process,
+    so the two writers never replace each other's file.
+    """
+    suffix = f"-{source}" if source else ""
+    return Path(directory) / f"rank{global_rank:05d}-pid{pid}{suffix}.ring"
 
 
 def groups_path(ring: str | os.PathLike[str]) -> Path:
@@ -476,9 +487,37 @@ class RingWriter:
     def control(self) -> int:
         return _U64.unpack_from(self._mm, _OFF_CONTROL)[0]
 
+    def header_word(self, name: str) -> int:
+        """One 8-byte header field (``control``, ``parked``, ...), read with a single load."""
+        return int(header_words(self)[HEADER_WORDS[name]])
+
+    def set_header_word(self, name: str, value: int) -> None:
+        """Store one 8-byte header field with a single store (the C side reads it atomically)."""
+        header_words(self)[HEADER_WORDS[name]] = value
+
     def close(self) -> None:
+        words = getattr(self, "_words", None)
+        if words is not None:
+            self._words = None
+            words.release()
         if not self._mm.closed:
             self._mm.close()
+
+
+def header_words(owner: Any) -> Any:
+    """The 256-byte header of ``owner._mm`` as a memoryview of native u64 words, made once.
+
+    Item access on it is one aligned 8-byte load or store, so a concurrent C reader or writer
+    never sees a torn value (the ring is little-endian; so is every platform torch runs on).
+    ``owner`` must release ``owner._words`` before closing its mmap.
+    """
+    words = getattr(owner, "_words", None)
+    if words is None:
+        if sys.byteorder != "little":
+            raise RingFormatError("event rings are little-endian; this host is not")
+        words = memoryview(owner._mm)[:HEADER_SIZE].cast("Q")
+        owner._words = words
+    return words
 
 
 class RingReader:

@@ -11,7 +11,9 @@ before the backend kernel. The kernel stamps ``t_start``, runs the real op below
 (``_AutoDispatchBelowAutograd``), and writes the record from the Work's future callback, so the
 caller is never blocked; ``t_end`` is when that callback ran (see the README's capture notes for
 the GIL bias). Only c10d ops pay the Python cost - unlike a TorchDispatchMode, which pays per
-aten op and is thread-local. Measured: ``benchmarks/hook_mechanisms.py``.
+aten op and is thread-local. Measured: ``benchmarks/hook_mechanisms.py``. Before ``t_start``
+the kernel passes through the pause trap (:mod:`failslow.nccl_hook.trap`), one header load
+while no pause is requested.
 
 Known gaps: collectives issued before :func:`install` are not recorded (groups created before
 it are, from their next call on, and are published at install time); collectives issued under
@@ -41,11 +43,25 @@ from failslow.core.events import (
 )
 from failslow.nccl_hook.c10d_ops import OP_SPECS, OpSpec, payload_dtype
 from failslow.nccl_hook.groups import GroupEntry, GroupTable, backend_name_of, group_ranks_of
+from failslow.nccl_hook.trap import Trap
 
 log = logging.getLogger(__name__)
 
 RING_DIR_ENV = "FAILSLOW_RING_DIR"
+RING_CAPACITY_ENV = "FAILSLOW_RING_CAPACITY"
 _NEVER_POLLED = frozenset({OpCode.REDUCE_SCATTER, OpCode.REDUCE_SCATTER_COALESCED})
+
+
+def shim_active(ring_dir: Path) -> bool:
+    """Whether the C shim is loaded in this process and recording into ``ring_dir``."""
+    import ctypes
+
+    try:
+        loaded = hasattr(ctypes.CDLL(None), "failslow_shim_version")
+    except OSError:
+        return False
+    env = os.environ.get(RING_DIR_ENV)
+    return loaded and env is not None and Path(env).resolve() == Path(ring_dir).resolve()
 
 
 class Capture:
@@ -55,6 +71,7 @@ class Capture:
         self.ring_dir = ring_dir
         self.capacity = capacity
         self.writer: RingWriter | None = None
+        self.trap: Trap | None = None
         self.ring_path: Path | None = None
         self.groups = GroupTable()
         self.active = False
@@ -63,6 +80,8 @@ class Capture:
         self._orig_helper: Any = None
         self._open_lock = threading.Lock()
         self._watcher = _Watcher(self)
+        self.defer_nccl = False
+        """True when the C shim records this process's NCCL calls (they are skipped here)."""
         if global_rank is not None:
             self._open(global_rank)
 
@@ -71,11 +90,14 @@ class Capture:
         with self._open_lock:
             if self.writer is not None:
                 return
-            path = ring_path(self.ring_dir, global_rank, os.getpid())
+            self.defer_nccl = shim_active(self.ring_dir)
+            source = "py" if self.defer_nccl else ""
+            path = ring_path(self.ring_dir, global_rank, os.getpid(), source)
             local_rank = int(os.environ.get("LOCAL_RANK", "-1"))
             self.writer = RingWriter(
                 path, capacity=self.capacity, global_rank=global_rank, local_rank=local_rank
             )
+            self.trap = Trap(self.writer)
             self.ring_path = path
             self.groups.set_path(groups_path(path))
 
@@ -186,6 +208,8 @@ class Capture:
                     return overload(*args, **kwargs)
             tls.busy = True  # a collective issued from inside this call is not recorded
             try:
+                if self.trap is not None:  # the pause trap (trap.py)
+                    self._check_trap()
                 t_start = time.monotonic_ns()
                 try:
                     with below():
@@ -199,6 +223,13 @@ class Capture:
                 tls.busy = False
 
         return kernel
+
+    def _check_trap(self) -> None:
+        try:
+            if self.trap is not None:
+                self.trap.check()
+        except Exception:  # the trap must never break the call it guards
+            log.debug("failslow: pause trap failed", exc_info=True)
 
     def _safely(self, fn: Any, *args: Any) -> None:
         try:
@@ -217,6 +248,8 @@ class Capture:
         if writer is None:
             return
         entry = self._entry_for(pg_cls.unbox(args[spec.pg_arg]))
+        if self.defer_nccl and "nccl" in entry.backend.lower():
+            return  # the shim records this call below, with NCCL's own timing
         payload = args[spec.input_arg]
         flags = Flags.COALESCED if spec.coalesced else Flags.NONE
         if spec.async_arg is not None and spec.async_arg < len(args) and args[spec.async_arg]:
@@ -360,13 +393,14 @@ def _resolve_rank(global_rank: int | None) -> int | None:
 def install(
     ring_dir: str | os.PathLike[str] | None = None,
     *,
-    capacity: int = DEFAULT_CAPACITY,
+    capacity: int | None = None,
     global_rank: int | None = None,
 ) -> Capture:
     """Start recording every torch.distributed call of this process into its event ring.
 
     ``ring_dir`` defaults to ``$FAILSLOW_RING_DIR``, then to the directory of an earlier
-    install. The global rank comes from ``global_rank``,
+    install; ``capacity`` (records, a power of two) to ``$FAILSLOW_RING_CAPACITY``, then
+    :data:`DEFAULT_CAPACITY`. The global rank comes from ``global_rank``,
     ``$RANK`` or the initialized default group; when none is known yet the ring is created as
     soon as ``init_process_group`` runs. Call it before ``init_process_group`` to capture from
     the first collective; called later, it captures every group from its next call on.
@@ -382,6 +416,9 @@ def install(
                 f"pass ring_dir or set ${RING_DIR_ENV}"
             )
     directory = Path(ring_dir).resolve()
+    if capacity is None:
+        text = os.environ.get(RING_CAPACITY_ENV, "").strip()
+        capacity = int(text) if text else DEFAULT_CAPACITY
     with _lock:
         if _capture is not None and _capture.ring_dir != directory:
             if _capture.active:

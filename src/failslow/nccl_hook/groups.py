@@ -28,6 +28,7 @@ class GroupEntry:
     key: int
     ranks: tuple[int, ...]
     name: str
+    backend: str = ""
     calls: itertools.count = field(default_factory=itertools.count)
 
     def global_rank(self, group_rank: int) -> int:
@@ -59,7 +60,9 @@ class GroupTable:
             if entry is not None:
                 return entry
             ranks_t = tuple(int(r) for r in ranks)
-            entry = GroupEntry(key=group_key(name, ranks_t), ranks=ranks_t, name=name)
+            entry = GroupEntry(
+                key=group_key(name, ranks_t), ranks=ranks_t, name=name, backend=backend
+            )
             self._entries[name] = entry
             info = GroupInfo(key=entry.key, ranks=ranks_t, role=role, backend=backend, name=name)
             if self.path is None:

@@ -1,0 +1,1 @@
+"""Holds the ``sitecustomize`` that ``failslow run`` puts first on ``PYTHONPATH``."""
