@@ -313,6 +313,43 @@ def test_pause_parks_and_resume_releases(rig: Rig, tmp_path: Path) -> None:
     assert gaps.max() >= 300_000_000  # the pause shows up as one long gap
 
 
+def test_targeted_pause_parks_at_that_groups_call_index(rig: Rig, tmp_path: Path) -> None:
+    """pause_group/pause_call: the shim parks right before the call that would get
+    call_index == pause_call on that communicator (every member parks at the same one)."""
+    stop = tmp_path / "stop"
+    p = start(
+        rig,
+        "loop",
+        "0",
+        "200",
+        str(stop),
+        FAILSLOW_RING_DIR=tmp_path,
+        RANK=0,
+        FAILSLOW_PAUSE_TIMEOUT_S=30,
+    )
+    try:
+        wait_for(lambda: find_rings(tmp_path), what="the ring")
+        ring = only_ring(tmp_path)
+        with open(ring, "r+b") as fh:
+            mm = mmap.mmap(fh.fileno(), 0)
+        wait_for(lambda: header_word(mm, "write_index") > 5, what="records")
+        (key,) = {e.group_key for e in read_all(ring)[0] if e.group_key}
+        target = header_word(mm, "write_index") + 25
+        struct.pack_into("<Q", mm, OFF["pause_group"], key)
+        struct.pack_into("<Q", mm, OFF["pause_call"], target)
+        struct.pack_into("<Q", mm, OFF["control"], 7)
+        wait_for(lambda: header_word(mm, "parked") != 0, what="the driver to park")
+        time.sleep(0.2)
+        events, _ = read_all(ring)
+        assert max(e.call_index for e in events if e.group_key == key) == target - 1
+        struct.pack_into("<Q", mm, OFF["control"], 0)
+        wait_for(lambda: header_word(mm, "write_index") > target + 3, what="resume")
+    finally:
+        stop.touch()
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and err == "", out + err
+
+
 def test_pause_releases_itself_when_the_controller_is_gone(rig: Rig, tmp_path: Path) -> None:
     stop = tmp_path / "stop"
     p = start(

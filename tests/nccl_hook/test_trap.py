@@ -178,6 +178,49 @@ def test_trap_releases_itself_when_nobody_resumes(
         assert got["param"] == want["param"]
 
 
+@pytest.mark.multiprocess
+def test_targeted_pause_parks_every_rank_at_the_same_collective(
+    reference: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """No handshake: ranks run freely; the controller names a group and a call_index none has
+    reached, and every rank parks right before that same all-reduce."""
+    from failslow.core.events import OpCode, RingReader, find_rings, records_to_events
+    from failslow.nccl_hook import trap
+
+    world = _spawn_world(tmp_path, hold=False, env={"TRAP_STEP_SLEEP_S": "0.03"})
+    try:
+        _wait_for(lambda: len(find_rings(world["ring_dir"])) == WORLD, 30, "both rings")
+        rings = find_rings(world["ring_dir"])
+        readers = [RingReader(ring) for ring in rings]
+        seen: list[list[Any]] = [[] for _ in rings]
+
+        def progress() -> int:
+            for events, reader in zip(seen, readers, strict=True):
+                events += records_to_events(reader.poll())
+            return min(len(e) for e in seen)
+
+        _wait_for(lambda: progress() >= 3, 30, "a few all-reduces")
+        (key,) = {e.group_key for events in seen for e in events if e.op == OpCode.ALLREDUCE}
+        target = max(e.call_index for events in seen for e in events) + 8
+        for ring in rings:
+            trap.request_pause(ring, group_key=key, call_index=target)
+        for ring in rings:
+            assert trap.wait_parked(ring, timeout_s=20.0), f"{ring.name} did not park"
+        time.sleep(0.2)
+        progress()
+        for events in seen:
+            assert max(e.call_index for e in events if e.group_key == key) == target - 1
+        for ring in rings:
+            trap.release(ring)
+        results = _finish(world)
+    finally:
+        for p in world["procs"]:
+            if p.poll() is None:
+                p.kill()
+    for got, want in zip(results, reference, strict=True):
+        assert got["param"] == want["param"]  # exact, as above
+
+
 # -- the trap alone, on threads ------------------------------------------------------------------
 def _parking_thread(t: Any) -> tuple[Any, list[bool]]:
     import threading
@@ -268,7 +311,7 @@ def _rank_main(rank: int, port: int, ring_dir: str, sync_dir: str, out: str) -> 
             Path(sync_dir, f"rank{rank}.at").touch()
             while not Path(sync_dir, "go").exists():
                 time.sleep(0.001)
-        time.sleep(0.002)
+        time.sleep(float(os.environ.get("TRAP_STEP_SLEEP_S", "0.002")))
     dist.barrier()
     time.sleep(0.2)  # let the last completion callbacks land
     dist.destroy_process_group()

@@ -24,7 +24,9 @@ Ring file layout (little-endian, one file per process, normally under ``/dev/shm
     72      8     control u64         control word of the pause trap (0 = run, else pause)
     80      8     parked u64          write_index + 1 when a thread parked in the trap, 0 = none
     88      8     self_releases u64   parks that ended by the trap's timeout, not by a resume
-    96      160   reserved            zero
+    96      8     pause_group u64     0: park at the next call; else park only at this group's
+    104     8     pause_call u64      call with call_index >= pause_call (a targeted pause)
+    112     144   reserved            zero
     256     capacity * 64             record slots; slot of index i is i % capacity
 
     offset  size  record field
@@ -164,6 +166,8 @@ HEADER_LAYOUT: tuple[tuple[str, str, int], ...] = (
     ("control", "<u8", 72),
     ("parked", "<u8", 80),
     ("self_releases", "<u8", 88),
+    ("pause_group", "<u8", 96),
+    ("pause_call", "<u8", 104),
 )
 """(field, numpy type, byte offset) of every header field; the rest up to 256 is reserved."""
 

@@ -209,7 +209,7 @@ class Capture:
             tls.busy = True  # a collective issued from inside this call is not recorded
             try:
                 if self.trap is not None:  # the pause trap (trap.py)
-                    self._check_trap()
+                    self._check_trap(spec, args, ProcessGroup)
                 t_start = time.monotonic_ns()
                 try:
                     with below():
@@ -224,10 +224,12 @@ class Capture:
 
         return kernel
 
-    def _check_trap(self) -> None:
+    def _check_trap(self, spec: OpSpec, args: tuple[Any, ...], pg_cls: Any) -> None:
         try:
-            if self.trap is not None:
-                self.trap.check()
+            trap = self.trap
+            if trap is not None and trap.requested():
+                entry = self._entry_for(pg_cls.unbox(args[spec.pg_arg]))
+                trap.check(entry.key, entry.calls.peek())
         except Exception:  # the trap must never break the call it guards
             log.debug("failslow: pause trap failed", exc_info=True)
 

@@ -21,6 +21,24 @@ from typing import Any
 from failslow.core.events import GroupInfo, group_key
 
 
+class CallCounter:
+    """The per-group call_index: ``next()`` takes one, :meth:`peek` tells the next one."""
+
+    __slots__ = ("_count", "_next")
+
+    def __init__(self) -> None:
+        self._count = itertools.count()
+        self._next = 0
+
+    def __next__(self) -> int:
+        value = next(self._count)  # atomic under the GIL
+        self._next = value + 1
+        return value
+
+    def peek(self) -> int:
+        return self._next
+
+
 @dataclass(slots=True)
 class GroupEntry:
     """What the hook keeps per group: key, global ranks, and this rank's call counter."""
@@ -29,7 +47,7 @@ class GroupEntry:
     ranks: tuple[int, ...]
     name: str
     backend: str = ""
-    calls: itertools.count = field(default_factory=itertools.count)
+    calls: CallCounter = field(default_factory=lambda: CallCounter())
 
     def global_rank(self, group_rank: int) -> int:
         if 0 <= group_rank < len(self.ranks):

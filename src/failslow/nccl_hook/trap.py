@@ -97,11 +97,20 @@ def _header(ring: str | os.PathLike[str]) -> Iterator[_Header]:
         h.close()
 
 
-def request_pause(ring: str | os.PathLike[str]) -> int:
-    """Ask the ring's process to park at its next collective call; returns the token written."""
+def request_pause(
+    ring: str | os.PathLike[str], *, group_key: int = 0, call_index: int = 0
+) -> int:
+    """Ask the ring's process to park; returns the token written.
+
+    Without ``group_key`` it parks at its next collective call. With it, only at the call of
+    that group whose call_index is ``>= call_index`` - every member of the group parks at the
+    same collective when the controller picks an index none of them has reached.
+    """
     with _header(ring) as h:
+        h.set("pause_group", group_key)
+        h.set("pause_call", call_index)
         token = max(time.time_ns(), h.get("control") + 1)
-        h.set("control", token)
+        h.set("control", token)  # last: the target is in place when a rank sees the request
         return token
 
 
@@ -175,14 +184,29 @@ class Trap:
         self._parked_threads = 0
         self._ignored_token = 0  # the token this process timed out on
 
-    def check(self) -> bool:
-        """Park the calling thread while a pause is requested; True if it was held at all."""
+    def requested(self) -> bool:
+        """One header load: is any pause requested? (the hot path while none is)."""
+        if self.writer.header_word("control"):
+            return True
+        if self._ignored_token:
+            self._ignored_token = 0  # the word changed: a later request parks again
+        return False
+
+    def check(self, group_key: int = 0, call_index: int = 0) -> bool:
+        """Park the calling thread while a pause is requested for this call; True if held.
+
+        ``group_key``/``call_index``: the group of the call about to start and the call_index
+        it will get; a targeted request (``pause_group`` set) parks only at its own call.
+        """
         token = self.writer.header_word("control")
         if token == 0:
             if self._ignored_token:
                 self._ignored_token = 0  # the word changed: a later request parks again
             return False
         if token == self._ignored_token:
+            return False
+        target = self.writer.header_word("pause_group")
+        if target and (group_key != target or call_index < self.writer.header_word("pause_call")):
             return False
         self._park()
         return True

@@ -28,7 +28,9 @@ typedef struct fls_ring_header {
   uint64_t control;        /* 72  pause trap: 0 = run, else pause */
   uint64_t parked;         /* 80  write_index + 1 while a thread is parked, 0 = none */
   uint64_t self_releases;  /* 88  parks ended by the trap's timeout */
-  uint8_t reserved[160];   /* 96 */
+  uint64_t pause_group;    /* 96  0: park at the next call; else only at this group's call */
+  uint64_t pause_call;     /* 104 with call_index >= pause_call (a targeted pause) */
+  uint8_t reserved[144];   /* 112 */
 } fls_ring_header;
 
 typedef struct fls_record {
@@ -77,7 +79,7 @@ enum fls_flags { FLS_FLAGS(FLS_ENUM_ITEM_FL) };
 #define FLS_HEADER_FIELDS(X)                                                                 \
   X(magic) X(version) X(record_size) X(capacity) X(write_index) X(dropped) X(pid)            \
   X(global_rank) X(local_rank) X(mono_anchor_ns) X(wall_anchor_ns) X(control) X(parked)      \
-  X(self_releases)
+  X(self_releases) X(pause_group) X(pause_call)
 #define FLS_RECORD_FIELDS(X)                                                                 \
   X(commit) X(t_start_ns) X(t_end_ns) X(nbytes) X(group_key) X(call_index) X(op) X(dtype)    \
   X(source) X(flags) X(peer)

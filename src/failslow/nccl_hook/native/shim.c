@@ -128,8 +128,11 @@ typedef struct call {
 static inline int begin(call *c, ncclComm_t comm, cudaStream_t stream) {
   if (t_depth || !fls_writer_ready()) return 0;
   t_depth++;
-  fls_pause_trap();
   c->comm = fls_comm_find(comm);
+  if (c->comm)
+    fls_pause_trap(c->comm->key, __atomic_load_n(&c->comm->calls, __ATOMIC_RELAXED));
+  else
+    fls_pause_trap(0, 0);
   c->ev0 = NULL;
   if (FLS_UNLIKELY(fls_device_enabled()) && t_group == 0 && stream)
     c->ev0 = fls_device_begin(stream);

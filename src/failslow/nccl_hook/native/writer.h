@@ -37,13 +37,20 @@ void fls_emit(int64_t t_start, int64_t t_end, uint64_t nbytes, uint64_t group_ke
 void fls_park(uint64_t control) FLS_HIDDEN;
 extern uint64_t fls_ignored_control FLS_HIDDEN;
 
-static inline void fls_pause_trap(void) {
+/* `key`/`call_index`: the communicator key and the call_index the call about to start will
+ * get. A targeted pause (pause_group != 0, written before control) parks only at that group's
+ * call with call_index >= pause_call, so every member parks at the same collective. */
+static inline void fls_pause_trap(uint64_t key, uint64_t call_index) {
   uint64_t control = __atomic_load_n(&fls_w.hdr->control, __ATOMIC_ACQUIRE);
   if (FLS_LIKELY(control == 0)) {
     if (FLS_UNLIKELY(__atomic_load_n(&fls_ignored_control, __ATOMIC_RELAXED) != 0))
       __atomic_store_n(&fls_ignored_control, 0, __ATOMIC_RELAXED);
     return;
   }
+  uint64_t group = __atomic_load_n(&fls_w.hdr->pause_group, __ATOMIC_ACQUIRE);
+  if (group != 0 &&
+      (key != group || call_index < __atomic_load_n(&fls_w.hdr->pause_call, __ATOMIC_ACQUIRE)))
+    return;
   if (control != __atomic_load_n(&fls_ignored_control, __ATOMIC_RELAXED)) fls_park(control);
 }
 
