@@ -18,6 +18,7 @@ import numpy as np
 
 from failslow.core.events import RingFormatError, RingReader, find_rings
 from failslow.core.reorder import ReorderBuffer
+from failslow.core.summaries import GroupSummarizer, GroupSummary
 from failslow.core.tracking import ChangeEvent, FailSlowDetector, IterationTracker
 
 
@@ -31,6 +32,7 @@ class RankState:
     iterations: int = 0
     iteration_times: list[float] = field(default_factory=list)  # empty unless keep_history
     events: list[ChangeEvent] = field(default_factory=list)
+    summarizer: GroupSummarizer | None = None  # recent records for per-group summaries
 
 
 @dataclass
@@ -54,11 +56,13 @@ class LocalAnalyzer:
         detector_factory: Callable[[], FailSlowDetector] = FailSlowDetector,
         tracker_factory: Callable[[], IterationTracker] = IterationTracker,
         keep_history: bool = True,
+        summaries: bool = True,
     ) -> None:
         self.ring_dir = Path(ring_dir)
         self._detector_factory = detector_factory
         self._tracker_factory = tracker_factory
         self._keep_history = keep_history
+        self._summaries = summaries
         self.ranks: dict[int, RankState] = {}
         self._seen: set[Path] = set()
 
@@ -80,6 +84,7 @@ class LocalAnalyzer:
                 reader=reader,
                 tracker=self._tracker_factory(),
                 detector=self._detector_factory(),
+                summarizer=GroupSummarizer(reader.global_rank, path) if self._summaries else None,
             )
 
     def poll(self) -> list[RankUpdate]:
@@ -91,11 +96,16 @@ class LocalAnalyzer:
             if not len(records):
                 continue
             epoch = state.tracker.epoch
-            times = np.asarray(state.tracker.feed(records), dtype=np.float64)
+            ends, times = state.tracker.feed_with_ends(records)
+            times = np.asarray(times, dtype=np.float64)
             if state.tracker.epoch != epoch and state.iterations:
                 # The call pattern was re-detected (more data, or a topology change): times
                 # before and after measure different things, so the baseline starts afresh.
                 state.detector = self._detector_factory()
+            if state.summarizer is not None:
+                if state.tracker.epoch != epoch:
+                    state.summarizer.reset_iterations()
+                state.summarizer.add(records, ends)
             first = state.iterations
             events: list[ChangeEvent] = []
             reported_at: list[int] = []
@@ -110,6 +120,17 @@ class LocalAnalyzer:
             if len(times) or events:
                 updates.append(RankUpdate(rank, times, first, events, reported_at))
         return updates
+
+    def group_summaries(self, *, iterations: int = 5, seconds: float = 10.0) -> list[GroupSummary]:
+        """Per-group summaries of every local rank over its last ``iterations`` iterations
+        (the last ``seconds`` while its iterations are not known yet): what the node publishes
+        for cross-group profiling (greyhound 4.3) instead of raw events."""
+        out: list[GroupSummary] = []
+        for rank in sorted(self.ranks):
+            summarizer = self.ranks[rank].summarizer
+            if summarizer is not None:
+                out.extend(summarizer.summaries(iterations=iterations, seconds=seconds))
+        return out
 
     def dropped(self) -> int:
         """Records lost: lapped by the writer, abandoned by it, or arriving too late to order."""

@@ -116,6 +116,10 @@ class IterationTracker:
         """Take new records of this rank; return the iteration times (s) completed by them."""
         return self._feed(records)[1]
 
+    def feed_with_ends(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`feed`, also returning the anchor ``t_start_ns`` closing each iteration."""
+        return self._feed(records)
+
     def flush(self) -> np.ndarray:
         """Try a detection on what is buffered now (end of an offline trace)."""
         return self._flush()[1]
