@@ -101,6 +101,25 @@ class Capture:
             self.ring_path = path
             self.groups.set_path(groups_path(path))
 
+    def attach_agent(self, store: Any, **options: Any) -> Any:
+        """Start a :class:`~failslow.core.control.agent.RankAgent` on this process's trap.
+
+        Needs the ring (the global rank known): call after ``init_process_group`` or pass
+        ``global_rank`` to :func:`install`.
+        """
+        import torch.distributed as dist
+
+        from failslow.core.control.agent import RankAgent
+
+        writer = self._ensure_writer()
+        if writer is None or self.trap is None or not dist.is_initialized():
+            raise RuntimeError("attach_agent: call it after init_process_group")
+        agent = RankAgent(
+            store, rank=dist.get_rank(), set_header_word=writer.set_header_word, **options
+        )
+        self.trap.on_parked = agent.while_parked
+        return agent.start()
+
     def _ensure_writer(self) -> RingWriter | None:
         if self.writer is None:
             import torch.distributed as dist
@@ -243,7 +262,12 @@ class Capture:
                 writer.count_dropped()
 
     def _record(
-        self, spec: OpSpec, args: tuple[Any, ...], out: Any, t_start: int, pg_cls: Any,
+        self,
+        spec: OpSpec,
+        args: tuple[Any, ...],
+        out: Any,
+        t_start: int,
+        pg_cls: Any,
         work_cls: Any,
     ) -> None:
         writer = self._ensure_writer()
@@ -281,7 +305,8 @@ class Capture:
                 # gloo's reduce-scatter works report is_completed() False forever; the call
                 # has finished its exchange when it returns, so the return time is the end.
                 writer.write(
-                    t_end_ns=time.monotonic_ns(), flags=int(flags | Flags.END_IS_ENQUEUE),
+                    t_end_ns=time.monotonic_ns(),
+                    flags=int(flags | Flags.END_IS_ENQUEUE),
                     **fields,
                 )
             else:
@@ -330,8 +355,9 @@ class _Watcher:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def watch(self, work: Any, fields: dict[str, Any], flags: Flags, entry: GroupEntry,
-              anysource: bool) -> None:
+    def watch(
+        self, work: Any, fields: dict[str, Any], flags: Flags, entry: GroupEntry, anysource: bool
+    ) -> None:
         with self._cond:
             self._pending.append((work, fields, flags, entry, anysource))
             if self._thread is None:
@@ -361,8 +387,7 @@ class _Watcher:
                     t_end = time.monotonic_ns()
                     if work.exception() is not None:
                         flags |= Flags.FAILED
-                    self._capture._finish(fields, flags, work if anysource else None, entry,
-                                          t_end)
+                    self._capture._finish(fields, flags, work if anysource else None, entry, t_end)
                 except Exception:
                     log.debug("failslow: watched work failed", exc_info=True)
                 done.append(item)

@@ -97,9 +97,7 @@ def _header(ring: str | os.PathLike[str]) -> Iterator[_Header]:
         h.close()
 
 
-def request_pause(
-    ring: str | os.PathLike[str], *, group_key: int = 0, call_index: int = 0
-) -> int:
+def request_pause(ring: str | os.PathLike[str], *, group_key: int = 0, call_index: int = 0) -> int:
     """Ask the ring's process to park; returns the token written.
 
     Without ``group_key`` it parks at its next collective call. With it, only at the call of
@@ -183,6 +181,9 @@ class Trap:
         self._lock = threading.Lock()
         self._parked_threads = 0
         self._ignored_token = 0  # the token this process timed out on
+        self.on_parked: Any = None
+        """Called repeatedly in the parked thread (the rank's agent runs validation there and
+        releases the pause by clearing ``control``); its exceptions never leave the trap."""
 
     def requested(self) -> bool:
         """One header load: is any pause requested? (the hot path while none is)."""
@@ -222,6 +223,12 @@ class Trap:
         try:
             while True:
                 time.sleep(POLL_S)
+                callback = self.on_parked
+                if callback is not None:
+                    try:
+                        callback()
+                    except Exception:
+                        log.warning("failslow: work while parked failed", exc_info=True)
                 now_token = writer.header_word("control")
                 if now_token == 0 or now_token == self._ignored_token:
                     return
