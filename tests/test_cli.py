@@ -176,3 +176,18 @@ def test_console_script_table_output(tmp_path) -> None:
                          text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["controller", "--store", "tcp://127.0.0.1:1", "--world-size", "2"], "connect failed"),
+        (["controller", "--store", "foo://x", "--world-size", "2"], "unknown scheme 'foo'"),
+    ],
+)
+def test_controller_store_errors_are_one_line(argv, message, capsys):
+    from failslow.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from failslow import __version__
 from failslow.errors import FailslowError
@@ -99,6 +100,50 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(options)
 
 
+def _until_signalled() -> Any:
+    """A stop() predicate that turns true on SIGINT or SIGTERM."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop.is_set
+
+
+def _cmd_controller(args: argparse.Namespace) -> int:
+    from failslow.core.control.controller import Controller, ControllerConfig
+    from failslow.core.control.store import open_store
+
+    store = open_store(args.store)  # unreachable: StoreUnavailable -> one line, exit 2
+    config = ControllerConfig(
+        world_size=args.world_size,
+        log_dir=Path(args.log_dir) if args.log_dir else None,
+        threshold=args.threshold,
+        link_nbytes=args.link_mb << 20,
+    )
+    print(f"failslow controller: {args.world_size} ranks, store {args.store}", flush=True)
+    controller = Controller(store, config, on_diagnosis=lambda d: print(d.to_json(), flush=True))
+    controller.run(_until_signalled())
+    return 0
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    import time
+
+    from failslow.core.control.publisher import NodePublisher
+    from failslow.core.control.resilient import ResilientStore
+    from failslow.core.local_analyzer import LocalAnalyzer
+
+    publisher = NodePublisher(LocalAnalyzer(Path(args.ring_dir)), ResilientStore(args.store))
+    stop = _until_signalled()
+    print(f"failslow node: {args.ring_dir} -> {args.store}", flush=True)
+    while not stop():
+        publisher.poll()
+        time.sleep(args.poll_s)
+    return 0
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     import time
 
@@ -170,6 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run directory (default: runs/demo-<time>)")
     p.add_argument("--no-live", action="store_true", help="no live display (plain log lines)")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("controller", help="run the job's controller (profiling, validation)")
+    p.add_argument("--store", required=True, help="tcp://HOST:PORT or redis://HOST:PORT/DB")
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--log-dir", help="where diagnosis-<n>.json files go")
+    p.add_argument("--threshold", type=float, default=1.1, help="slow when > x peers' median")
+    p.add_argument("--link-mb", type=int, default=16, help="link-test message size (MB)")
+    p.set_defaults(func=_cmd_controller)
+
+    p = sub.add_parser("node", help="publish this node's onsets and group summaries")
+    p.add_argument("--store", required=True, help="tcp://HOST:PORT or redis://HOST:PORT/DB")
+    p.add_argument("--ring-dir", required=True)
+    p.add_argument("--poll-s", type=float, default=0.1)
+    p.set_defaults(func=_cmd_node)
 
     p = sub.add_parser("simulate", help="simulate mitigation policies on a shipped scenario")
     p.add_argument("scenario", metavar="SCENARIO", help="greyhound-table6, odyssey-vb or scale-16k")

@@ -114,6 +114,11 @@ class Capture:
         writer = self._ensure_writer()
         if writer is None or self.trap is None or not dist.is_initialized():
             raise RuntimeError("attach_agent: call it after init_process_group")
+        def world_position() -> tuple[int, int] | None:
+            entry = self.groups.get(dist.group.WORLD.group_name)
+            return None if entry is None else (entry.key, entry.calls.peek())
+
+        options.setdefault("position", world_position)
         agent = RankAgent(
             store, rank=dist.get_rank(), set_header_word=writer.set_header_word, **options
         )

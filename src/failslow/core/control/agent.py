@@ -85,6 +85,7 @@ class RankAgent:
         prefix: str = DEFAULT_PREFIX,
         poll_s: float = 0.2,
         check_every_s: float = 0.02,
+        position: Callable[[], tuple[int, int] | None] | None = None,
     ) -> None:
         self.store = store
         self.rank = rank
@@ -98,6 +99,7 @@ class RankAgent:
         self._last_check = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._position = position
 
     def start(self) -> RankAgent:
         self._thread = threading.Thread(target=self._poll, name="failslow-agent", daemon=True)
@@ -112,9 +114,30 @@ class RankAgent:
     def _poll(self) -> None:
         while not self._stop.wait(self._poll_s):
             try:
+                self.publish_position()
                 self.check_request()
             except Exception:  # the agent must never take the rank down
                 log.warning("failslow: agent poll failed", exc_info=True)
+
+    def publish_position(self) -> None:
+        """``{prefix}/progress/{rank}``: the pause group's key, the next call_index this rank
+        will issue on it and its calls per second, so the controller can pick a target no rank
+        has reached (one small write per ``poll_s``, independent of the world size)."""
+        if self._position is None:
+            return
+        where = self._position()
+        if where is not None:
+            key, next_index = where
+            now = time.monotonic()
+            last = getattr(self, "_last_position", None)
+            rate = 0.0
+            if last is not None and last[0] == key and now > last[2]:
+                rate = (next_index - last[1]) / (now - last[2])
+            self._last_position = (key, next_index, now)
+            self.store.set_json(
+                f"{self.prefix}/progress/{self.rank}",
+                {"group_key": key, "next": next_index, "rate": rate, "t": time.time()},
+            )
 
     def check_request(self) -> bool:
         """Arm the trap when the store holds a new pause request; True if it did."""

@@ -1,0 +1,240 @@
+"""The controller: TRACKING -> PROFILING -> VALIDATING -> DIAGNOSED -> TRACKING (greyhound 4.1).
+
+One per job, embedded beside rank 0 / in the launcher, or its own process (``failslow
+controller --store URL``). It only reads what the nodes publish (:mod:`.publisher`: onsets,
+reliefs, per-group summaries) and what the ranks' agents report (:mod:`.agent`: their position
+on the pause group, validation results):
+
+- TRACKING: wait for a new onset (one counter read per tick).
+- PROFILING: read every rank's group summaries once, build per-instance group profiles and
+  name suspects: degraded groups (communication) and late ranks (compute) (greyhound 4.3,
+  falcon 4.3). With no suspect the GEMM still runs on every rank: a straggler that is never
+  late at a collective (e.g. the only pipeline stage) is then still caught.
+- VALIDATING: pause every rank at the same collective of the pause group, at an index none has
+  reached (their published positions + a margin for the round trip), run GEMM on every rank
+  (the peers' median needs them) and the O(1) ring/tree link passes over the suspect groups
+  (the world when a suspect is compute-only), always release.
+- DIAGNOSED: write the diagnosis to the store, to ``<log_dir>/diagnosis-<n>.json`` and hand it
+  to ``on_diagnosis`` (the plugin observation hook's call site), then back to TRACKING.
+
+Every state change and its wall time is kept in :attr:`Controller.history` (reaction times).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from failslow.core.control.agent import DEFAULT_PREFIX as AGENT_PREFIX
+from failslow.core.control.publisher import DEFAULT_PREFIX as NODE_PREFIX
+from failslow.core.control.store import Store
+from failslow.core.control.validator import ValidationTimeout, diagnose, validation_round
+from failslow.core.diagnosis.record import Diagnosis
+
+log = logging.getLogger(__name__)
+
+
+class State(enum.Enum):
+    TRACKING = "tracking"
+    PROFILING = "profiling"
+    VALIDATING = "validating"
+    DIAGNOSED = "diagnosed"
+
+
+@dataclass(kw_only=True)
+class ControllerConfig:
+    world_size: int
+    log_dir: Path | None = None
+    threshold: float = 1.1
+    """Slow when > threshold x the peers' median (greyhound 4.3)."""
+    gemm: Mapping[str, Any] = field(
+        default_factory=lambda: {"kind": "gemm", "repetitions": 3, "serial": True}
+    )
+    link_nbytes: int = 16 << 20
+    link_repetitions: int = 3
+    pause_margin_s: float = 0.3
+    """How far ahead of the ranks' extrapolated positions the pause lands (calls/s x margin);
+    must cover the agents' poll period (they see the request within one poll)."""
+    cooldown_s: float = 30.0
+    """Onsets within this long after a diagnosis (and no relief since) belong to the same
+    fail-slow - other ranks report the job-wide slowdown a few iterations later."""
+    validation_timeout_s: float = 60.0
+    node_prefix: str = NODE_PREFIX
+    agent_prefix: str = AGENT_PREFIX
+
+
+@dataclass
+class Transition:
+    state: State
+    wall: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Controller:
+    def __init__(
+        self,
+        store: Store,
+        config: ControllerConfig,
+        *,
+        on_diagnosis: Callable[[Diagnosis], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.on_diagnosis = on_diagnosis
+        self.state = State.TRACKING
+        self.history: list[Transition] = [Transition(State.TRACKING, time.time())]
+        self.diagnoses: list[Diagnosis] = []
+        self._seen_events = store.add(f"{config.node_prefix}/onsets", 0)
+        self._onsets: list[dict[str, Any]] = []
+        self._suspects: list[Any] = []
+        self._pending: Diagnosis | None = None
+        self._diagnosed_at = -math.inf
+
+    def _enter(self, state: State, **detail: Any) -> None:
+        self.state = state
+        self.history.append(Transition(state, time.time(), detail))
+        log.info("failslow controller: %s %s", state.value, detail or "")
+
+    # ---- one tick of the state machine -------------------------------------------------------
+    def tick(self) -> State:
+        if self.state is State.TRACKING:
+            self._track()
+        elif self.state is State.PROFILING:
+            self._profile()
+        elif self.state is State.VALIDATING:
+            self._validate()
+        elif self.state is State.DIAGNOSED:
+            self._publish()
+        return self.state
+
+    def run(self, stop: Callable[[], bool], tick_s: float = 0.05) -> None:
+        while not stop():
+            before = self.state
+            self.tick()
+            if self.state is before:
+                time.sleep(tick_s)
+
+    def _track(self) -> None:
+        prefix = self.config.node_prefix
+        count = self.store.add(f"{prefix}/onsets", 0)
+        new = []
+        while self._seen_events < count:
+            self._seen_events += 1
+            key = f"{prefix}/onsets/{self._seen_events}"
+            self.store.wait([key], 1.0)
+            record = self.store.get_json(key)
+            if record is not None:
+                new.append(record)
+        if any(r.get("type") == "relief" for r in new):
+            self._diagnosed_at = -math.inf  # the fail-slow is over: the next onset is new
+        onsets = [r for r in new if r.get("type") == "onset"]
+        if onsets and time.time() - self._diagnosed_at < self.config.cooldown_s:
+            self.history.append(Transition(State.TRACKING, time.time(), {"absorbed": onsets}))
+            return
+        if onsets:
+            self._onsets = onsets
+            self._enter(State.PROFILING, onsets=onsets)
+
+    def _profile(self) -> None:
+        from failslow.core.profiling import degraded_groups, group_profiles, late_ranks
+        from failslow.core.summaries import GroupSummary
+
+        summaries = []
+        for rank in range(self.config.world_size):
+            items = self.store.get_json(f"{self.config.node_prefix}/summaries/{rank}") or []
+            summaries += [GroupSummary.from_dict(item) for item in items]
+        profiles = group_profiles(summaries)
+        suspects = degraded_groups(profiles, threshold=self.config.threshold)
+        suspects += late_ranks(profiles)
+        self._suspects = suspects
+        self._enter(State.VALIDATING, suspects=[s.to_dict() for s in suspects])
+
+    def _target(self) -> tuple[int, int] | None:
+        """(group_key, call_index) ahead of every rank's published position, or None."""
+        positions = [
+            self.store.get_json(f"{self.config.agent_prefix}/progress/{r}")
+            for r in range(self.config.world_size)
+        ]
+        if any(p is None for p in positions):
+            return None
+        keys = {p["group_key"] for p in positions}
+        if len(keys) != 1:
+            return None
+        now = time.time()
+        # where each rank is now: its published position moved on at its published rate
+        ahead = max(p["next"] + p.get("rate", 0.0) * max(0.0, now - p["t"]) for p in positions)
+        rate = max(p.get("rate", 0.0) for p in positions)
+        return keys.pop(), math.ceil(ahead) + max(2, math.ceil(rate * self.config.pause_margin_s))
+
+    def _link_ranks(self) -> list[int]:
+        comm = [s for s in self._suspects if s.kind == "communication"]
+        ranks = sorted({r for s in comm for r in s.ranks})
+        return ranks if len(ranks) >= 2 else list(range(self.config.world_size))
+
+    def _validate(self) -> None:
+        from failslow.core.validation.schedules import map_passes, ring_passes, tree_passes
+
+        target = self._target()
+        if target is None:
+            self._enter(State.TRACKING, error="no common pause group published by the ranks")
+            return
+        ranks = self._link_ranks()
+        n = len(ranks)
+        passes = map_passes(ring_passes(n), ranks) + map_passes(tree_passes(n), ranks)
+        tasks = [
+            dict(self.config.gemm),
+            {
+                "kind": "links",
+                "passes": [[list(link) for link in one] for one in passes],
+                "nbytes": self.config.link_nbytes,
+                "repetitions": self.config.link_repetitions,
+            },
+        ]
+        try:
+            result = validation_round(
+                self.store,
+                world_size=self.config.world_size,
+                group_key=target[0],
+                call_index=target[1],
+                tasks=tasks,
+                timeout_s=self.config.validation_timeout_s,
+                prefix=self.config.agent_prefix,
+            )
+        except ValidationTimeout as exc:
+            self._enter(State.TRACKING, error=str(exc))
+            return
+        gemm, links = result.results
+        evidence = {
+            "onsets": self._onsets,
+            "suspects": [s.to_dict() for s in self._suspects],
+            "round": result.epoch,
+            "paused_s": result.paused_s,
+            "target": list(target),
+        }
+        self._pending = diagnose(gemm, links, threshold=self.config.threshold, evidence=evidence)
+        self._enter(State.DIAGNOSED, healthy=self._pending is None)
+
+    def _publish(self) -> None:
+        diagnosis, self._pending = self._pending, None
+        self._diagnosed_at = time.time()
+        if diagnosis is not None:
+            self.diagnoses.append(diagnosis)
+            n = self.store.add("failslow/diagnoses", 1)
+            self.store.set("failslow/diagnoses/" + str(n), diagnosis.to_json().encode())
+            if self.config.log_dir is not None:
+                self.config.log_dir.mkdir(parents=True, exist_ok=True)
+                path = self.config.log_dir / f"diagnosis-{n}.json"
+                path.write_text(json.dumps(json.loads(diagnosis.to_json()), indent=2) + "\n")
+            if self.on_diagnosis is not None:
+                try:
+                    self.on_diagnosis(diagnosis)  # the observation hook's call site
+                except Exception:
+                    log.warning("failslow: on_diagnosis observer failed", exc_info=True)
+        self._enter(State.TRACKING)
