@@ -173,6 +173,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         pause_timeout_s=args.pause_timeout,
         shim=not args.no_shim,
         python_hook=args.python_hook,
+        controller_world_size=args.controller,
     )
     return run(options)
 
@@ -255,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="turn the Python hook on in every Python process of CMD (default: on)",
+    )
+    p.add_argument(
+        "--controller",
+        type=int,
+        metavar="WORLD_SIZE",
+        help="embed the controller (and this node's publisher) for a job of WORLD_SIZE ranks",
     )
     p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_run, cmd=None)

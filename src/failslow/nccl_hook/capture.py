@@ -48,6 +48,7 @@ from failslow.nccl_hook.trap import Trap
 log = logging.getLogger(__name__)
 
 RING_DIR_ENV = "FAILSLOW_RING_DIR"
+STORE_ENV = "FAILSLOW_STORE"  # a control store URL: attach a rank agent (control/agent.py)
 RING_CAPACITY_ENV = "FAILSLOW_RING_CAPACITY"
 _NEVER_POLLED = frozenset({OpCode.REDUCE_SCATTER, OpCode.REDUCE_SCATTER_COALESCED})
 
@@ -81,6 +82,8 @@ class Capture:
         self._open_lock = threading.Lock()
         self._watcher = _Watcher(self)
         self.defer_nccl = False
+        self.global_rank = -1
+        self.agent: Any = None
         """True when the C shim records this process's NCCL calls (they are skipped here)."""
         if global_rank is not None:
             self._open(global_rank)
@@ -99,30 +102,46 @@ class Capture:
             )
             self.trap = Trap(self.writer)
             self.ring_path = path
+            self.global_rank = global_rank
             self.groups.set_path(groups_path(path))
+        url = os.environ.get(STORE_ENV)
+        if url and self.agent is None:
+            from failslow.core.control.resilient import ResilientStore
+
+            try:
+                self.attach_agent(ResilientStore(url))
+            except Exception:  # monitoring must never stop training
+                log.warning("failslow: no control agent (store %s)", url, exc_info=True)
 
     def attach_agent(self, store: Any, **options: Any) -> Any:
         """Start a :class:`~failslow.core.control.agent.RankAgent` on this process's trap.
 
         Needs the ring (the global rank known): call after ``init_process_group`` or pass
-        ``global_rank`` to :func:`install`.
+        ``global_rank`` to :func:`install`. With ``$FAILSLOW_STORE`` set (``failslow run
+        --controller`` sets it), the ring's creation attaches one automatically.
         """
         import torch.distributed as dist
 
         from failslow.core.control.agent import RankAgent
 
-        writer = self._ensure_writer()
-        if writer is None or self.trap is None or not dist.is_initialized():
-            raise RuntimeError("attach_agent: call it after init_process_group")
+        writer = self.writer if self.writer is not None else self._ensure_writer()
+        if writer is None or self.trap is None:
+            raise RuntimeError("attach_agent: no ring yet; pass global_rank or init first")
+
         def world_position() -> tuple[int, int] | None:
+            if not dist.is_initialized():
+                return None
             entry = self.groups.get(dist.group.WORLD.group_name)
             return None if entry is None else (entry.key, entry.calls.peek())
 
         options.setdefault("position", world_position)
+        if self.agent is not None:
+            self.agent.stop()
         agent = RankAgent(
-            store, rank=dist.get_rank(), set_header_word=writer.set_header_word, **options
+            store, rank=self.global_rank, set_header_word=writer.set_header_word, **options
         )
         self.trap.on_parked = agent.while_parked
+        self.agent = agent
         return agent.start()
 
     def _ensure_writer(self) -> RingWriter | None:

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from failslow.errors import ConfigError, FailslowError
-from failslow.nccl_hook.capture import RING_CAPACITY_ENV, RING_DIR_ENV
+from failslow.nccl_hook.capture import RING_CAPACITY_ENV, RING_DIR_ENV, STORE_ENV
 from failslow.nccl_hook.trap import PAUSE_TIMEOUT_ENV
 
 CAPTURE_ENV = "FAILSLOW_CAPTURE"  # the name failslow.nccl_hook.auto reads
@@ -49,6 +50,8 @@ class RunOptions:
     pause_timeout_s: float | None = None
     shim: bool = True
     python_hook: bool = True
+    controller_world_size: int | None = None
+    """Run the controller embedded in the launcher for a job of this many ranks (one node)."""
 
 
 @dataclass(slots=True)
@@ -151,10 +154,14 @@ def run(options: RunOptions) -> int:
     spawn: dict[str, Any] = (
         {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     )
+    if options.controller_world_size:
+        _host_control_store(launch)
     try:
         child = subprocess.Popen(launch.argv, env=launch.env, **spawn)
     except OSError as exc:
         raise FailslowError(f"cannot start {options.command[0]!r}: {exc.strerror}") from None
+
+    embedded = _Embedded(options, launch) if options.controller_world_size else None
 
     def forward(signum: int, _frame: Any) -> None:
         try:
@@ -164,16 +171,78 @@ def run(options: RunOptions) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if embedded is not None:
+            embedded.start()
         returncode = child.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if embedded is not None:
+            embedded.stop()
     status = _exit_status(returncode)
     say(
         f"{options.command[0]} exited with status {status}; rings kept in {launch.ring_dir} "
         f"(failslow export {launch.ring_dir})"
     )
     return status
+
+
+_control: dict[str, Any] = {}
+
+
+def _host_control_store(launch: Launch) -> None:
+    """The embedded control store (a TCPStore on 127.0.0.1, port 0) the ranks' agents use."""
+    from failslow.core.control.store import open_store
+
+    store = open_store("tcp://127.0.0.1:0?master=1")
+    _control["store"] = store
+    launch.env[STORE_ENV] = f"tcp://127.0.0.1:{store.port}"  # type: ignore[attr-defined]
+
+
+class _Embedded:
+    """Node publisher + controller threads beside the job (greyhound 4.1, one-node jobs)."""
+
+    def __init__(self, options: RunOptions, launch: Launch) -> None:
+        self.options, self.launch = options, launch
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        from failslow.core.control.controller import Controller, ControllerConfig
+        from failslow.core.control.publisher import NodePublisher
+        from failslow.core.local_analyzer import LocalAnalyzer
+
+        store = _control["store"]
+        assert self.options.controller_world_size is not None
+        log_dir = self.launch.ring_dir / "diagnoses"
+        config = ControllerConfig(world_size=self.options.controller_world_size, log_dir=log_dir)
+        say = _stderr_line
+        controller = Controller(
+            store, config, on_diagnosis=lambda d: say(f"diagnosis {d.to_json()}")
+        )
+        publisher = NodePublisher(LocalAnalyzer(self.launch.ring_dir), store)
+
+        def publish() -> None:
+            while not self._stop.wait(0.05):
+                try:
+                    publisher.poll()
+                except Exception as exc:  # never take the launcher down
+                    say(f"node publisher: {exc}")
+
+        self._threads = [
+            threading.Thread(target=publish, name="failslow-node", daemon=True),
+            threading.Thread(
+                target=controller.run, args=(self._stop.is_set,), name="failslow-ctl", daemon=True
+            ),
+        ]
+        for t in self._threads:
+            t.start()
+        say(f"controller embedded ({config.world_size} ranks); diagnoses in {log_dir}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5.0)
 
 
 def _stderr_line(text: str) -> None:

@@ -146,6 +146,13 @@ class RankAgent:
             return False
         self.epoch = int(request["epoch"])
         self._counted, self._next_task = False, 0
+        where = self._position() if self._position is not None else None
+        if where is not None and where[0] == int(request["group_key"]):
+            if where[1] > int(request["call_index"]):
+                # already past the target: parking later would stop this rank at another
+                # collective than its peers; tell the controller, which releases and retries
+                self.store.add(f"{self.prefix}/{self.epoch}/missed", 1)
+                return False
         self._set("pause_group", int(request["group_key"]))
         self._set("pause_call", int(request["call_index"]))
         self._set("control", self.epoch)  # last: the target is in place first

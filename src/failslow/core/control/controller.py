@@ -35,7 +35,12 @@ from typing import Any
 from failslow.core.control.agent import DEFAULT_PREFIX as AGENT_PREFIX
 from failslow.core.control.publisher import DEFAULT_PREFIX as NODE_PREFIX
 from failslow.core.control.store import Store
-from failslow.core.control.validator import ValidationTimeout, diagnose, validation_round
+from failslow.core.control.validator import (
+    PauseMissed,
+    ValidationTimeout,
+    diagnose,
+    validation_round,
+)
 from failslow.core.diagnosis.record import Diagnosis
 
 log = logging.getLogger(__name__)
@@ -62,6 +67,9 @@ class ControllerConfig:
     pause_margin_s: float = 0.3
     """How far ahead of the ranks' extrapolated positions the pause lands (calls/s x margin);
     must cover the agents' poll period (they see the request within one poll)."""
+    pause_attempts: int = 3
+    """A round whose target some rank had passed is released at once and retried, each time
+    with twice the margin."""
     cooldown_s: float = 30.0
     """Onsets within this long after a diagnosis (and no relief since) belong to the same
     fail-slow - other ranks report the job-wide slowdown a few iterations later."""
@@ -156,7 +164,7 @@ class Controller:
         self._suspects = suspects
         self._enter(State.VALIDATING, suspects=[s.to_dict() for s in suspects])
 
-    def _target(self) -> tuple[int, int] | None:
+    def _target(self, margin_s: float) -> tuple[int, int] | None:
         """(group_key, call_index) ahead of every rank's published position, or None."""
         positions = [
             self.store.get_json(f"{self.config.agent_prefix}/progress/{r}")
@@ -171,7 +179,7 @@ class Controller:
         # where each rank is now: its published position moved on at its published rate
         ahead = max(p["next"] + p.get("rate", 0.0) * max(0.0, now - p["t"]) for p in positions)
         rate = max(p.get("rate", 0.0) for p in positions)
-        return keys.pop(), math.ceil(ahead) + max(2, math.ceil(rate * self.config.pause_margin_s))
+        return keys.pop(), math.ceil(ahead) + max(2, math.ceil(rate * margin_s))
 
     def _link_ranks(self) -> list[int]:
         comm = [s for s in self._suspects if s.kind == "communication"]
@@ -181,10 +189,6 @@ class Controller:
     def _validate(self) -> None:
         from failslow.core.validation.schedules import map_passes, ring_passes, tree_passes
 
-        target = self._target()
-        if target is None:
-            self._enter(State.TRACKING, error="no common pause group published by the ranks")
-            return
         ranks = self._link_ranks()
         n = len(ranks)
         passes = map_passes(ring_passes(n), ranks) + map_passes(tree_passes(n), ranks)
@@ -197,18 +201,31 @@ class Controller:
                 "repetitions": self.config.link_repetitions,
             },
         ]
-        try:
-            result = validation_round(
-                self.store,
-                world_size=self.config.world_size,
-                group_key=target[0],
-                call_index=target[1],
-                tasks=tasks,
-                timeout_s=self.config.validation_timeout_s,
-                prefix=self.config.agent_prefix,
-            )
-        except ValidationTimeout as exc:
-            self._enter(State.TRACKING, error=str(exc))
+        margin_s = self.config.pause_margin_s
+        for attempt in range(self.config.pause_attempts):
+            target = self._target(margin_s)
+            if target is None:
+                self._enter(State.TRACKING, error="no common pause group published by the ranks")
+                return
+            try:
+                result = validation_round(
+                    self.store,
+                    world_size=self.config.world_size,
+                    group_key=target[0],
+                    call_index=target[1],
+                    tasks=tasks,
+                    timeout_s=self.config.validation_timeout_s,
+                    prefix=self.config.agent_prefix,
+                )
+                break
+            except PauseMissed as exc:  # released at once; aim further ahead
+                log.info("failslow controller: %s (attempt %d)", exc, attempt + 1)
+                margin_s *= 2
+            except ValidationTimeout as exc:
+                self._enter(State.TRACKING, error=str(exc))
+                return
+        else:
+            self._enter(State.TRACKING, error="every pause attempt was missed by some rank")
             return
         gemm, links = result.results
         evidence = {

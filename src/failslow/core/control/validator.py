@@ -24,6 +24,10 @@ class ValidationTimeout(FailslowError):
     """Ranks did not park or finish a task in time; the job was released anyway."""
 
 
+class PauseMissed(ValidationTimeout):
+    """A rank was already past the target collective; released at once, retry further ahead."""
+
+
 @dataclass(frozen=True)
 class RoundResult:
     epoch: int
@@ -32,11 +36,13 @@ class RoundResult:
     paused_s: float
 
 
-def _wait_count(store: Store, key: str, want: int, deadline: float) -> bool:
+def _wait_count(
+    store: Store, key: str, want: int, deadline: float, abort: str | None = None
+) -> bool:
     while True:
         if store.add(key, 0) >= want:
             return True
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (abort is not None and store.add(abort, 0) > 0):
             return False
         time.sleep(0.01)
 
@@ -63,8 +69,14 @@ def validation_round(
         f"{prefix}/pause", {"epoch": epoch, "group_key": group_key, "call_index": call_index}
     )
     try:
-        if not _wait_count(store, f"{base}/parked", world_size, deadline):
+        if not _wait_count(store, f"{base}/parked", world_size, deadline, f"{base}/missed"):
             parked = store.add(f"{base}/parked", 0)
+            missed = store.add(f"{base}/missed", 0)
+            if missed:
+                raise PauseMissed(
+                    f"validation round {epoch}: {missed} rank(s) were past call {call_index} "
+                    f"of group {group_key} when the request arrived"
+                )
             raise ValidationTimeout(
                 f"validation round {epoch}: only {parked} of {world_size} ranks parked at "
                 f"call {call_index} of group {group_key} within {timeout_s:.0f} s"

@@ -1,0 +1,104 @@
+"""``failslow run --controller N -- torchrun ...``: capture, agents, node publisher and
+controller all wired by the launcher, an unmodified training script, a real straggler.
+
+The script knows nothing of failslow. From step ``SLOW_FROM`` on, rank 1 forks a helper that
+duty-cycles its parent with SIGSTOP/SIGCONT (a straggler slowed from outside its own code). The
+launcher's embedded controller must print a diagnosis naming rank 1, kind compute, and leave a
+``diagnosis-<n>.json`` beside the rings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.multiprocess, pytest.mark.slow]
+
+TRAIN = (
+    textwrap.dedent(
+        """\
+    import os, signal, sys, time
+    import torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    w = torch.randn(256, 256) / 16
+    x = torch.randn(64, 256)
+    bias = torch.zeros(1024)
+    helper = None
+    for step in range(STEPS):
+        if rank == 1 and step == SLOW_FROM:
+            parent = os.getpid()
+            helper = os.fork()
+            if helper == 0:  # throttle the parent: 60% of every 20 ms stopped
+                while True:
+                    try:
+                        os.kill(parent, signal.SIGSTOP)
+                        time.sleep(0.012)
+                        os.kill(parent, signal.SIGCONT)
+                        time.sleep(0.008)
+                    except ProcessLookupError:
+                        os._exit(0)
+        for _ in range(10):
+            y = torch.tanh(x @ w)
+        grad = (y.T @ x) / 64
+        dist.all_reduce(grad)
+        dist.all_reduce(bias)
+        w -= 1e-3 * grad / dist.get_world_size()
+        time.sleep(0.01)
+    if helper:
+        os.kill(helper, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGCONT)
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+    )
+    .replace("STEPS", "320")
+    .replace("SLOW_FROM", "130")
+)
+
+
+def test_run_with_embedded_controller_diagnoses_the_straggler(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    ring_dir = tmp_path / "rings"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
+    env.update(OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "failslow.cli",
+            "run",
+            "--no-shim",
+            "--controller",
+            "2",
+            "--ring-dir",
+            str(ring_dir),
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    log = out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.returncode == 0, log
+    lines = [ln for ln in out.stderr.splitlines() if "failslow run: diagnosis " in ln]
+    assert lines, log
+    first = json.loads(lines[0].split("diagnosis ", 1)[1])
+    assert first["kind"] == "compute" and [r for r, _ in first["slow_ranks"]] == [1], first
+    assert list((ring_dir / "diagnoses").glob("diagnosis-*.json")), log
