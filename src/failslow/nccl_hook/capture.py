@@ -23,6 +23,7 @@ is not a recorded op; a call whose work never completes (a hang) leaves no recor
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import logging
@@ -84,6 +85,8 @@ class Capture:
         self.defer_nccl = False
         self.global_rank = -1
         self.agent: Any = None
+        self._world_name: str | None = None
+        self.world_calls: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=256)
         """True when the C shim records this process's NCCL calls (they are skipped here)."""
         if global_rank is not None:
             self._open(global_rank)
@@ -123,16 +126,21 @@ class Capture:
         import torch.distributed as dist
 
         from failslow.core.control.agent import RankAgent
+        from failslow.core.control.phase import iteration_phase
 
         writer = self.writer if self.writer is not None else self._ensure_writer()
         if writer is None or self.trap is None:
             raise RuntimeError("attach_agent: no ring yet; pass global_rank or init first")
 
-        def world_position() -> tuple[int, int] | None:
+        def world_position() -> tuple[int, ...] | None:
             if not dist.is_initialized():
                 return None
-            entry = self.groups.get(dist.group.WORLD.group_name)
-            return None if entry is None else (entry.key, entry.calls.peek())
+            self._world_name = dist.group.WORLD.group_name
+            entry = self.groups.get(self._world_name)
+            if entry is None:
+                return None
+            phase = iteration_phase(list(self.world_calls))
+            return (entry.key, entry.calls.peek(), *(phase or ()))
 
         options.setdefault("position", world_position)
         if self.agent is not None:
@@ -317,6 +325,10 @@ class Capture:
             peer=peer,
             call_index=next(entry.calls),
         )
+        if entry.name == self._world_name:  # the pause group's recent calls (control/phase.py)
+            self.world_calls.append(
+                (fields["call_index"], spec.op * 1_000_003 + fields["nbytes"], t_start)
+            )
         if out is None:  # the call raised
             writer.write(t_end_ns=time.monotonic_ns(), flags=int(flags | Flags.FAILED), **fields)
             return

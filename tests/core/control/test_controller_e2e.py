@@ -127,6 +127,9 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
     ], reaction
     assert [s.rank for s in diagnosis.slow_ranks] == [SLOW], reaction
     assert diagnosis.kind is Kind.COMPUTE, reaction
+    # the pause landed at an iteration's start: the gradient all-reduce after the compute gap
+    # (world calls alternate gradient, bias from call 0: the start is an even call_index)
+    assert diagnosis.evidence["target"][1] % 2 == 0, reaction
     assert list((tmp_path / "logs").glob("diagnosis-*.json")), "no diagnosis file"
     for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"rank {r}:\n{out[-3000:]}"

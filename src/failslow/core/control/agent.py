@@ -85,7 +85,7 @@ class RankAgent:
         prefix: str = DEFAULT_PREFIX,
         poll_s: float = 0.2,
         check_every_s: float = 0.02,
-        position: Callable[[], tuple[int, int] | None] | None = None,
+        position: Callable[[], tuple[int, ...] | None] | None = None,
     ) -> None:
         self.store = store
         self.rank = rank
@@ -127,17 +127,22 @@ class RankAgent:
             return
         where = self._position()
         if where is not None:
-            key, next_index = where
+            key, next_index = where[0], where[1]
             now = time.monotonic()
             last = getattr(self, "_last_position", None)
             rate = 0.0
             if last is not None and last[0] == key and now > last[2]:
                 rate = (next_index - last[1]) / (now - last[2])
             self._last_position = (key, next_index, now)
-            self.store.set_json(
-                f"{self.prefix}/progress/{self.rank}",
-                {"group_key": key, "next": next_index, "rate": rate, "t": time.time()},
-            )
+            record: dict[str, Any] = {
+                "group_key": key,
+                "next": next_index,
+                "rate": rate,
+                "t": time.time(),
+            }
+            if len(where) == 4:  # (period, residue) of the iteration on this group (phase.py)
+                record["phase"] = [where[2], where[3]]
+            self.store.set_json(f"{self.prefix}/progress/{self.rank}", record)
 
     def check_request(self) -> bool:
         """Arm the trap when the store holds a new pause request; True if it did."""

@@ -11,7 +11,8 @@ on the pause group, validation results):
   falcon 4.3). With no suspect the GEMM still runs on every rank: a straggler that is never
   late at a collective (e.g. the only pipeline stage) is then still caught.
 - VALIDATING: pause every rank at the same collective of the pause group, at an index none has
-  reached (their published positions + a margin for the round trip), run GEMM on every rank
+  reached (their published positions + a margin for the round trip), moved to the first call of
+  an iteration when every rank reports the same phase (:mod:`.phase`), run GEMM on every rank
   (the peers' median needs them) and the O(1) ring/tree link passes over the suspect groups
   (the world when a suspect is compute-only), always release.
 - DIAGNOSED: write the diagnosis to the store, to ``<log_dir>/diagnosis-<n>.json`` and hand it
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from failslow.core.control.agent import DEFAULT_PREFIX as AGENT_PREFIX
+from failslow.core.control.phase import align
 from failslow.core.control.publisher import DEFAULT_PREFIX as NODE_PREFIX
 from failslow.core.control.store import Store
 from failslow.core.control.validator import (
@@ -179,7 +181,13 @@ class Controller:
         # where each rank is now: its published position moved on at its published rate
         ahead = max(p["next"] + p.get("rate", 0.0) * max(0.0, now - p["t"]) for p in positions)
         rate = max(p.get("rate", 0.0) for p in positions)
-        return keys.pop(), math.ceil(ahead) + max(2, math.ceil(rate * margin_s))
+        target = math.ceil(ahead) + max(2, math.ceil(rate * margin_s))
+        phases = {tuple(p.get("phase") or ()) for p in positions}
+        if len(phases) == 1:  # every rank agrees: move the target to an iteration's start
+            (phase,) = phases
+            if len(phase) == 2:
+                target = align(target, (int(phase[0]), int(phase[1])))
+        return keys.pop(), target
 
     def _link_ranks(self) -> list[int]:
         comm = [s for s in self._suspects if s.kind == "communication"]
