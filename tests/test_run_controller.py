@@ -4,7 +4,8 @@ controller all wired by the launcher, an unmodified training script, a real stra
 The script knows nothing of failslow. From step ``SLOW_FROM`` on, rank 1 forks a helper that
 duty-cycles its parent with SIGSTOP/SIGCONT (a straggler slowed from outside its own code). The
 launcher's embedded controller must print a diagnosis naming rank 1, kind compute, and leave a
-``diagnosis-<n>.json`` beside the rings.
+``diagnosis-<n>.json`` beside the rings. Threshold 1.5, not greyhound's 1.1: with two ranks on
+two shared cores the healthy rank's GEMM alone scatters by up to ~1.4x against its one peer.
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ TRAIN = (
         if rank == 1 and step == SLOW_FROM:
             parent = os.getpid()
             helper = os.fork()
-            if helper == 0:  # throttle the parent: 60% of every 20 ms stopped
+            if helper == 0:  # throttle the parent: 60% of every 10 ms stopped
                 while True:
                     try:
                         os.kill(parent, signal.SIGSTOP)
-                        time.sleep(0.012)
+                        time.sleep(0.006)
                         os.kill(parent, signal.SIGCONT)
-                        time.sleep(0.008)
+                        time.sleep(0.004)
                     except ProcessLookupError:
                         os._exit(0)
         for _ in range(10):
@@ -79,6 +80,8 @@ def test_run_with_embedded_controller_diagnoses_the_straggler(tmp_path: Path) ->
             "--no-shim",
             "--controller",
             "2",
+            "--threshold",
+            "1.5",
             "--ring-dir",
             str(ring_dir),
             "--",

@@ -174,6 +174,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         shim=not args.no_shim,
         python_hook=args.python_hook,
         controller_world_size=args.controller,
+        threshold=args.threshold,
     )
     return run(options)
 
@@ -262,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="WORLD_SIZE",
         help="embed the controller (and this node's publisher) for a job of WORLD_SIZE ranks",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=1.1,
+        help="embedded controller: slow when > this x the peers' median (default 1.1)",
     )
     p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_run, cmd=None)

@@ -52,6 +52,8 @@ class RunOptions:
     python_hook: bool = True
     controller_world_size: int | None = None
     """Run the controller embedded in the launcher for a job of this many ranks (one node)."""
+    threshold: float = 1.1
+    """The embedded controller's slow threshold (x the peers' median; greyhound 4.3: 1.1)."""
 
 
 @dataclass(slots=True)
@@ -215,7 +217,11 @@ class _Embedded:
         store = _control["store"]
         assert self.options.controller_world_size is not None
         log_dir = self.launch.ring_dir / "diagnoses"
-        config = ControllerConfig(world_size=self.options.controller_world_size, log_dir=log_dir)
+        config = ControllerConfig(
+            world_size=self.options.controller_world_size,
+            log_dir=log_dir,
+            threshold=self.options.threshold,
+        )
         say = _stderr_line
         controller = Controller(
             store, config, on_diagnosis=lambda d: say(f"diagnosis {d.to_json()}")
