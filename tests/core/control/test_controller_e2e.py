@@ -54,12 +54,12 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
         )
         for r in range(WORLD)
     ]
-    throttle = DutyCycleThrottle(procs[SLOW].pid, stopped_fraction=0.6, period_s=0.02)
+    throttle = DutyCycleThrottle(procs[SLOW].pid, stopped_fraction=0.75, period_s=0.02)
     diagnosed: list = []
     config = ControllerConfig(
         world_size=WORLD,
         log_dir=tmp_path / "logs",
-        threshold=1.5,
+        threshold=2.0,
         gemm={
             "kind": "gemm",
             "size": 1536,

@@ -66,7 +66,7 @@ def test_round_pauses_validates_diagnoses_and_resumes(tmp_path: Path) -> None:
         )
         for r in range(WORLD)
     ]
-    throttle = DutyCycleThrottle(procs[SLOW].pid, stopped_fraction=0.6, period_s=0.02)
+    throttle = DutyCycleThrottle(procs[SLOW].pid, stopped_fraction=0.75, period_s=0.02)
     try:
         _wait_for(lambda: len(find_rings(ring_dir)) == WORLD, 60, "every ring")
         readers = [RingReader(r) for r in find_rings(ring_dir)]
@@ -99,10 +99,10 @@ def test_round_pauses_validates_diagnoses_and_resumes(tmp_path: Path) -> None:
         throttle.stop()
         gemm, links = result.results
         assert all("ok" in v for v in gemm.values()), gemm
-        # 4 ranks on 2 shared cores: idle ranks and links scatter by up to ~1.4x here (seen:
-        # GEMM 1.16x, a link 1.39x), the injected straggler is ~2.4x; greyhound's 1.1 is for
-        # dedicated GPUs, so this CPU test uses 1.5 (the threshold is a parameter)
-        diagnosis = diagnose(gemm, links, threshold=1.5, evidence={"round": result.epoch})
+        # 4 ranks on 2 shared cores: healthy ranks scatter by up to ~1.5x here (seen in CI:
+        # 1.53x), the injected straggler (75% stopped) measures ~3-4x; greyhound's 1.1 is for
+        # dedicated GPUs, so this CPU test uses 2.0 (the threshold is a parameter)
+        diagnosis = diagnose(gemm, links, threshold=2.0, evidence={"round": result.epoch})
         summary = {
             "diagnosis": diagnosis and json.loads(diagnosis.to_json()),
             "round_s": elapsed,
