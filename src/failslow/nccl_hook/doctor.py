@@ -37,28 +37,6 @@ from failslow.nccl_hook.elf import ElfInfo, read_elf
 
 NCCL_LIB_ENV = "FAILSLOW_NCCL_LIB"
 NCCL_SONAME = "libnccl.so.2"
-# The issue's list, used only until failslow.nccl_hook.native provides HOOKED_SYMBOLS.
-_FALLBACK_HOOKED = (
-    "ncclAllReduce",
-    "ncclAllGather",
-    "ncclReduceScatter",
-    "ncclBroadcast",
-    "ncclBcast",
-    "ncclReduce",
-    "ncclAlltoAll",
-    "ncclGather",
-    "ncclScatter",
-    "ncclSend",
-    "ncclRecv",
-    "ncclGroupStart",
-    "ncclGroupEnd",
-    "ncclCommInitRank",
-    "ncclCommInitRankConfig",
-    "ncclCommInitAll",
-    "ncclCommSplit",
-    "ncclCommDestroy",
-    "ncclCommAbort",
-)
 SHM_MIN_FREE = 256 << 20
 
 
@@ -268,10 +246,8 @@ def _locate_nccl(torch_dir: Path | None, report: Report) -> Path | None:
 # -- symbols and the shim -------------------------------------------------------------------------
 def hooked_symbols() -> tuple[str, ...]:
     """The shim's hooked entry points as ``ncclX`` names."""
-    try:
-        from failslow.nccl_hook.native import HOOKED_SYMBOLS as names
-    except ImportError:
-        names = _FALLBACK_HOOKED
+    from failslow.nccl_hook.native import HOOKED_SYMBOLS as names
+
     out: list[str] = []
     for name in names:
         base = name[1:] if name.startswith("pnccl") else name
