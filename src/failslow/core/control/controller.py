@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,10 +183,12 @@ class Controller:
         ahead = max(p["next"] + p.get("rate", 0.0) * max(0.0, now - p["t"]) for p in positions)
         rate = max(p.get("rate", 0.0) for p in positions)
         target = math.ceil(ahead) + max(2, math.ceil(rate * margin_s))
-        phases = {tuple(p.get("phase") or ()) for p in positions}
-        if len(phases) == 1:  # every rank agrees: move the target to an iteration's start
-            (phase,) = phases
-            if len(phase) == 2:
+        # the phase is a property of the shared call sequence: a majority of ranks decides (a
+        # straggler's own gaps are distorted by whatever slows it)
+        votes = Counter(tuple(p["phase"]) for p in positions if p.get("phase"))
+        if votes:
+            phase, count = votes.most_common(1)[0]
+            if 2 * count > len(positions):
                 target = align(target, (int(phase[0]), int(phase[1])))
         return keys.pop(), target
 

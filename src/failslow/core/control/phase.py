@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 MAX_PERIOD = 64
 REPEATS = 3
+MAX_REPEATS = 32
 
 
 def iteration_phase(
@@ -27,7 +28,8 @@ def iteration_phase(
 
     The period is the smallest ``P`` whose last ``REPEATS`` repetitions have equal tokens; the
     residue is the position (``call_index % P``) whose preceding gap is the longest (median over
-    the repetitions). None while fewer than ``REPEATS`` periods are known or nothing repeats.
+    every recent repetition of the pattern, up to ``MAX_REPEATS``). None while fewer than
+    ``REPEATS`` periods are known or nothing repeats.
     """
     tokens = [t for _, t, _ in calls]
     n = len(tokens)
@@ -41,7 +43,17 @@ def iteration_phase(
     )
     if period is None:
         return None
-    window = calls[-REPEATS * period :]
+    periods = REPEATS  # the gaps: over every recent repetition (up to MAX_REPEATS), robust
+    while (
+        periods < MAX_REPEATS
+        and (periods + 1) * period <= n
+        and all(
+            tokens[-k] == tokens[-k - period]
+            for k in range(periods * period - period + 1, periods * period + 1)
+        )
+    ):
+        periods += 1
+    window = calls[-periods * period :]
     gaps: dict[int, list[int]] = {}
     for (_, _, before), (index, _, start) in itertools.pairwise(window):
         gaps.setdefault(index % period, []).append(start - before)
