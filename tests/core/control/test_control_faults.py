@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _world import spawn_ranks
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.multiprocess]
 
@@ -27,30 +28,18 @@ STEPS = 150
 
 
 def _start(tmp: Path, control_url: str, *, pause_timeout: str = "3"):
-    import torch.distributed as dist
-
-    job = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
-    env.update(OMP_NUM_THREADS="1", FAILSLOW_PAUSE_TIMEOUT_S=pause_timeout)
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                str(r),
-                str(job.port),
-                control_url,
-                str(tmp / "rings"),
-                str(tmp / f"rank{r}.json"),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(WORLD)
-    ]
-    return job, procs
+    return spawn_ranks(
+        __file__,
+        WORLD,
+        lambda r, port: [
+            str(r),
+            str(port),
+            control_url,
+            str(tmp / "rings"),
+            str(tmp / f"rank{r}.json"),
+        ],
+        pause_timeout=pause_timeout,
+    )
 
 
 def _host_store(tmp: Path) -> tuple[subprocess.Popen, str]:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _world import spawn_ranks
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -28,7 +29,6 @@ SLOW = 2
 
 
 def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
-    import torch.distributed as dist
 
     from failslow.core.control.controller import Controller, ControllerConfig, State
     from failslow.core.control.publisher import NodePublisher
@@ -40,20 +40,13 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
 
     control = open_store("tcp://127.0.0.1:0?master=1")
     url = f"tcp://127.0.0.1:{control.port}"  # type: ignore[attr-defined]
-    job = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
     ring_dir, stop_file = tmp_path / "rings", tmp_path / "stop"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
-    env.update(OMP_NUM_THREADS="1", FAILSLOW_PAUSE_TIMEOUT_S="60")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(job.port), url, str(ring_dir), str(stop_file)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(WORLD)
-    ]
+    _job, procs = spawn_ranks(
+        __file__,
+        WORLD,
+        lambda r, port: [str(r), str(port), url, str(ring_dir), str(stop_file)],
+        pause_timeout="60",
+    )
     throttle = DutyCycleThrottle(procs[SLOW].pid, stopped_fraction=0.75, period_s=0.02)
     diagnosed: list = []
     config = ControllerConfig(

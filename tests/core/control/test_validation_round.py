@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from _world import spawn_ranks
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.multiprocess]
 
@@ -33,7 +33,6 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def test_round_pauses_validates_diagnoses_and_resumes(tmp_path: Path) -> None:
-    import torch.distributed as dist
 
     from failslow.core.control.store import open_store
     from failslow.core.control.validator import diagnose, validation_round
@@ -44,28 +43,19 @@ def test_round_pauses_validates_diagnoses_and_resumes(tmp_path: Path) -> None:
 
     control = open_store("tcp://127.0.0.1:0?master=1")
     control_url = f"tcp://127.0.0.1:{control.port}"  # type: ignore[attr-defined]
-    job = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
     ring_dir = tmp_path / "rings"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
-    env.update(OMP_NUM_THREADS="1", FAILSLOW_PAUSE_TIMEOUT_S="60")
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                str(r),
-                str(job.port),
-                control_url,
-                str(ring_dir),
-                str(tmp_path / f"rank{r}.json"),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(WORLD)
-    ]
+    _job, procs = spawn_ranks(
+        __file__,
+        WORLD,
+        lambda r, port: [
+            str(r),
+            str(port),
+            control_url,
+            str(ring_dir),
+            str(tmp_path / f"rank{r}.json"),
+        ],
+        pause_timeout="60",
+    )
     throttle = DutyCycleThrottle(procs[SLOW].pid, stopped_fraction=0.75, period_s=0.02)
     try:
         _wait_for(lambda: len(find_rings(ring_dir)) == WORLD, 60, "every ring")
