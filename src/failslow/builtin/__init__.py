@@ -1,0 +1,1 @@
+"""Built-in plugins (registered by :mod:`failslow.plugins` in every plugin manager)."""

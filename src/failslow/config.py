@@ -1,0 +1,244 @@
+"""failslow's settings: one dataclass tree, one loader (DESIGN.md; torchtitan's config habit).
+
+Every source produces the same :class:`FailslowConfig`: the ``"failslow": {...}`` block of a
+DeepSpeed config (or any dict), environment variables and command-line overrides. Precedence,
+lowest first: defaults, the dict, the environment, explicit overrides. Unknown keys and values of
+the wrong type are rejected with one line naming the key, where it came from and what is allowed.
+
+Environment: ``FAILSLOW__SECTION__KEY=value`` (two underscores between levels, for example
+``FAILSLOW__DETECTION__THRESHOLD=1.2``); ``FAILSLOW_STORE`` (set by ``failslow run
+--controller``) is honoured as ``store``. Overrides: ``{"planner.min_gain": "0.1"}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from failslow.errors import ConfigError
+
+ENV_PREFIX = "FAILSLOW__"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+STORE_ENV = "FAILSLOW_STORE"
+
+
+@dataclass(kw_only=True, slots=True)
+class DetectionConfig:
+    threshold: float = 1.1
+    """A rank or group is slow at > threshold x its peers' median (greyhound 4.3)."""
+    cooldown_s: float = 30.0
+    """Onsets this soon after a diagnosis belong to the same fail-slow."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ValidationConfig:
+    gemm_size: int = 1024
+    """Side of the square GEMM each rank times (greyhound 4.3)."""
+    gemm_repetitions: int = 3
+    gemm_serial: bool = False
+    """Ranks take turns (for CPU ranks that share cores; GPUs measure at once)."""
+    link_mb: int = 16
+    """Bytes per O(1) ring/tree link test, in MiB."""
+    link_repetitions: int = 3
+    pause_margin_s: float = 0.3
+    pause_timeout_s: float = 60.0
+    recheck_every_s: float = 60.0
+    """While a mitigation is in effect, re-validate this often to see the fail-slow end."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PlannerConfig:
+    strategies: tuple[str, ...] = ("S2", "S3", "S4")
+    """Mitigation levels the planner may buy (greyhound 5; the adapter's capabilities also
+    filter them)."""
+    min_gain: float = 0.05
+    """Skip a level whose estimated step time is not this much better than the observed one."""
+    microbatch_apply_s: float = 0.5
+    """Estimated cost of switching micro-batch plans (prepare, commit, one step boundary)."""
+    pause_s: float = 30.0
+    """Estimated pause of a topology swap."""
+    restart_s: float = 300.0
+    """Estimated restart from in-memory checkpoints without the evicted hosts."""
+    transfer_gbps: float = 100.0
+    """State transfer bandwidth between hosts, Gbit/s."""
+    plan_timeout_s: float = 60.0
+    """Every rank must accept a plan within this long, or it is aborted everywhere."""
+    horizon_s: float = 1.0
+    """A plan takes effect about this long after every rank accepted it (in steps at the
+    job's step rate, at least 2 steps): ranks never block while the decision travels."""
+
+
+@dataclass(kw_only=True, slots=True)
+class FailslowConfig:
+    enabled: bool = True
+    store: str | None = None
+    """Control store URL (``tcp://HOST:PORT``, ``redis://HOST:PORT/DB``); None: no controller."""
+    log_dir: str | None = None
+    capture: bool = True
+    """Install the Python collective hook (``failslow run`` adds the NCCL shim)."""
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+
+def _to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return list(obj)
+    return obj
+
+
+# -------------------------------------------------------------------------------------------
+# loading
+# -------------------------------------------------------------------------------------------
+
+
+def load_config(
+    data: Mapping[str, Any] | None = None,
+    *,
+    source: str = "failslow config",
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> FailslowConfig:
+    """Build the config from ``data`` (source named in errors), then the environment
+    (``os.environ`` unless given; pass ``{}`` to ignore it), then ``overrides``."""
+    if data is not None and not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
+    merged: dict[str, Any] = _nested_copy(data or {})
+    origin = {"": source}
+    env = os.environ if environ is None else environ
+    for key, value in _from_env(env).items():
+        _set_dotted(merged, key, value)
+        origin[key] = f"environment variable {ENV_PREFIX}{key.replace('.', '__').upper()}"
+    if STORE_ENV in env and "store" not in merged:
+        merged["store"] = env[STORE_ENV]
+    for key, value in (overrides or {}).items():
+        _set_dotted(merged, key, value)
+        origin[key] = f"override {key}"
+    return _build(FailslowConfig, merged, "", origin)
+
+
+def _nested_copy(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _nested_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, str]:
+    found = {}
+    for name, value in env.items():
+        if name.startswith(ENV_PREFIX):
+            found[name[len(ENV_PREFIX) :].lower().replace("__", ".")] = value
+    return found
+
+
+def _set_dotted(target: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        child = target.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"failslow config: {part!r} is a value, not a section")
+        target = child
+    target[last] = value
+
+
+def _where(origin: Mapping[str, str], path: str) -> str:
+    return origin.get(path, origin[""])
+
+
+def _build(cls: type, data: Mapping[str, Any], path: str, origin: Mapping[str, str]) -> Any:
+    hints = typing.get_type_hints(cls)
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{path}{key}"
+        if key not in allowed:
+            section = f" in section {path[:-1]!r}" if path else ""
+            raise ConfigError(
+                f"{_where(origin, dotted)}: unknown key {key!r}{section}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, Mapping):
+                raise ConfigError(
+                    f"{_where(origin, dotted)}: {dotted!r} is a section: expected a mapping, "
+                    f"got {value!r}"
+                )
+            kwargs[key] = _build(hint, value, dotted + ".", origin)
+        else:
+            kwargs[key] = _coerce(value, hint, dotted, _where(origin, dotted))
+    config = cls(**kwargs)
+    _check_values(config, path, origin)
+    return config
+
+
+def _coerce(value: Any, hint: Any, dotted: str, where: str) -> Any:
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{where}: {dotted!r} must be {expected}, got {value!r}")
+
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+            return value.lower() in _TRUE
+        raise bad("true or false")
+    if hint in (int, float):
+        if isinstance(value, bool):
+            raise bad(f"a number ({hint.__name__})")
+        try:
+            number = hint(value) if isinstance(value, str) else value
+        except ValueError:
+            raise bad(f"a number ({hint.__name__})") from None
+        if hint is int and not isinstance(number, int):
+            raise bad("an integer")
+        if not isinstance(number, int | float):
+            raise bad(f"a number ({hint.__name__})")
+        return hint(number)
+    if hint is str:
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    if typing.get_origin(hint) is tuple:
+        if isinstance(value, str):
+            value = json.loads(value) if value.startswith("[") else value.split(",")
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise bad("a list of strings")
+        return tuple(v.strip() for v in value)
+    raise bad(str(hint))  # pragma: no cover - every field type is handled above
+
+
+def _check_values(config: Any, path: str, origin: Mapping[str, str]) -> None:
+    """Ranges: durations and sizes positive, strategies known."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        dotted = f"{path}{f.name}"
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            ok = value >= 0 if f.name in ("min_gain", "cooldown_s") else value > 0
+            if not ok:
+                low = ">= 0" if f.name in ("min_gain", "cooldown_s") else "> 0"
+                raise ConfigError(
+                    f"{_where(origin, dotted)}: {dotted!r} must be {low}, got {value!r}"
+                )
+    if isinstance(config, PlannerConfig):
+        known = ("S2", "S3", "S4")
+        for name in config.strategies:
+            if name not in known:
+                raise ConfigError(
+                    f"{_where(origin, path + 'strategies')}: unknown strategy {name!r}; "
+                    f"allowed: {', '.join(known)}"
+                )

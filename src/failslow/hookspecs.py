@@ -1,0 +1,186 @@
+"""Every ``failslow_*`` hook, typed and documented (DESIGN.md, Contracts: Hooks).
+
+The plugin API in pluggy's terms, modelled on pytest's ``hookspec.py``. An adapter (DeepSpeed,
+Megatron, FSDP) is a plugin: it implements the *adapter* hooks for the one training job it
+wraps and nothing else. Notifiers and third-party strategies are plugins too. Two kinds:
+
+- **decision hooks** (``firstresult=True``): the first plugin that returns a value other than
+  ``None`` answers; ``None`` from every plugin means "nobody here can" (the session turns that
+  into :class:`failslow.capabilities.Unsupported` for requests that need an answer);
+- **observation hooks**: called on every plugin, results ignored, return ``None``.
+
+Mitigations are applied in two phases so that every rank switches at the same step or none does
+(greyhound 5: plans take effect at an iteration boundary): ``failslow_prepare_*`` checks a plan
+on every rank without changing anything; only when every rank accepted it does each rank call
+``failslow_apply_*`` at the agreed step boundary.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from failslow.capabilities import Capabilities
+    from failslow.config import FailslowConfig
+    from failslow.core.diagnosis.record import Diagnosis
+    from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan
+    from failslow.core.topology import Topology
+
+hookspec = pluggy.HookspecMarker("failslow")
+
+# -------------------------------------------------------------------------------------------
+# Session lifecycle
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def failslow_session_start(config: FailslowConfig, rank: int, world_size: int) -> None:
+    """The rank's failslow session started (capture on, store connected if configured).
+
+    Observation hook: called on every plugin.
+    """
+
+
+@hookspec
+def failslow_session_end(rank: int) -> None:
+    """The session is closing (the training job ends or detaches failslow).
+
+    Observation hook: called on every plugin.
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Adapter: what the job looks like and what it can do
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def failslow_report_topology() -> Topology | None:
+    """The job's layout as the framework sees it: TP/DP/PP sizes, every role's coordinates
+    and host, micro-batches per global step and micro-batch size.
+
+    Decision hook (``firstresult``): the adapter of the running framework answers.
+    """
+
+
+@hookspec(firstresult=True)
+def failslow_capabilities() -> Capabilities | None:
+    """Which mitigations this job supports (micro-batch plans, topology plans, snapshots,
+    hot update), each unsupported one with the reason a user reads when asking for it.
+
+    Decision hook (``firstresult``).
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Adapter: applying plans (two phases: prepare on every rank, then apply at one step)
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def failslow_prepare_microbatch_plan(plan: MicroBatchPlan, rank: int) -> bool | None:
+    """Check that ``plan`` (micro-batches per DP replica) can be applied at a step boundary.
+
+    Must not change training state. Return ``True`` if it can; raise
+    :class:`failslow.capabilities.Unsupported` (or any exception, whose message is reported)
+    if it cannot. Decision hook (``firstresult``).
+    """
+
+
+@hookspec(firstresult=True)
+def failslow_apply_microbatch_plan(plan: MicroBatchPlan, step: int) -> bool | None:
+    """Switch to ``plan`` from global step ``step`` on: this rank's replica runs
+    ``plan.counts[replica]`` micro-batches per step, on exactly its share of the global batch,
+    weighted so the gradient equals the even split's. Called at a step boundary, after every
+    rank's ``failslow_prepare_microbatch_plan`` accepted it. Return ``True`` when applied.
+
+    Decision hook (``firstresult``).
+    """
+
+
+@hookspec(firstresult=True)
+def failslow_prepare_topology_plan(plan: TopologyPlan, rank: int) -> bool | None:
+    """Check that ``plan`` (a new host for every role) can be applied in place.
+
+    Decision hook (``firstresult``); same contract as ``failslow_prepare_microbatch_plan``.
+    """
+
+
+@hookspec(firstresult=True)
+def failslow_apply_topology_plan(plan: TopologyPlan, step: int) -> bool | None:
+    """Re-create the parallel groups for ``plan`` and move the roles' state, at a step boundary,
+    without restarting the process; the trajectory must equal the one without the swap.
+
+    Decision hook (``firstresult``).
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Adapter: state (in-memory checkpoints) and hot update
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def failslow_snapshot_state(step: int) -> dict[str, Any] | None:
+    """This rank's full training state at a step boundary (model, optimizer, scheduler, data
+    position, RNG), as tensors and plain values, for an in-memory checkpoint (byterobust 4.2).
+
+    Decision hook (``firstresult``).
+    """
+
+
+@hookspec(firstresult=True)
+def failslow_restore_state(state: dict[str, Any], step: int) -> bool | None:
+    """Load a snapshot taken by ``failslow_snapshot_state``; training resumes at ``step`` with
+    bitwise the same state. Decision hook (``firstresult``).
+    """
+
+
+@hookspec(firstresult=True)
+def failslow_hot_update(code: dict[str, Any], step: int) -> bool | None:
+    """Apply a code update in place (byterobust 5.2): reload what ``code`` names and resume at
+    ``step`` with the same state. Decision hook (``firstresult``).
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Decisions third parties may take over
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def failslow_choose_plan(diagnosis: Diagnosis, proposed: Plan) -> Plan | None:
+    """Replace the planner's proposal (``proposed``, from the ski-rental policy) with another
+    plan, for example a site policy that never restarts during business hours. Return ``None``
+    to keep the proposal. Decision hook (``firstresult``).
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Notifications
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def failslow_on_diagnosis(diagnosis: Diagnosis) -> None:
+    """A validation round named a slow rank or link. Observation hook."""
+
+
+@hookspec
+def failslow_on_plan(plan: Plan, action: str, reason: str) -> None:
+    """The planner decided to ``"apply"`` or ``"revert"`` ``plan``; ``reason`` says why
+    (ski-rental break-even, relief, ...). Observation hook."""
+
+
+@hookspec
+def failslow_on_plan_result(plan: Plan, step: int | None, outcome: str, detail: str) -> None:
+    """A dispatched plan was ``"applied"`` (from ``step``) or ``"aborted"`` (``detail`` names the
+    rank and the reason; no rank changed anything). Observation hook."""
+
+
+@hookspec
+def failslow_on_step(step: int, step_time_s: float) -> None:
+    """A training step ended on this rank after ``step_time_s`` seconds. Observation hook;
+    called once per step, so implementations must be cheap."""

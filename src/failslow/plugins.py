@@ -1,0 +1,76 @@
+"""The plugin manager: built-in plugins, third-party plugins from entry points (DESIGN.md, Hooks).
+
+As pytest does it: :func:`plugin_manager` makes a :class:`pluggy.PluginManager` for project
+``failslow`` with the specs of :mod:`failslow.hookspecs`, registers the built-ins
+(:data:`DEFAULT_PLUGINS`, ordinary plugins like any other), then every plugin advertised in the
+entry-point group ``failslow`` - unless ``FAILSLOW_DISABLE_PLUGIN_AUTOLOAD`` is set - and checks
+that every registered implementation matches a spec (a typo in a hook name fails at start, not
+silently). Adapters register themselves on the manager of their session.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import pluggy
+
+from failslow import hookspecs
+from failslow.errors import ConfigError
+
+PROJECT = "failslow"
+ENTRY_POINT_GROUP = "failslow"
+DISABLE_AUTOLOAD_ENV = "FAILSLOW_DISABLE_PLUGIN_AUTOLOAD"
+
+DEFAULT_PLUGINS: tuple[str, ...] = ("failslow.builtin.log_notifier",)
+"""Modules registered in every plugin manager (each module is the plugin)."""
+
+log = logging.getLogger(__name__)
+
+
+def plugin_manager(
+    plugins: Iterable[Any] = (), *, autoload: bool | None = None
+) -> pluggy.PluginManager:
+    """A manager with the built-ins, the entry-point plugins (unless disabled) and ``plugins``."""
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(hookspecs)
+    for name in DEFAULT_PLUGINS:
+        pm.register(importlib.import_module(name), name=name)
+    if autoload is None:
+        autoload = not os.environ.get(DISABLE_AUTOLOAD_ENV)
+    if autoload:
+        try:
+            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        except Exception as exc:
+            raise ConfigError(
+                f"plugin from entry-point group {ENTRY_POINT_GROUP!r} failed to load: {exc} "
+                f"(set {DISABLE_AUTOLOAD_ENV}=1 to skip third-party plugins)"
+            ) from exc
+    for plugin in plugins:
+        register(pm, plugin)
+    check(pm)
+    return pm
+
+
+def check(pm: pluggy.PluginManager) -> None:
+    """Every registered ``failslow_*`` implementation must match a spec: one-line error if not."""
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise ConfigError(_one_line(exc)) from exc
+
+
+def register(pm: pluggy.PluginManager, plugin: Any, name: str | None = None) -> None:
+    """Register ``plugin`` and check it (an adapter's hook names are verified at once)."""
+    try:
+        pm.register(plugin, name=name)
+    except pluggy.PluginValidationError as exc:
+        raise ConfigError(_one_line(exc)) from exc
+    check(pm)
+
+
+def _one_line(exc: pluggy.PluginValidationError) -> str:
+    return "failslow plugin: " + "; ".join(p.strip() for p in str(exc).splitlines() if p.strip())
