@@ -11,9 +11,10 @@ varies fastest, then DP, then PP), which DeepSpeed's pipeline engine also uses.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from failslow.errors import ConfigError
 
@@ -137,6 +138,35 @@ class Topology:
     def ranks_on(self, host: str) -> list[int]:
         """Ranks placed on ``host`` (an index built once, O(ranks on host) per call)."""
         return list(self._ranks_by_host.get(host, ()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form (published by rank 0 for the controller)."""
+        return {
+            "tp": self.tp,
+            "dp": self.dp,
+            "pp": self.pp,
+            "coords": [list(c) for c in self.coords],
+            "hosts": list(self.hosts),
+            "micro_batches": self.micro_batches,
+            "micro_batch_size": self.micro_batch_size,
+            "layers_per_stage": list(self.layers_per_stage),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Topology:
+        try:
+            return cls(
+                tp=int(data["tp"]),
+                dp=int(data["dp"]),
+                pp=int(data["pp"]),
+                coords=tuple((int(t), int(d), int(p)) for t, d, p in data["coords"]),
+                hosts=tuple(str(h) for h in data["hosts"]),
+                micro_batches=int(data["micro_batches"]),
+                micro_batch_size=int(data.get("micro_batch_size", 1)),
+                layers_per_stage=tuple(int(n) for n in data.get("layers_per_stage", ())),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"topology: malformed record ({exc!r}): {dict(data)}") from exc
 
     def with_hosts(self, hosts: Sequence[str]) -> Topology:
         """The same layout with roles placed on other hosts (the result of a topology plan)."""

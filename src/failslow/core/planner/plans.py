@@ -9,7 +9,11 @@ simulator compare them on one scale.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
+
+from failslow.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,3 +89,33 @@ class RerouteOrReconfigure(Plan):
     failed_per_stage: tuple[int, ...] = ()
     alternatives: dict[str, float] = field(default_factory=dict)
     """Estimated total cost (seconds) of each option considered, for the record."""
+
+
+PLAN_TYPES: dict[str, type[Plan]] = {
+    cls.__name__: cls
+    for cls in (Ignore, MicroBatchPlan, TopologyPlan, RestartPlan, RerouteOrReconfigure)
+}
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """``{"type": class name, **fields}`` with tuples as lists (JSON-able; for the store)."""
+    data = dataclasses.asdict(plan)
+    data["type"] = type(plan).__name__
+    return data
+
+
+def plan_from_dict(data: dict[str, Any]) -> Plan:
+    """Inverse of :func:`plan_to_dict`; a malformed record raises a one-line ConfigError."""
+    data = dict(data)
+    cls = PLAN_TYPES.get(str(data.pop("type", "")))
+    if cls is None:
+        raise ConfigError(f"plan record: unknown type; expected one of {sorted(PLAN_TYPES)}")
+    try:
+        if cls is TopologyPlan:
+            data["moves"] = tuple(StateMove(**m) for m in data.get("moves", ()))
+        for name, value in data.items():
+            if isinstance(value, list):
+                data[name] = tuple(value)
+        return cls(**data)
+    except TypeError as exc:
+        raise ConfigError(f"plan record for {cls.__name__}: {exc}") from exc

@@ -1,0 +1,259 @@
+"""Plans from the controller to every rank: all switch at the same step boundary, or none does.
+
+greyhound 5 applies a mitigation "at the next iteration boundary"; in a synchronous job that
+boundary must be the *same* step on every rank, or replicas would train on overlapping or
+missing samples. Two phases over the control store (DESIGN.md, second channel):
+
+1. **prepare** - the controller writes plan ``n`` (``{prefix}/{n}/plan``) and points
+   ``{prefix}/current`` at it. Each rank's poll thread (:class:`PlanReceiver`) checks the plan
+   with the adapter (no state change) and either accepts - raising the shared maximum
+   ``{prefix}/{n}/latest`` (compare-and-set) to ``its step + horizon``, the last step boundary it
+   will pass without a decision, then counting ``{prefix}/{n}/acks`` - or refuses with its
+   reason (``{prefix}/{n}/nack``).
+2. **decide** - when every rank accepted, the controller commits ``apply_step =
+   {prefix}/{n}/latest``; on a refusal or a timeout (a rank died) it aborts. No rank can have
+   passed ``apply_step``: each stops at its own ``step + horizon`` until the decision is there,
+   so every rank applies at the same boundary. An abort changes nothing anywhere.
+
+Store traffic: one small read per rank per poll, O(1) writes per rank per plan; the controller
+reads two counters per check and never a per-rank key (no O(world size) work on any process).
+If the controller dies mid-plan, ranks waiting for a decision give up after ``decision_timeout_s``
+and keep their current plan - as every other rank does, since no commit was written.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from failslow.core.control.store import Store
+from failslow.core.planner.plans import Plan, plan_from_dict, plan_to_dict
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "failslow/plans"
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    epoch: int
+    plan: Plan
+    apply_step: int | None
+    """The step boundary where every rank switches; None when aborted."""
+    reason: str = ""
+    seconds: float = 0.0
+
+    @property
+    def committed(self) -> bool:
+        return self.apply_step is not None
+
+
+# -------------------------------------------------------------------------------------------
+# controller side
+# -------------------------------------------------------------------------------------------
+
+
+def dispatch(
+    store: Store,
+    plan: Plan,
+    *,
+    world_size: int,
+    horizon_steps: int,
+    timeout_s: float = 60.0,
+    prefix: str = DEFAULT_PREFIX,
+    poll_s: float = 0.02,
+) -> PlanOutcome:
+    """Prepare ``plan`` on every rank and commit it, or abort; returns the outcome."""
+    started = time.monotonic()
+    n = store.add(f"{prefix}/count", 1)
+    base = f"{prefix}/{n}"
+    store.set_json(f"{base}/plan", {"plan": plan_to_dict(plan), "horizon_steps": horizon_steps})
+    store.set_json(f"{prefix}/current", {"epoch": n})
+    reason = ""
+    while True:
+        if store.add(f"{base}/nacks", 0) > 0:
+            reason = (store.get(f"{base}/nack") or b"a rank refused").decode()
+            break
+        if store.add(f"{base}/acks", 0) >= world_size:
+            break
+        if time.monotonic() - started > timeout_s:
+            acks = store.add(f"{base}/acks", 0)
+            reason = f"only {acks} of {world_size} ranks accepted within {timeout_s:g} s"
+            break
+        time.sleep(poll_s)
+    if reason:
+        store.set_json(f"{base}/decision", {"abort": reason})
+        return PlanOutcome(n, plan, None, reason, time.monotonic() - started)
+    apply_step = int((store.get(f"{base}/latest") or b"0").decode())
+    store.set_json(f"{base}/decision", {"apply_step": apply_step})
+    return PlanOutcome(n, plan, apply_step, "", time.monotonic() - started)
+
+
+def horizon_steps(step_time_s: float | None, horizon_s: float, minimum: int = 2) -> int:
+    """Steps that cover ``horizon_s`` at the job's step time (at least ``minimum``)."""
+    if not step_time_s or step_time_s <= 0:
+        return max(minimum, 8)
+    return max(minimum, math.ceil(horizon_s / step_time_s))
+
+
+# -------------------------------------------------------------------------------------------
+# rank side
+# -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    epoch: int
+    plan: Plan
+    block_at: int
+    apply_step: int | None = None
+    aborted: str = ""
+
+
+def raise_max(store: Store, key: str, value: int) -> None:
+    """Atomically ``store[key] = max(store[key], value)`` (compare-and-set loop)."""
+    while True:
+        current = store.get(key)
+        if current is not None and int(current.decode()) >= value:
+            return
+        if store.compare_set(key, current, str(value).encode()):
+            return
+
+
+class PlanReceiver:
+    """The rank's end of the channel. ``prepare(plan)`` raises if this rank cannot apply it;
+    ``step()`` returns the rank's current step; the training thread calls :meth:`due` at every
+    step boundary and gets the plan to apply there, if any."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        rank: int,
+        prepare: Callable[[Plan], None],
+        step: Callable[[], int],
+        prefix: str = DEFAULT_PREFIX,
+        decision_timeout_s: float = 60.0,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.store = store
+        self.rank = rank
+        self._prepare = prepare
+        self._step = step
+        self.prefix = prefix
+        self.decision_timeout_s = decision_timeout_s
+        self.poll_s = poll_s
+        self.epoch = int((store.get_json(f"{prefix}/current") or {}).get("epoch", 0))
+        """Plans up to this epoch were dispatched before this rank joined: not ours."""
+        self._pending: _Pending | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.outcomes: list[tuple[int, Plan, int | None, str]] = []
+        """(epoch, plan, apply step or None, abort reason) of every plan this rank decided."""
+
+    def start(self) -> PlanReceiver:
+        self._thread = threading.Thread(target=self._run, name="failslow-plans", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception:  # the receiver must never take the rank down
+                log.warning("failslow: plan receiver poll failed", exc_info=True)
+
+    def poll(self) -> None:
+        """One poll: accept or refuse a new plan; fetch the decision of a pending one."""
+        with self._lock:
+            pending = self._pending
+        if pending is not None:
+            if pending.apply_step is None and not pending.aborted:
+                self._read_decision(pending)
+            return
+        current = self.store.get_json(f"{self.prefix}/current")
+        if not current or int(current.get("epoch", 0)) <= self.epoch:
+            return
+        epoch = int(current["epoch"])
+        self.epoch = epoch
+        base = f"{self.prefix}/{epoch}"
+        record = self.store.get_json(f"{base}/plan")
+        if record is None:
+            return
+        try:
+            plan = plan_from_dict(record["plan"])
+            self._prepare(plan)
+        except Exception as exc:
+            why = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+            self.store.compare_set(f"{base}/nack", None, why.encode())
+            self.store.add(f"{base}/nacks", 1)
+            log.warning("failslow: refused plan %d: %s", epoch, why)
+            return
+        block_at = self._step() + int(record.get("horizon_steps", 2))
+        with self._lock:
+            self._pending = _Pending(epoch, plan, block_at)
+        raise_max(self.store, f"{base}/latest", block_at)
+        self.store.add(f"{base}/acks", 1)
+
+    def _read_decision(self, pending: _Pending) -> bool:
+        decision = self.store.get_json(f"{self.prefix}/{pending.epoch}/decision")
+        if decision is None:
+            return False
+        with self._lock:
+            if "apply_step" in decision:
+                pending.apply_step = int(decision["apply_step"])
+            else:
+                pending.aborted = str(decision.get("abort", "aborted"))
+        return True
+
+    def due(self, step: int) -> Plan | None:
+        """At step boundary ``step`` (training thread): the plan to apply now, if any. Waits
+        here only when this rank reached its horizon before the decision arrived."""
+        with self._lock:
+            pending = self._pending
+        if pending is None:
+            return None
+        if pending.apply_step is None and not pending.aborted and step >= pending.block_at:
+            deadline = time.monotonic() + self.decision_timeout_s
+            while not self._read_decision(pending):
+                if time.monotonic() > deadline:
+                    pending.aborted = (
+                        f"no decision within {self.decision_timeout_s:g} s (controller gone?)"
+                    )
+                    break
+                time.sleep(0.01)
+        if pending.aborted:
+            self._finish(pending, None, pending.aborted)
+            return None
+        if pending.apply_step is not None and step >= pending.apply_step:
+            if step > pending.apply_step:  # cannot happen: the horizon bounds every rank
+                raise RuntimeError(
+                    f"failslow: plan {pending.epoch} was due at step {pending.apply_step}, "
+                    f"rank {self.rank} is at step {step}"
+                )
+            self._finish(pending, pending.apply_step, "")
+            return pending.plan
+        return None
+
+    def _finish(self, pending: _Pending, step: int | None, reason: str) -> None:
+        with self._lock:
+            self._pending = None
+        self.outcomes.append((pending.epoch, pending.plan, step, reason))
+
+    def pending(self) -> dict[str, Any] | None:
+        with self._lock:
+            p = self._pending
+        if p is None:
+            return None
+        return {"epoch": p.epoch, "block_at": p.block_at, "apply_step": p.apply_step}

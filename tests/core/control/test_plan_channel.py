@@ -1,0 +1,183 @@
+"""The two-phase plan channel on real stores (TCPStore and Redis), ranks as threads.
+
+Each "rank" is a thread that runs steps of a few milliseconds and asks its receiver at every step
+boundary for a plan due there; the controller side dispatches from the test thread. What must
+hold: every rank switches at the same step, or none does - also when a rank refuses, dies before
+accepting, or the controller disappears after the ranks accepted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from failslow.core.control.plan_channel import PlanReceiver, dispatch, horizon_steps, raise_max
+from failslow.core.control.store import Store, open_store
+from failslow.core.planner.plans import MicroBatchPlan
+
+pytestmark = pytest.mark.timeout(60)
+
+PLAN = MicroBatchPlan(counts=(1, 3, 2, 2), weights=(0.5, 1.5, 1.0, 1.0))
+CONNECT_S = 12.0  # TCPStore connects here sometimes stall ~5 s on a DNS lookup
+
+
+@pytest.fixture(params=["tcp", "redis"])
+def url(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "redis":
+        yield request.getfixturevalue("redis_server").url
+        return
+    master = open_store("tcp://127.0.0.1:0?master=1")
+    try:
+        yield master.url
+    finally:
+        master.close()
+
+
+class Rank(threading.Thread):
+    """Steps of ``step_s``; records the step at which each plan arrived."""
+
+    def __init__(self, url: str, rank: int, *, refuse: str = "", step_s: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.store = open_store(url, timeout_s=CONNECT_S)
+        self.applied: list[tuple[int, MicroBatchPlan]] = []
+        self.step = 0
+        self.stop = threading.Event()
+        self.step_s = step_s
+
+        def prepare(plan: object) -> None:
+            if refuse:
+                raise ValueError(refuse)
+
+        self.receiver = PlanReceiver(
+            self.store,
+            rank=rank,
+            prepare=prepare,
+            step=lambda: self.step,
+            poll_s=0.02,
+            decision_timeout_s=2.0,
+        )
+
+    def run(self) -> None:
+        self.receiver.start()
+        while not self.stop.is_set():
+            self.step += 1
+            plan = self.receiver.due(self.step)
+            if plan is not None:
+                self.applied.append((self.step, plan))
+            time.sleep(self.step_s)
+        self.receiver.stop()
+
+
+def _ranks(url: str, n: int, **kw: object) -> list[Rank]:
+    ranks = [Rank(url, r, **kw) for r in range(n)]  # type: ignore[arg-type]
+    for r in ranks:
+        r.start()
+    return ranks
+
+
+def _stop(ranks: list[Rank]) -> None:
+    for r in ranks:
+        r.stop.set()
+    for r in ranks:
+        r.join(timeout=10)
+        r.store.close()
+
+
+def test_every_rank_switches_at_the_same_step(url: str) -> None:
+    ranks = _ranks(url, 4)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        outcome = dispatch(store, PLAN, world_size=4, horizon_steps=5, timeout_s=20)
+        assert outcome.committed, outcome.reason
+        deadline = time.monotonic() + 20
+        while any(not r.applied for r in ranks) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        _stop(ranks)
+    steps = {r.applied[0][0] for r in ranks}
+    assert steps == {outcome.apply_step}
+    assert all(r.applied == [(outcome.apply_step, PLAN)] for r in ranks)
+
+
+def test_a_refusal_aborts_everywhere(url: str) -> None:
+    ranks = _ranks(url, 3) + _ranks(url, 1, refuse="counts do not fit this layout")
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        outcome = dispatch(store, PLAN, world_size=4, horizon_steps=3, timeout_s=20)
+        time.sleep(0.5)  # the accepted ranks pass their horizon and read the abort
+        _stop(ranks)
+    assert not outcome.committed
+    assert "rank 0: ValueError: counts do not fit this layout" in outcome.reason
+    assert all(not r.applied for r in ranks)
+    decided = [r.receiver.outcomes for r in ranks[:3]]
+    assert all(o and o[-1][2] is None and "counts do not fit" in o[-1][3] for o in decided)
+
+
+def test_a_rank_that_never_answers_aborts_by_timeout(url: str) -> None:
+    ranks = _ranks(url, 3)  # the fourth rank died before the plan
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        outcome = dispatch(store, PLAN, world_size=4, horizon_steps=3, timeout_s=1.0)
+        time.sleep(0.3)
+        _stop(ranks)
+    assert not outcome.committed
+    assert "only 3 of 4 ranks accepted" in outcome.reason
+    assert all(not r.applied for r in ranks)
+
+
+def test_ranks_wait_at_their_horizon_and_give_up_without_a_controller(url: str) -> None:
+    ranks = _ranks(url, 2)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        # a controller that writes the plan and dies before deciding
+        store.set_json(
+            "failslow/plans/1/plan",
+            {
+                "plan": {"type": "MicroBatchPlan", "counts": [1, 3], "weights": [0.5, 1.5]},
+                "horizon_steps": 3,
+            },
+        )
+        store.set_json("failslow/plans/current", {"epoch": 1})
+        deadline = time.monotonic() + 10
+        while store.add("failslow/plans/1/acks", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        blocked = store.get("failslow/plans/1/latest")
+        time.sleep(0.5)
+        # both ranks stand at their horizon: no step beyond it without a decision
+        assert all(r.step <= int(blocked or b"0") for r in ranks)
+        time.sleep(2.5)  # decision_timeout_s = 2: they give up and go on, nothing applied
+        _stop(ranks)
+    assert all(not r.applied for r in ranks)
+    assert all(r.receiver.outcomes[-1][2] is None for r in ranks)
+    assert all("no decision within 2 s" in r.receiver.outcomes[-1][3] for r in ranks)
+    assert all(r.step > int(blocked or b"0") for r in ranks)
+
+
+def test_a_plan_from_before_a_rank_joined_is_not_applied(url: str) -> None:
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        store.set_json("failslow/plans/current", {"epoch": 7})
+        rank = Rank(url, 0)
+        assert rank.receiver.epoch == 7
+        rank.store.close()
+
+
+def test_raise_max_is_atomic(url: str) -> None:
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        stores: list[Store] = [open_store(url, timeout_s=CONNECT_S) for _ in range(4)]
+        threads = [
+            threading.Thread(
+                target=lambda s=s, i=i: [raise_max(s, "m", v) for v in range(i, 200, 4)]
+            )
+            for i, s in enumerate(stores)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in stores:
+            s.close()
+        assert store.get("m") == b"199"
+
+
+def test_horizon_covers_the_configured_time() -> None:
+    assert horizon_steps(0.1, 1.0) == 10
+    assert horizon_steps(5.0, 1.0) == 2  # never fewer than 2 steps
+    assert horizon_steps(None, 1.0) == 8  # no step time known yet
