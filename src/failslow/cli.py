@@ -111,20 +111,63 @@ def _until_signalled() -> Any:
     return stop.is_set
 
 
+def _config_from_args(args: argparse.Namespace, **shortcuts: Any) -> Any:
+    """FailslowConfig from ``--config FILE`` (JSON: a DeepSpeed config's ``"failslow"`` block or
+    failslow's own settings), the environment, ``--set KEY=VALUE`` and option shortcuts."""
+    from failslow.config import load_config
+    from failslow.errors import ConfigError
+
+    data, source = None, "failslow config"
+    if getattr(args, "config", None):
+        try:
+            data = json.loads(Path(args.config).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--config {args.config}: {exc}") from None
+        if isinstance(data, dict) and isinstance(data.get("failslow"), dict):
+            data, source = data["failslow"], f"{args.config}: failslow"
+        else:
+            source = args.config
+    overrides = {k: v for k, v in shortcuts.items() if v is not None}
+    for item in getattr(args, "set", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. detection.threshold=1.2")
+        overrides[key.strip()] = value
+    return load_config(data, source=source, overrides=overrides)
+
+
 def _cmd_controller(args: argparse.Namespace) -> int:
-    from failslow.core.control.controller import Controller, ControllerConfig
+    from failslow.control_plane import ControlPlane
     from failslow.core.control.store import open_store
 
+    config = _config_from_args(
+        args, **{"detection.threshold": args.threshold, "validation.link_mb": args.link_mb}
+    )
     store = open_store(args.store)  # unreachable: StoreUnavailable -> one line, exit 2
-    config = ControllerConfig(
+    print(f"failslow controller: {args.world_size} ranks, store {args.store}", flush=True)
+    plane = ControlPlane(
+        store,
+        config,
         world_size=args.world_size,
         log_dir=Path(args.log_dir) if args.log_dir else None,
-        threshold=args.threshold,
-        link_nbytes=args.link_mb << 20,
-    )
-    print(f"failslow controller: {args.world_size} ranks, store {args.store}", flush=True)
-    controller = Controller(store, config, on_diagnosis=lambda d: print(d.to_json(), flush=True))
-    controller.run(_until_signalled())
+        on_diagnosis=lambda d: print(d.to_json(), flush=True),
+    ).start()
+    stop = _until_signalled()
+    import time
+
+    while not stop():
+        time.sleep(0.2)
+    plane.stop()
+    return 0
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="JSON settings, or a DeepSpeed config with a failslow block")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="e.g. planner.min_gain=0.1")
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    print(json.dumps(_config_from_args(args).to_dict(), indent=2))
     return 0
 
 
@@ -222,9 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, help="tcp://HOST:PORT or redis://HOST:PORT/DB")
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--log-dir", help="where diagnosis-<n>.json files go")
-    p.add_argument("--threshold", type=float, default=1.1, help="slow when > x peers' median")
-    p.add_argument("--link-mb", type=int, default=16, help="link-test message size (MB)")
+    p.add_argument("--threshold", type=float, help="slow when > x peers' median (1.1)")
+    p.add_argument("--link-mb", type=int, help="link-test message size (MB, 16)")
+    _config_args(p)
     p.set_defaults(func=_cmd_controller)
+
+    p = sub.add_parser("config", help="print the effective settings (defaults, file, env, --set)")
+    _config_args(p)
+    p.set_defaults(func=_cmd_config)
 
     p = sub.add_parser("node", help="publish this node's onsets and group summaries")
     p.add_argument("--store", required=True, help="tcp://HOST:PORT or redis://HOST:PORT/DB")

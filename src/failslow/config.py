@@ -26,6 +26,7 @@ from failslow.errors import ConfigError
 ENV_PREFIX = "FAILSLOW__"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+_ZERO_OK = ("min_gain", "cooldown_s", "microbatch_apply_s")
 STORE_ENV = "FAILSLOW_STORE"
 
 
@@ -228,9 +229,9 @@ def _check_values(config: Any, path: str, origin: Mapping[str, str]) -> None:
         value = getattr(config, f.name)
         dotted = f"{path}{f.name}"
         if isinstance(value, float | int) and not isinstance(value, bool):
-            ok = value >= 0 if f.name in ("min_gain", "cooldown_s") else value > 0
+            ok = value >= 0 if f.name in _ZERO_OK else value > 0
             if not ok:
-                low = ">= 0" if f.name in ("min_gain", "cooldown_s") else "> 0"
+                low = ">= 0" if f.name in _ZERO_OK else "> 0"
                 raise ConfigError(
                     f"{_where(origin, dotted)}: {dotted!r} must be {low}, got {value!r}"
                 )

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -202,53 +201,36 @@ def _host_control_store(launch: Launch) -> None:
 
 
 class _Embedded:
-    """Node publisher + controller threads beside the job (greyhound 4.1, one-node jobs)."""
+    """The job's control plane beside it (publisher, controller, mitigator; one-node jobs)."""
 
     def __init__(self, options: RunOptions, launch: Launch) -> None:
         self.options, self.launch = options, launch
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self.plane: Any = None
 
     def start(self) -> None:
-        from failslow.core.control.controller import Controller, ControllerConfig
-        from failslow.core.control.publisher import NodePublisher
-        from failslow.core.local_analyzer import LocalAnalyzer
+        from failslow.config import load_config
+        from failslow.control_plane import ControlPlane
 
-        store = _control["store"]
         assert self.options.controller_world_size is not None
         log_dir = self.launch.ring_dir / "diagnoses"
-        config = ControllerConfig(
-            world_size=self.options.controller_world_size,
-            log_dir=log_dir,
-            threshold=self.options.threshold,
-        )
+        config = load_config(overrides={"detection.threshold": self.options.threshold})
         say = _stderr_line
-        controller = Controller(
-            store, config, on_diagnosis=lambda d: say(f"diagnosis {d.to_json()}")
+        self.plane = ControlPlane(
+            _control["store"],
+            config,
+            world_size=self.options.controller_world_size,
+            ring_dir=self.launch.ring_dir,
+            log_dir=log_dir,
+            on_diagnosis=lambda d: say(f"diagnosis {d.to_json()}"),
+        ).start()
+        say(
+            f"controller embedded ({self.options.controller_world_size} ranks); "
+            f"diagnoses in {log_dir}"
         )
-        publisher = NodePublisher(LocalAnalyzer(self.launch.ring_dir), store)
-
-        def publish() -> None:
-            while not self._stop.wait(0.05):
-                try:
-                    publisher.poll()
-                except Exception as exc:  # never take the launcher down
-                    say(f"node publisher: {exc}")
-
-        self._threads = [
-            threading.Thread(target=publish, name="failslow-node", daemon=True),
-            threading.Thread(
-                target=controller.run, args=(self._stop.is_set,), name="failslow-ctl", daemon=True
-            ),
-        ]
-        for t in self._threads:
-            t.start()
-        say(f"controller embedded ({config.world_size} ranks); diagnoses in {log_dir}")
 
     def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=5.0)
+        if self.plane is not None:
+            self.plane.stop()
 
 
 def _stderr_line(text: str) -> None:

@@ -77,6 +77,9 @@ class ControllerConfig:
     """Onsets within this long after a diagnosis (and no relief since) belong to the same
     fail-slow - other ranks report the job-wide slowdown a few iterations later."""
     validation_timeout_s: float = 60.0
+    recheck_every_s: float = 60.0
+    """While a mitigation is in effect (``mitigation_active``), re-validate this often, and at
+    once on a relief: a plan that hides the slowdown also hides its end from detection."""
     node_prefix: str = NODE_PREFIX
     agent_prefix: str = AGENT_PREFIX
 
@@ -95,10 +98,16 @@ class Controller:
         config: ControllerConfig,
         *,
         on_diagnosis: Callable[[Diagnosis], None] | None = None,
+        mitigation_active: Callable[[], bool] | None = None,
+        on_healthy: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.on_diagnosis = on_diagnosis
+        self.mitigation_active = mitigation_active
+        self.on_healthy = on_healthy
+        self._recheck = False
+        self._last_round = time.time()
         self.state = State.TRACKING
         self.history: list[Transition] = [Transition(State.TRACKING, time.time())]
         self.diagnoses: list[Diagnosis] = []
@@ -143,8 +152,15 @@ class Controller:
             record = self.store.get_json(key)
             if record is not None:
                 new.append(record)
-        if any(r.get("type") == "relief" for r in new):
+        relief = any(r.get("type") == "relief" for r in new)
+        if relief:
             self._diagnosed_at = -math.inf  # the fail-slow is over: the next onset is new
+        if self.mitigation_active is not None and self.mitigation_active():
+            due = time.time() - self._last_round >= self.config.recheck_every_s
+            if relief or due:  # is the mitigated fail-slow still there?
+                self._recheck, self._onsets = True, new
+                self._enter(State.PROFILING, recheck="relief" if relief else "periodic")
+                return
         onsets = [r for r in new if r.get("type") == "onset"]
         if onsets and time.time() - self._diagnosed_at < self.config.cooldown_s:
             self.history.append(Transition(State.TRACKING, time.time(), {"absorbed": onsets}))
@@ -216,7 +232,7 @@ class Controller:
         for attempt in range(self.config.pause_attempts):
             target = self._target(margin_s)
             if target is None:
-                self._enter(State.TRACKING, error="no common pause group published by the ranks")
+                self._abandon("no common pause group published by the ranks")
                 return
             try:
                 result = validation_round(
@@ -233,10 +249,10 @@ class Controller:
                 log.info("failslow controller: %s (attempt %d)", exc, attempt + 1)
                 margin_s *= 2
             except ValidationTimeout as exc:
-                self._enter(State.TRACKING, error=str(exc))
+                self._abandon(str(exc))
                 return
         else:
-            self._enter(State.TRACKING, error="every pause attempt was missed by some rank")
+            self._abandon("every pause attempt was missed by some rank")
             return
         gemm, links = result.results
         evidence = {
@@ -249,9 +265,19 @@ class Controller:
         self._pending = diagnose(gemm, links, threshold=self.config.threshold, evidence=evidence)
         self._enter(State.DIAGNOSED, healthy=self._pending is None)
 
+    def _abandon(self, error: str) -> None:
+        self._recheck, self._last_round = False, time.time()
+        self._enter(State.TRACKING, error=error)
+
     def _publish(self) -> None:
         diagnosis, self._pending = self._pending, None
-        self._diagnosed_at = time.time()
+        self._diagnosed_at = self._last_round = time.time()
+        recheck, self._recheck = self._recheck, False
+        if diagnosis is None and recheck and self.on_healthy is not None:
+            try:
+                self.on_healthy()  # every rank measured healthy while a plan is in effect
+            except Exception:
+                log.warning("failslow: on_healthy observer failed", exc_info=True)
         if diagnosis is not None:
             self.diagnoses.append(diagnosis)
             n = self.store.add("failslow/diagnoses", 1)

@@ -11,7 +11,7 @@ costs come from :class:`MitigationCosts` (measured or configured), none from thi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 
 from failslow.core.diagnosis.record import Diagnosis
@@ -27,6 +27,7 @@ from failslow.core.planner.ski_rental import (
 )
 from failslow.core.planner.topology_plan import plan_topology
 from failslow.core.topology import Topology
+from failslow.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +53,8 @@ class Planner:
     default: a node-granular swap leaves a healthy job exactly as fast as before (the same
     layout on renamed hosts), so undoing it only pays the pause and the state moves again.
     Micro-batch plans are always undone at relief (the even split is the healthy optimum).
+    ``strategies``: the levels this job may use ("S2", "S3", "S4"; the adapter's capabilities
+    and the user's config decide).
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class Planner:
         can_restart: Callable[[Diagnosis], bool] | None = None,
         min_gain: float = 0.05,
         revert_topology: bool = False,
+        strategies: Collection[str] = ("S2", "S3", "S4"),
     ) -> None:
         self.topology = topology
         self.costs = costs
@@ -72,13 +76,18 @@ class Planner:
         self._healthy_microbatch_s = healthy_microbatch_s
         self._estimate = estimate
         self._can_restart = can_restart
+        levels = {
+            "S2": Strategy("S2 micro-batches", COMPUTE_ONLY, self._s2),
+            "S3": Strategy("S3 topology", ALL_KINDS, self._s3, revertible=revert_topology),
+            "S4": Strategy("S4 restart", ALL_KINDS, self._s4, last_resort=True, revertible=False),
+        }
+        unknown = set(strategies) - set(levels)
+        if unknown:
+            raise ConfigError(
+                f"planner: unknown strategies {sorted(unknown)}; allowed: {', '.join(levels)}"
+            )
         self.ski = MultiLevelPlanner(
-            [
-                Strategy("S2 micro-batches", COMPUTE_ONLY, self._s2),
-                Strategy("S3 topology", ALL_KINDS, self._s3, revertible=revert_topology),
-                Strategy("S4 restart", ALL_KINDS, self._s4, last_resort=True, revertible=False),
-            ],
-            min_gain=min_gain,
+            [levels[name] for name in levels if name in strategies], min_gain=min_gain
         )
 
     # ---- fail-slow -------------------------------------------------------------------------

@@ -1,0 +1,248 @@
+"""The controller's mitigation loop: diagnosis -> ski-rental planner -> plan on every rank.
+
+greyhound 5 (multi-level mitigation, Alg. 1): once a fail-slow is diagnosed the planner buys
+the cheapest strategy whose cost the accumulated slowdown has paid for, watching the job's step
+times to decide whether to escalate; when the fail-slow is over it reverts what can be reverted.
+:class:`Mitigator` runs that loop beside the :class:`~failslow.core.control.controller.Controller`
+(which calls :meth:`on_diagnosis` and, when a re-validation finds every rank healthy while a plan
+is in effect, :meth:`on_healthy`):
+
+- the job's layout and the adapter's capabilities come from ``failslow/job`` (written once by
+  rank 0's session); strategies the adapter cannot apply are never planned;
+- step times come from ``failslow/steps`` (rank 0's recent steps; a synchronous job has one
+  step time) - one read per tick, independent of the world size;
+- each decision becomes a plan sent through :func:`~failslow.core.control.plan_channel.dispatch`
+  (every rank switches at the same step, or none does); a revert of a micro-batch plan sends
+  the even split.
+
+``hooks`` (a pluggy hook relay, optional) gets ``failslow_choose_plan`` (a site policy may
+replace a proposal), ``failslow_on_plan`` and ``failslow_on_plan_result``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from failslow.config import FailslowConfig
+from failslow.core.control.plan_channel import PlanOutcome, dispatch, horizon_steps
+from failslow.core.control.store import Store
+from failslow.core.diagnosis.record import Diagnosis
+from failslow.core.planner.planner import MitigationCosts, Planner
+from failslow.core.planner.plans import MicroBatchPlan, Plan
+from failslow.core.planner.ski_rental import Decision
+from failslow.core.topology import Topology
+
+log = logging.getLogger(__name__)
+
+JOB_KEY = "failslow/job"
+STEPS_KEY = "failslow/steps"
+CAPABILITY_OF = {"S2": "microbatch_plans", "S3": "topology_plans", "S4": "snapshots"}
+
+
+@dataclass
+class Action:
+    """One decision and what became of it (for the demo, the benchmark and the log)."""
+
+    wall: float
+    action: str
+    strategy: str
+    plan: Plan
+    reason: str
+    outcome: PlanOutcome | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Mitigator:
+    def __init__(
+        self,
+        store: Store,
+        config: FailslowConfig,
+        *,
+        world_size: int,
+        hooks: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.world_size = world_size
+        self.hooks = hooks
+        self._clock = clock
+        self.planner: Planner | None = None
+        self.topology: Topology | None = None
+        self.actions: list[Action] = []
+        self.step_times: dict[int, tuple[float, float]] = {}
+        """step -> (seconds, wall time first seen) of every step rank 0 reported."""
+        self._queue: collections.deque[tuple[str, Any]] = collections.deque()
+        self._slow_ranks: frozenset[int] = frozenset()
+        self._lock = threading.Lock()
+
+    # ---- inputs (called from the controller's thread) ----------------------------------------
+    def on_diagnosis(self, diagnosis: Diagnosis) -> None:
+        with self._lock:
+            self._queue.append(("diagnosis", diagnosis))
+
+    def on_healthy(self) -> None:
+        with self._lock:
+            self._queue.append(("healthy", None))
+
+    @property
+    def active(self) -> bool:
+        """A fail-slow is being mitigated (the controller then re-validates periodically)."""
+        return self.planner is not None and self.planner.ski.active
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self, stop: Callable[[], bool], tick_s: float = 0.1) -> None:
+        while not stop():
+            try:
+                self.tick()
+            except Exception:  # the controller side must keep running
+                log.warning("failslow: mitigator tick failed", exc_info=True)
+            time.sleep(tick_s)
+
+    def tick(self) -> None:
+        for seconds in self._new_step_times():
+            if self.planner is not None:
+                self._execute(self.planner.observe(seconds))
+        while True:
+            with self._lock:
+                if not self._queue:
+                    break
+                kind, item = self._queue.popleft()
+            if kind == "diagnosis":
+                self._diagnosed(item)
+            elif self.active:
+                self._slow_ranks = frozenset()
+                assert self.planner is not None
+                self._execute(self.planner.relief())
+
+    def _new_step_times(self) -> list[float]:
+        record = self.store.get_json(STEPS_KEY)
+        if not record:
+            return []
+        new = []
+        for step, seconds in record.get("steps", []):
+            if int(step) not in self.step_times:
+                self.step_times[int(step)] = (float(seconds), self._clock())
+                new.append(float(seconds))
+        return new
+
+    def healthy_step_s(self, diagnosis: Diagnosis) -> float:
+        """The step time before the fail-slow: steps seen before its first onset, else the
+        onsets' own before-times (the node analyzer's iteration time before the change)."""
+        onsets = diagnosis.evidence.get("onsets", []) if diagnosis.evidence else []
+        started = self._onset_wall(diagnosis)
+        before = [s for s, wall in self.step_times.values() if started and wall < started]
+        if len(before) >= 3:
+            return statistics.median(before)
+        befores = [float(o["before_s"]) for o in onsets if o.get("before_s")]
+        if befores:
+            return statistics.median(befores)
+        times = sorted(s for s, _ in self.step_times.values())
+        if times:
+            return times[len(times) // 4]
+        raise RuntimeError("failslow: no step time known yet; cannot plan")
+
+    @staticmethod
+    def _onset_wall(diagnosis: Diagnosis) -> float | None:
+        onsets = diagnosis.evidence.get("onsets", []) if diagnosis.evidence else []
+        return min((float(o["wall"]) for o in onsets if "wall" in o), default=None)
+
+    def _build_planner(self, healthy_step_s: float) -> Planner | None:
+        job = self.store.get_json(JOB_KEY)
+        if not job:
+            log.warning("failslow: no job record (%s) yet: no adapter reported a topology", JOB_KEY)
+            return None
+        topology = Topology.from_dict(job["topology"])
+        capabilities = job.get("capabilities", {})
+        allowed = [
+            name
+            for name in self.config.planner.strategies
+            if capabilities.get(CAPABILITY_OF[name], "undeclared") == ""
+        ]
+        planner_config = self.config.planner
+        self.topology = topology
+        return Planner(
+            topology,
+            MitigationCosts(
+                microbatch_apply_s=planner_config.microbatch_apply_s,
+                state_bytes_per_rank=int(job.get("state_bytes_per_rank", 0)),
+                transfer_bytes_per_s=planner_config.transfer_gbps * 1e9 / 8,
+                pause_s=planner_config.pause_s,
+                restart_s=planner_config.restart_s,
+            ),
+            healthy_microbatch_s=healthy_step_s * topology.dp / topology.micro_batches,
+            min_gain=planner_config.min_gain,
+            strategies=allowed,
+        )
+
+    def _diagnosed(self, diagnosis: Diagnosis) -> None:
+        slow = frozenset(s.rank for s in diagnosis.slow_ranks) | frozenset(
+            r for link in diagnosis.slow_links for r in (link.a, link.b)
+        )
+        if self.active and slow == self._slow_ranks:
+            return  # the same fail-slow, seen again by a re-validation: keep what is in effect
+        healthy = self.healthy_step_s(diagnosis)
+        if self.planner is None:
+            self.planner = self._build_planner(healthy)
+            if self.planner is None:
+                return
+        self._slow_ranks = slow
+        self._execute(self.planner.onset(diagnosis, healthy_step_s=healthy), diagnosis)
+        # the slowdown began before the diagnosis: what it cost so far counts (Alg. 1's impact)
+        started = self._onset_wall(diagnosis)
+        if started is not None:
+            for _step, (seconds, wall) in sorted(self.step_times.items()):
+                if wall >= started:
+                    self._execute(self.planner.observe(seconds), diagnosis)
+
+    # ---- turning decisions into plans on the ranks -------------------------------------------
+    def _execute(self, decisions: list[Decision], diagnosis: Diagnosis | None = None) -> None:
+        for decision in decisions:
+            plan = decision.plan
+            if decision.action == "revert":
+                if not isinstance(plan, MicroBatchPlan):
+                    log.warning("failslow: cannot revert %s; left in effect", decision.strategy)
+                    continue
+                plan = self._even_plan()
+            elif self.hooks is not None and diagnosis is not None:
+                plan = self.hooks.failslow_choose_plan(diagnosis=diagnosis, proposed=plan) or plan
+            action = Action(
+                self._clock(), decision.action, decision.strategy, plan, decision.reason
+            )
+            self.actions.append(action)
+            if self.hooks is not None:
+                self.hooks.failslow_on_plan(plan=plan, action=decision.action, reason=action.reason)
+            action.outcome = self._dispatch(plan)
+            if self.hooks is not None:
+                outcome = action.outcome
+                self.hooks.failslow_on_plan_result(
+                    plan=plan,
+                    step=outcome.apply_step,
+                    outcome="applied" if outcome.committed else "aborted",
+                    detail=outcome.reason,
+                )
+
+    def _even_plan(self) -> MicroBatchPlan:
+        assert self.topology is not None
+        dp = self.topology.dp
+        return MicroBatchPlan(counts=(self.topology.micro_batches // dp,) * dp, weights=(1.0,) * dp)
+
+    def _dispatch(self, plan: Plan) -> PlanOutcome:
+        recent = [s for _, (s, _w) in sorted(self.step_times.items())[-5:]]
+        step_time = statistics.median(recent) if recent else None
+        outcome = dispatch(
+            self.store,
+            plan,
+            world_size=self.world_size,
+            horizon_steps=horizon_steps(step_time, self.config.planner.horizon_s),
+            timeout_s=self.config.planner.plan_timeout_s,
+        )
+        log.info("failslow: plan %d %s", outcome.epoch, outcome)
+        return outcome

@@ -1,0 +1,112 @@
+"""The mitigation loop on a real TCPStore: diagnosis -> ski-rental -> S2 plan on every rank.
+
+Ranks are threads with the real plan receiver (see test_plan_channel.py); the job record and the
+step times are written as rank 0's session writes them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from test_plan_channel import CONNECT_S, Rank, _ranks, _stop
+
+from failslow.config import load_config
+from failslow.core.control.mitigator import JOB_KEY, STEPS_KEY, Mitigator
+from failslow.core.control.store import Store, open_store
+from failslow.core.diagnosis.record import Diagnosis, Kind, SlowRank
+from failslow.core.planner.plans import MicroBatchPlan
+from failslow.core.topology import Topology
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPOLOGY = Topology.megatron(tp=1, dp=4, pp=1, gpus_per_host=1, micro_batches=16)
+SUPPORTED = {"microbatch_plans": "", "topology_plans": "no", "snapshots": "no", "hot_update": "no"}
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    master = open_store("tcp://127.0.0.1:0?master=1")
+    try:
+        yield master.url
+    finally:
+        master.close()
+
+
+def _job(store: Store, capabilities: dict[str, str]) -> None:
+    store.set_json(JOB_KEY, {"topology": TOPOLOGY.to_dict(), "capabilities": capabilities})
+    healthy = [[s, 0.1] for s in range(20)]
+    store.set_json(STEPS_KEY, {"steps": healthy})
+
+
+def _diagnosis() -> Diagnosis:
+    onset = {"type": "onset", "wall": time.time() + 1e-3, "before_s": 0.1}
+    return Diagnosis(Kind.COMPUTE, slow_ranks=(SlowRank(2, 3.0),), evidence={"onsets": [onset]})
+
+
+def _wait_applied(ranks: list[Rank], n: int) -> None:
+    deadline = time.monotonic() + 20
+    while any(len(r.applied) < n for r in ranks) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_diagnosis_buys_s2_and_relief_reverts_to_the_even_split(url: str) -> None:
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+    ranks = _ranks(url, 4)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        mitigator = Mitigator(store, config, world_size=4)
+        mitigator.tick()  # the healthy steps are seen before the onset
+        diagnosis = _diagnosis()
+        time.sleep(0.01)
+        # slow steps since the onset: their excess pays for the plan (ski-rental, Alg. 1)
+        store.set_json(STEPS_KEY, {"steps": [[s, 0.3] for s in range(20, 30)]})
+        mitigator.tick()
+        mitigator.on_diagnosis(diagnosis)
+        mitigator.tick()
+        assert mitigator.active
+        _wait_applied(ranks, 1)
+        (action,) = mitigator.actions
+        plan = action.plan
+        assert isinstance(plan, MicroBatchPlan) and action.strategy == "S2 micro-batches"
+        assert sum(plan.counts) == 16 and plan.counts[2] == min(plan.counts) < 4
+        assert action.outcome is not None and action.outcome.committed
+        assert mitigator.healthy_step_s(_diagnosis()) == pytest.approx(0.1)
+        # the same fail-slow seen again by a re-validation: nothing new
+        mitigator.on_diagnosis(_diagnosis())
+        mitigator.tick()
+        assert len(mitigator.actions) == 1
+        mitigator.on_healthy()
+        mitigator.tick()
+        _wait_applied(ranks, 2)
+    _stop(ranks)
+    assert not mitigator.active
+    assert mitigator.actions[-1].action == "revert"
+    assert mitigator.actions[-1].plan.counts == (4, 4, 4, 4)  # type: ignore[attr-defined]
+    for r in ranks:
+        assert [p for _, p in r.applied] == [plan, mitigator.actions[-1].plan]
+        assert r.applied[0][0] == action.outcome.apply_step
+
+
+def test_nothing_is_planned_that_the_adapter_cannot_apply(url: str) -> None:
+    config = load_config({}, environ={})
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, {**SUPPORTED, "microbatch_plans": "ZeRO-3 reduces every micro-step"})
+        mitigator = Mitigator(store, config, world_size=4)
+        mitigator.tick()
+        mitigator.on_diagnosis(_diagnosis())
+        store.set_json(STEPS_KEY, {"steps": [[s, 0.3] for s in range(20, 30)]})
+        mitigator.tick()
+    assert mitigator.actions == []
+    assert mitigator.planner is not None and mitigator.planner.ski.candidates() == ()
+
+
+def test_no_job_record_means_no_plan(url: str) -> None:
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        mitigator = Mitigator(store, load_config({}, environ={}), world_size=4)
+        store.set_json(STEPS_KEY, {"steps": [[0, 0.1], [1, 0.1], [2, 0.1]]})
+        mitigator.tick()
+        mitigator.on_diagnosis(_diagnosis())
+        mitigator.tick()
+    assert mitigator.planner is None and mitigator.actions == []
