@@ -91,9 +91,7 @@ class Session:
     def _start_capture_and_store(self) -> None:
         capture = None
         if self.config.capture:
-            from failslow import nccl_hook
-
-            capture = nccl_hook.install()
+            capture = self._install_capture()
         if not self.config.store:
             return
         from failslow.core.control.plan_channel import PlanReceiver
@@ -115,6 +113,27 @@ class Session:
             step=lambda: self.step,
             decision_timeout_s=self.config.planner.plan_timeout_s,
         ).start()
+
+    def _install_capture(self) -> Any:
+        """The collective hook into ``$FAILSLOW_RING_DIR`` (``failslow run`` sets it), else
+        ``<log_dir>/rings``; with neither, capture stays off (one warning)."""
+        import os
+
+        from failslow import nccl_hook
+        from failslow.nccl_hook.capture import RING_DIR_ENV
+
+        ring_dir = os.environ.get(RING_DIR_ENV)
+        if not ring_dir and self.config.log_dir:
+            ring_dir = os.path.join(self.config.log_dir, "rings")
+            os.makedirs(ring_dir, exist_ok=True)
+        if not ring_dir and nccl_hook.current() is None:
+            log.warning(
+                "failslow: capture off - no ring directory (run under `failslow run`, set "
+                "$%s or the log_dir setting)",
+                RING_DIR_ENV,
+            )
+            return None
+        return nccl_hook.install(ring_dir)
 
     def close(self) -> None:
         self._stop.set()

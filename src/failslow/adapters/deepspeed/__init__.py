@@ -1,0 +1,90 @@
+"""failslow for DeepSpeed: ``failslow.deepspeed.initialize(...)`` or ``attach(engine)``.
+
+``initialize`` is a drop-in for ``deepspeed.initialize``: it reads the top-level ``"failslow"``
+block of the DeepSpeed config (DeepSpeed itself ignores that key; ``failslow=`` overrides it),
+rejects a bad block before the engine is built, builds the engine with the real
+``deepspeed.initialize``, attaches, and returns the same 4-tuple - with ``training_data``, the
+dataloader is the share-aware one from :mod:`failslow.data`.
+
+The engine stays the real DeepSpeed engine (``isinstance``, ``engine.module``, checkpoints and
+every other attribute work unchanged). Attaching adds two attributes to it: ``engine.failslow``
+(the :class:`DeepSpeedAdapter`) and ``engine.train_batch`` - for non-pipeline engines the
+adapter's per-replica loop, for the pipeline engine ``PipelineEngine.train_batch`` preceded by
+the session's step boundary. Plans only take effect through ``engine.train_batch``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from os import PathLike
+from typing import Any
+
+from failslow.adapters.deepspeed.plugin import DeepSpeedAdapter
+from failslow.config import FailslowConfig, load_config
+from failslow.errors import ConfigError
+
+__all__ = ["DeepSpeedAdapter", "attach", "initialize"]
+
+BLOCK = "failslow"
+
+
+def _failslow_config(block: Any, source: str) -> FailslowConfig:
+    if isinstance(block, FailslowConfig):
+        return block
+    return load_config(block, source=source)
+
+
+def attach(
+    engine: Any, config: FailslowConfig | Mapping[str, Any] | None = None
+) -> DeepSpeedAdapter:
+    """Start a failslow session for an existing engine (every rank calls it, after
+    ``deepspeed.initialize``); ``config`` defaults to the engine config's ``"failslow"`` block."""
+    from failslow.session import Session
+
+    source = "failslow.deepspeed.attach(config=...)"
+    if config is None:
+        params = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
+        config, source = params.get(BLOCK), f"the {BLOCK!r} block of the DeepSpeed config"
+    cfg = _failslow_config(config, source)
+    adapter = DeepSpeedAdapter(engine)
+    session = Session(cfg)
+    session.register(adapter, name="deepspeed")
+    adapter.session = session.start()
+    engine.failslow = adapter
+    engine.train_batch = adapter.train_batch
+    return adapter
+
+
+def initialize(
+    args: Any = None, *, failslow: FailslowConfig | Mapping[str, Any] | None = None, **kwargs: Any
+) -> tuple[Any, Any, Any, Any]:
+    """``deepspeed.initialize(**kwargs)`` with failslow attached; same return value."""
+    source = "failslow.deepspeed.initialize(failslow=...)"
+    if failslow is None:
+        ds_config = kwargs.get("config", kwargs.get("config_params"))
+        if ds_config is None:
+            ds_config = getattr(args, "deepspeed_config", None)
+        where = "the DeepSpeed config"
+        if isinstance(ds_config, str | PathLike):
+            where = f"DeepSpeed config {ds_config}"
+            try:
+                with open(ds_config) as f:
+                    ds_config = json.load(f)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"{where}: cannot read it as JSON: {exc}") from exc
+        if ds_config is not None and not isinstance(ds_config, Mapping):
+            raise ConfigError(f"{where}: expected a dict or a JSON file path")
+        failslow = (ds_config or {}).get(BLOCK)
+        source = f"the {BLOCK!r} block of {where}"
+    cfg = _failslow_config(failslow, source)  # a bad block fails here, before the engine exists
+    import deepspeed
+
+    training_data = kwargs.pop("training_data", None)
+    collate_fn = kwargs.pop("collate_fn", None)
+    engine, optimizer, _, lr_scheduler = deepspeed.initialize(args=args, **kwargs)
+    adapter = attach(engine, cfg)
+    loader = None
+    if training_data is not None:
+        loader = adapter.dataloader(training_data, collate_fn=collate_fn)
+    return engine, optimizer, loader, lr_scheduler

@@ -1,0 +1,238 @@
+"""Exact shares of every global batch for uneven micro-batch plans (greyhound 5.2, S2).
+
+A micro-batch plan gives DP replica ``r`` ``counts[r]`` of the ``M`` micro-batches of each global
+step. For the gradient to equal the even split's, the replicas together must read exactly the
+global batch the even split would have read - no sample dropped, none read twice. This module
+defines that global batch once, independently of the counts, and cuts it into the replicas'
+shares:
+
+- epoch ``e`` is a permutation of the dataset (``torch.randperm`` seeded with ``seed + e``, like
+  ``DistributedSampler.set_epoch``; the identity when ``shuffle=False``);
+- step ``s`` of an epoch reads the next ``M * micro_batch_size`` indices of that permutation as
+  ``M`` micro-batches of ``micro_batch_size``; replica ``r`` reads micro-batches
+  ``[sum(counts[:r]), sum(counts[:r + 1]))``;
+- **epoch boundary rule**: an epoch has ``len(dataset) // (M * micro_batch_size)`` steps; the
+  remaining ``len(dataset) % (M * micro_batch_size)`` indices of its permutation are not read
+  (``drop_last=True`` applied to the *global* batch), so every step is a full global batch
+  whatever the counts.
+
+:class:`ShareSampler` is a batch sampler (one micro-batch of indices per item) for
+``DataLoader(dataset, batch_sampler=...)``; :func:`share_loader` builds that loader. A new
+``counts`` takes effect at a step boundary (:meth:`ShareSampler.set_counts`). The sampler hands
+out indices lazily, step by step, so use it with ``num_workers=0`` (the default here) or make
+sure plans are scheduled before the workers prefetch past their step; a plan for a step whose
+indices were already handed out raises instead of silently reading the wrong share.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from failslow.errors import ConfigError, FailslowError
+
+
+def check_counts(counts: Sequence[int], *, replicas: int, micro_batches: int) -> tuple[int, ...]:
+    """``counts`` as a tuple if it is a valid split of ``micro_batches`` over ``replicas``
+    (one non-negative integer per replica, summing to ``micro_batches``), else ConfigError."""
+    counts = tuple(counts)
+    if len(counts) != replicas:
+        raise ConfigError(
+            f"micro-batch counts {list(counts)}: expected one count per DP replica "
+            f"({replicas}), got {len(counts)}"
+        )
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+        raise ConfigError(f"micro-batch counts {list(counts)}: every count must be an integer >= 0")
+    if sum(counts) != micro_batches:
+        raise ConfigError(
+            f"micro-batch counts {list(counts)}: must sum to the {micro_batches} micro-batches "
+            f"of a global batch, got {sum(counts)}"
+        )
+    return counts
+
+
+class ShareSampler(Sampler[list[int]]):
+    """Batch sampler: replica ``replica``'s micro-batches of every global step, in order.
+
+    Iterating yields from the current position to the end of the epoch that contains it (so
+    ``for batch in loader`` is one epoch, and the next ``for`` the next epoch); the position
+    only moves as indices are handed out. ``step`` numbers global steps from the start of
+    training (``start_step`` for a resumed run), across epochs.
+    """
+
+    def __init__(
+        self,
+        dataset_len: int,
+        *,
+        micro_batch_size: int,
+        micro_batches: int,
+        replica: int,
+        replicas: int,
+        counts: Sequence[int] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        start_step: int = 0,
+    ) -> None:
+        for name, value in (
+            ("micro_batch_size", micro_batch_size),
+            ("micro_batches", micro_batches),
+            ("replicas", replicas),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ShareSampler: {name} must be an integer >= 1, got {value!r}")
+        if not 0 <= replica < replicas:
+            raise ConfigError(f"ShareSampler: replica must be in [0, {replicas}), got {replica}")
+        self.global_batch = micro_batches * micro_batch_size
+        if dataset_len < self.global_batch:
+            raise ConfigError(
+                f"ShareSampler: the dataset has {dataset_len} samples, fewer than one global "
+                f"batch ({micro_batches} micro-batches x {micro_batch_size})"
+            )
+        self.dataset_len = dataset_len
+        self.micro_batch_size = micro_batch_size
+        self.micro_batches = micro_batches
+        self.replica = replica
+        self.replicas = replicas
+        self.shuffle = shuffle
+        self.seed = seed
+        self.steps_per_epoch = dataset_len // self.global_batch
+        if counts is None:
+            if micro_batches % replicas:
+                raise ConfigError(
+                    f"ShareSampler: {micro_batches} micro-batches do not split evenly over "
+                    f"{replicas} replicas; pass counts"
+                )
+            counts = (micro_batches // replicas,) * replicas
+        self._plan_steps = [start_step]
+        self._plan_counts = [self._check(counts)]
+        self.step = start_step
+        """Global step whose micro-batches are handed out next."""
+        self.offset = 0
+        """Micro-batches of ``step`` already handed out."""
+        self._perm_epoch = -1
+        self._perm = torch.empty(0, dtype=torch.long)
+
+    def _check(self, counts: Sequence[int]) -> tuple[int, ...]:
+        return check_counts(counts, replicas=self.replicas, micro_batches=self.micro_batches)
+
+    # -- plans -----------------------------------------------------------------------------
+    def set_counts(self, counts: Sequence[int], step: int | None = None) -> None:
+        """Use ``counts`` from global step ``step`` on (default: the next step not yet
+        started). Raises FailslowError if indices of ``step`` were already handed out."""
+        counts = self._check(counts)
+        if step is None:
+            step = self.step + (1 if self.offset else 0)
+        if step < self.step or (step == self.step and self.offset):
+            raise FailslowError(
+                f"ShareSampler: cannot change micro-batch counts from step {step}: replica "
+                f"{self.replica} already read up to step {self.step} (micro-batch {self.offset}); "
+                "use num_workers=0 or schedule the plan further ahead"
+            )
+        i = bisect.bisect_right(self._plan_steps, step)
+        del self._plan_steps[i:], self._plan_counts[i:]
+        self._plan_steps.append(step)
+        self._plan_counts.append(counts)
+
+    def counts_at(self, step: int) -> tuple[int, ...]:
+        """Micro-batches per replica of global step ``step``."""
+        i = bisect.bisect_right(self._plan_steps, step) - 1
+        return self._plan_counts[max(i, 0)]
+
+    # -- indices ---------------------------------------------------------------------------
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._perm_epoch:
+            if self.shuffle:
+                g = torch.Generator().manual_seed(self.seed + epoch)
+                self._perm = torch.randperm(self.dataset_len, generator=g)
+            else:
+                self._perm = torch.arange(self.dataset_len)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def global_batch_indices(self, step: int) -> list[list[int]]:
+        """All ``M`` micro-batches of global step ``step`` (every replica's), in order."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        flat = self._permutation(epoch)[k * self.global_batch : (k + 1) * self.global_batch]
+        return [chunk.tolist() for chunk in flat.split(self.micro_batch_size)]
+
+    def share(self, step: int) -> list[list[int]]:
+        """This replica's micro-batches of global step ``step``."""
+        counts = self.counts_at(step)
+        first = sum(counts[: self.replica])
+        return self.global_batch_indices(step)[first : first + counts[self.replica]]
+
+    def _skip_finished_step(self) -> None:
+        if self.offset and self.offset >= self.counts_at(self.step)[self.replica]:
+            self.step, self.offset = self.step + 1, 0  # the last step was read to its end
+
+    @property
+    def next_step(self) -> int:
+        """The global step the next micro-batch handed out belongs to."""
+        self._skip_finished_step()
+        return self.step
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self._skip_finished_step()
+        end = (self.step // self.steps_per_epoch + 1) * self.steps_per_epoch
+        while self.step < end:
+            mine = self.share(self.step)
+            while self.offset < len(mine):
+                batch = mine[self.offset]
+                self.offset += 1
+                yield batch
+            self.step += 1
+            self.offset = 0
+
+    def __len__(self) -> int:
+        """Micro-batches in one epoch for this replica under the counts in effect now."""
+        return self.steps_per_epoch * self.counts_at(self.step)[self.replica]
+
+    # -- resume ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "offset": self.offset,
+            "plans": [
+                [s, list(c)] for s, c in zip(self._plan_steps, self._plan_counts, strict=True)
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.offset = int(state["step"]), int(state["offset"])
+        self._plan_steps = [int(s) for s, _ in state["plans"]]
+        self._plan_counts = [self._check(c) for _, c in state["plans"]]
+
+
+def share_loader(
+    dataset: Dataset[Any],
+    *,
+    micro_batch_size: int,
+    micro_batches: int,
+    replica: int,
+    replicas: int,
+    counts: Sequence[int] | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    start_step: int = 0,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    **loader_kwargs: Any,
+) -> DataLoader[Any]:
+    """A DataLoader yielding replica ``replica``'s micro-batches of ``dataset`` (one per item);
+    its :class:`ShareSampler` is ``loader.batch_sampler``. ``loader_kwargs`` go to DataLoader
+    (``num_workers`` defaults to 0, see the module docstring)."""
+    sampler = ShareSampler(
+        len(dataset),  # type: ignore[arg-type]
+        micro_batch_size=micro_batch_size,
+        micro_batches=micro_batches,
+        replica=replica,
+        replicas=replicas,
+        counts=counts,
+        shuffle=shuffle,
+        seed=seed,
+        start_step=start_step,
+    )
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, **loader_kwargs)
