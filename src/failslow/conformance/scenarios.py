@@ -1,0 +1,181 @@
+"""The rank side of the conformance suite: every invariant's scenario for one layout, in turn.
+
+Spawning a world is the expensive part (imports), so one world runs every scenario of every
+layout and writes what each rank saw; the test mixins only assert on those files. Per layout,
+three jobs are built from the same seed:
+
+1. ``reference`` - :data:`STEPS` steps on the framework's even split, each step's CLOCK_MONOTONIC
+   window and the harness's expected collectives recorded (invariant 1, greyhound 4.2 capture);
+   afterwards every capability is requested (:mod:`failslow.conformance.requests`).
+2. ``microbatch`` - if the adapter supports micro-batch plans: uneven counts from step 1, a
+   more skewed plan at step 2 and the even split again at step 3, each scheduled with
+   ``session.schedule(plan, step)`` on every rank (no store). Invariant 2 (greyhound 5.2,
+   weighted aggregation: weight ``counts[r] * D / M``): its parameters equal the reference's.
+3. ``pause`` - after step :data:`HOLD` the ranks wait at a file handshake; the test process
+   requests the pause trap on every ring, lets them go, sees every rank park at its next
+   collective, and releases them (greyhound 4.3: pause for validation, then resume).
+   Invariant 6: no step lost, parameters bitwise equal to the reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failslow.conformance.harness import AdapterHarness, AdapterJob
+from failslow.conformance.requests import request_each
+from failslow.core.planner.plans import MicroBatchPlan
+
+SEED = 20240607
+STEPS = 4
+HOLD = 1
+"""The pause run waits at the handshake after this step."""
+HOLD_TIMEOUT_S = 60.0
+
+
+def plan_counts(micro_batches: int, dp: int) -> dict[int, tuple[int, ...]]:
+    """Counts per DP replica by step for the micro-batch run: uneven, more skewed, even."""
+    even = micro_batches // dp
+    if dp < 2 or even < 2 or even * dp != micro_batches:
+        raise ValueError(
+            f"the conformance layout needs DP >= 2 and an even split of >= 2 micro-batches per "
+            f"replica to make uneven plans; got {micro_batches} micro-batches over DP={dp}"
+        )
+    shift = max(1, even // 2)
+    uneven = [even] * dp
+    uneven[0] -= shift
+    uneven[-1] += shift
+    skewed = [1] * dp
+    skewed[0] = micro_batches - (dp - 1)
+    return {1: tuple(uneven), 2: tuple(skewed), 3: (even,) * dp}
+
+
+def weighted(counts: tuple[int, ...], micro_batches: int) -> MicroBatchPlan:
+    dp = len(counts)
+    return MicroBatchPlan(counts=counts, weights=tuple(c * dp / micro_batches for c in counts))
+
+
+class LayoutRunner:
+    """Runs one layout's scenarios on this rank and writes ``<layout>.rank<R>.json`` (+ npz)."""
+
+    def __init__(
+        self, harness: AdapterHarness, layout: str, *, rank: int, out: Path, sync: Path
+    ) -> None:
+        self.harness = harness
+        self.layout = layout
+        self.rank = rank
+        self.out = out
+        self.sync = sync
+        self.result: dict[str, Any] = {"layout": layout, "rank": rank, "runs": {}}
+
+    def run(self) -> dict[str, Any]:
+        try:
+            self._reference()
+            if self.result["capabilities"]["microbatch_plans"] == "":
+                self._microbatch()
+            self._pause()
+        except Exception:
+            self.result["error"] = traceback.format_exc()
+            raise
+        finally:
+            path = self.out / f"{self.layout}.rank{self.rank}.json"
+            path.write_text(json.dumps(self.result))
+        return self.result
+
+    # ---- scenarios ---------------------------------------------------------------------------
+    def _reference(self) -> None:
+        from failslow import nccl_hook
+
+        job = self.harness.build(self.layout, SEED)
+        session = job.session
+        if not session.started or nccl_hook.current() is None:
+            raise AssertionError(
+                "the adapter's session is not started or did not install the capture "
+                "(failslow config: enabled and capture must be true for the suite)"
+            )
+        topology = session.topology
+        self.result.update(
+            capabilities=session.capabilities.to_dict(),
+            topology=topology.to_dict(),
+            replica=topology.coords[self.rank][1],
+        )
+        self._steps(job, "reference", expect=True)
+        self.result["requests"] = request_each(session)
+        job.close()
+
+    def _microbatch(self) -> None:
+        job = self.harness.build(self.layout, SEED)
+        session = job.session
+        topology = session.topology
+        schedule = plan_counts(topology.micro_batches, topology.dp)
+        for step, counts in schedule.items():
+            session.schedule(weighted(counts, topology.micro_batches), step)
+        self.result["plans"] = {str(step): list(counts) for step, counts in schedule.items()}
+        self.result["malformed_plan"] = self._malformed(job, topology.micro_batches, topology.dp)
+        self._steps(job, "microbatch")
+        job.close()
+
+    def _malformed(self, job: AdapterJob, micro_batches: int, dp: int) -> dict[str, Any]:
+        """A plan whose counts do not add up to the global batch must be refused at once."""
+        counts = (micro_batches // dp + 1,) * dp
+        try:
+            job.session.prepare(weighted(counts, micro_batches))
+        except Exception as exc:
+            return {"counts": list(counts), "raised": type(exc).__name__, "message": str(exc)}
+        return {"counts": list(counts), "raised": None, "message": ""}
+
+    def _pause(self) -> None:
+        job = self.harness.build(self.layout, SEED)
+        self._steps(job, "pause", hold=HOLD)
+        job.close()
+
+    # ---- one run -----------------------------------------------------------------------------
+    def _steps(self, job: AdapterJob, name: str, *, expect: bool = False, hold: int = -1) -> None:
+        record: dict[str, Any] = {
+            "windows": [],
+            "session_steps": [],
+            "micro_batches": [],
+            "step_s": [],
+        }
+        if expect:
+            record["expected"] = []
+        before = job.micro_batches_run()
+        for step in range(STEPS):
+            t0 = time.monotonic_ns()
+            job.run_step(step)
+            t1 = time.monotonic_ns()
+            after = job.micro_batches_run()
+            record["windows"].append([t0, t1])
+            record["step_s"].append((t1 - t0) / 1e9)
+            record["session_steps"].append(job.session.step)
+            record["micro_batches"].append(after - before)
+            before = after
+            if expect:
+                expected = job.expected_collectives(step)
+                record["expected"].append(
+                    None if expected is None else [c.to_dict() for c in expected]
+                )
+            if step == hold:
+                record["released"] = self._hold()
+        params = job.parameters()
+        np.savez(
+            self.out / f"{self.layout}.{name}.rank{self.rank}.npz", allow_pickle=False, **params
+        )
+        record["parameters"] = sorted(params)
+        self.result["runs"][name] = record
+
+    def _hold(self) -> bool:
+        """Stand between two steps until the test process says go (it requests the pause)."""
+        (self.sync / f"{self.layout}.hold.rank{self.rank}").touch()
+        go = self.sync / f"{self.layout}.go"
+        deadline = time.monotonic() + HOLD_TIMEOUT_S
+        while not go.exists():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        return True

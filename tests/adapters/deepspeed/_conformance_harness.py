@@ -1,0 +1,257 @@
+"""The DeepSpeed harness of the conformance suite (:mod:`failslow.conformance`; DESIGN.md,
+"Invariants the conformance suite checks for every adapter").
+
+Four CPU ranks on gloo (``DS_ACCELERATOR=cpu``), one tiny MLP (16 -> 32 -> 32 -> 8, fp32, SGD,
+``gradient_clipping: 0.0``) trained through ``failslow.deepspeed.initialize`` on a fixed, seeded
+regression set, in five layouts:
+
+- ``zero0``, ``zero1``, ``zero2``, ``zero3``: DP = 4, 2 micro-batches of 2 samples per replica;
+- ``pipeline``, ``pipeline_zero1``: ``deepspeed.pipe.PipelineModule``, 2 stages x DP 2 (ZeRO 0
+  and 1; DeepSpeed rejects ZeRO 2/3 with a pipeline), 4 micro-batches per replica.
+
+Every layout has M = 8 micro-batches of 2 samples per global step. The expected collectives of
+a step (invariant 1) are derived here from the model's parameter sizes and DeepSpeed's group
+layout, never from a capture: see :meth:`DeepSpeedJob.expected_collectives`.
+
+DeepSpeed's CPU accelerator would JIT-build its shared-memory inference all-reduce kernel at
+``init_distributed`` (~100 s on 2 cores); training never uses it, so the harness skips the
+build (test-only, as ``tests/nccl_hook/_ds_scenario.py`` does) unless
+``FAILSLOW_TEST_DS_BUILD_SHM=1``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from failslow.conformance import AdapterHarness, AdapterJob, Collective
+
+LAYOUTS: dict[str, tuple[int, bool]] = {
+    "zero0": (0, False),
+    "zero1": (1, False),
+    "pipeline": (0, True),
+    "pipeline_zero1": (1, True),
+    "zero2": (2, False),
+    "zero3": (3, False),
+}
+"""Layout name -> (ZeRO stage, pipeline engine)."""
+IN, HIDDEN, OUT = 16, 32, 8
+MICRO_BATCH_SIZE = 2
+MICRO_BATCHES = 8
+"""M, micro-batches per global step (all DP replicas together)."""
+SAMPLES = 128
+PIPE_STAGES = 2
+TENSOR_META_BYTES = 1024
+"""The pipeline engine's first step sends its activation-meta buffer once (DeepSpeed 0.19)."""
+FP32 = 4
+
+
+def skip_shm_kernel_build() -> None:
+    """Test-only: do not JIT-build DeepSpeed's inference shm kernel (see module docstring)."""
+    import deepspeed.comm.torch as ds_torch
+
+    ds_torch.build_shm_op = lambda: None
+
+
+def _layers() -> list[Any]:
+    import torch
+
+    return [
+        torch.nn.Linear(IN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, OUT),
+    ]
+
+
+def _regression() -> Any:
+    import torch
+
+    class Regression(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(*_layers())
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+    return Regression()
+
+
+class DeepSpeedJob(AdapterJob):
+    def __init__(self, layout: str, seed: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        import failslow.deepspeed
+
+        self.stage, self.pipeline = LAYOUTS[layout]
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        self.dp = world // PIPE_STAGES if self.pipeline else world
+        torch.manual_seed(seed)
+        if self.pipeline:
+            from deepspeed.pipe import PipelineModule
+
+            model = PipelineModule(
+                layers=_layers(),
+                num_stages=PIPE_STAGES,
+                loss_fn=torch.nn.MSELoss(),
+                partition_method="uniform",
+            )
+        else:
+            model = _regression()
+        self.param_numels = [p.numel() for p in model.parameters()]  # this rank's stage, full
+        self.forwards = 0
+        model.register_forward_pre_hook(self._count_forward)
+        g = torch.Generator().manual_seed(seed)
+        dataset = torch.utils.data.TensorDataset(
+            torch.randn(SAMPLES, IN, generator=g), torch.randn(SAMPLES, OUT, generator=g)
+        )
+        config = {
+            "train_batch_size": MICRO_BATCH_SIZE * MICRO_BATCHES,
+            "train_micro_batch_size_per_gpu": MICRO_BATCH_SIZE,
+            "gradient_accumulation_steps": MICRO_BATCHES // self.dp,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+            "gradient_clipping": 0.0,
+            "zero_optimization": {"stage": self.stage},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10**9,
+            "failslow": {"capture": True},
+        }
+        self.engine, _, _, _ = failslow.deepspeed.initialize(
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=config,
+            training_data=dataset,
+        )
+        self.session = self.engine.failslow.session
+
+    def _count_forward(self, module: Any, args: Any) -> None:
+        self.forwards += 1
+
+    # ---- AdapterJob ------------------------------------------------------------------------
+    def run_step(self, step: int) -> None:
+        if self.engine.global_steps != step:
+            raise AssertionError(f"engine at global step {self.engine.global_steps}, not {step}")
+        self.engine.train_batch()
+
+    def micro_batches_run(self) -> int:
+        return self.forwards
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        module = self.engine.module
+
+        def values() -> dict[str, np.ndarray]:
+            return {
+                name: p.detach().float().cpu().numpy().copy()
+                for name, p in module.named_parameters()
+            }
+
+        if self.stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(module.parameters())):
+                return values()
+        return values()
+
+    def expected_collectives(self, step: int) -> Sequence[Collective] | None:
+        """What DeepSpeed issues in one step on CPU/gloo, from parameter sizes alone.
+
+        ``P`` is the parameter bytes of this rank's model part, ``G = M / DP`` the micro-batches
+        per replica. ZeRO 0: one all-reduce of P (the gradient). ZeRO 1: that, a scalar
+        all-reduce (global gradient norm) and the all-gather of the updated partitions (P / DP
+        per rank). ZeRO 2 reduces in every micro-step's backward: G all-reduces of P. ZeRO 3:
+        G reduce-scatters of P, an 8-byte all-reduce, and one all-gather per parameter of its
+        partition; its first step also fetches the partitioned parameters (not modelled).
+        Pipeline: per micro-batch the activations go forward and their gradients back between
+        the stages (send/recv on the default group; the first step also sends the meta
+        buffer), the gradient all-reduce of the stage's P over its DP group, the last stage's
+        loss all-reduce over DP (4 bytes), and the loss broadcast from the last stage (8 bytes);
+        with ZeRO 1 also the gradient norm over DP and over the pipe (4 bytes each) and the
+        all-gather of the stage's partitions.
+        """
+        import torch.distributed as dist
+
+        world = tuple(range(dist.get_world_size()))
+        P = sum(self.param_numels) * FP32
+        G = MICRO_BATCHES // self.dp
+        if not self.pipeline:
+            dp = world
+            if self.stage == 0:
+                return [Collective("ALLREDUCE", dp, P)]
+            if self.stage in (1, 2):
+                grads = [Collective("ALLREDUCE", dp, P)] * (1 if self.stage == 1 else G)
+                return [
+                    *grads,
+                    Collective("ALLREDUCE", dp, FP32),
+                    Collective("ALLGATHER", dp, P // self.dp),
+                ]
+            if step == 0:
+                return None
+            return [
+                *[Collective("REDUCE_SCATTER", dp, P)] * G,
+                Collective("ALLREDUCE", dp, 2 * FP32),
+                *[Collective("ALLGATHER", dp, n * FP32 // self.dp) for n in self.param_numels],
+            ]
+        stage, replica = divmod(self.rank, self.dp)
+        dp = tuple(stage * self.dp + d for d in range(self.dp))
+        pipe = tuple(s * self.dp + replica for s in range(PIPE_STAGES))
+        peer, last = pipe[1 - stage], pipe[-1]
+        activation = MICRO_BATCH_SIZE * HIDDEN * FP32
+        first = stage == 0
+        out, back = ("SEND", "RECV") if first else ("RECV", "SEND")
+        per_micro_batch = [
+            Collective(out, world, activation, peer),
+            Collective(back, world, activation, peer),
+        ]
+        expected = per_micro_batch * G + [
+            Collective("ALLREDUCE", dp, P),
+            Collective("BROADCAST", pipe, 2 * FP32, last),
+        ]
+        if not first:
+            expected.append(Collective("ALLREDUCE", dp, FP32))
+        if self.stage == 1:  # gradient norm over DP and over the pipe; gather the partitions
+            expected += [
+                Collective("ALLREDUCE", dp, FP32),
+                Collective("ALLREDUCE", pipe, FP32),
+                Collective("ALLGATHER", dp, P // self.dp),
+            ]
+        if step == 0:
+            expected.append(Collective(out, world, TENSOR_META_BYTES, peer))
+        return expected
+
+    def close(self) -> None:
+        self.engine.failslow.close()
+        self.engine.destroy()
+        if self.pipeline:  # the pipeline engine leaves its grid as DeepSpeed's global mpu
+            from deepspeed.utils import groups
+
+            groups.mpu = None
+
+
+class DeepSpeedHarness(AdapterHarness):
+    world_size = 4
+    world_timeout_s = 200.0
+
+    def layouts(self) -> Sequence[str]:
+        return list(LAYOUTS)
+
+    def rank_env(self) -> Mapping[str, str]:
+        env = {"DS_ACCELERATOR": "cpu"}
+        if os.environ.get("FAILSLOW_TEST_DS_BUILD_SHM") == "1":
+            env["FAILSLOW_TEST_DS_BUILD_SHM"] = "1"
+        return env
+
+    def setup_rank(self) -> None:
+        if os.environ.get("FAILSLOW_TEST_DS_BUILD_SHM") != "1":
+            skip_shm_kernel_build()
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+
+    def build(self, layout: str, seed: int) -> DeepSpeedJob:
+        return DeepSpeedJob(layout, seed)
