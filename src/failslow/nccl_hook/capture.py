@@ -135,8 +135,7 @@ class Capture:
         def world_position() -> tuple[int, ...] | None:
             if not dist.is_initialized():
                 return None
-            self._world_name = dist.group.WORLD.group_name
-            entry = self.groups.get(self._world_name)
+            entry = self._pause_group(dist.get_world_size())
             if entry is None:
                 return None
             phase = iteration_phase(list(self.world_calls))
@@ -151,6 +150,20 @@ class Capture:
         self.trap.on_parked = agent.while_parked
         self.agent = agent
         return agent.start()
+
+    def _pause_group(self, world_size: int) -> GroupEntry | None:
+        """The group every rank pauses on: the busiest one spanning all ranks (WORLD, or the
+        data-parallel group a framework created over the same ranks - DeepSpeed's gradient
+        all-reduce never touches WORLD). Every rank of a synchronous job calls such groups
+        equally often, so all pick the same one once training runs."""
+        spanning = [e for e in self.groups.entries() if len(e.ranks) == world_size]
+        if not spanning:
+            return None
+        entry = max(spanning, key=lambda e: (e.calls.peek(), e.key))
+        if entry.name != self._world_name:
+            self._world_name = entry.name
+            self.world_calls.clear()  # the phase is of the new group's call sequence
+        return entry
 
     def _ensure_writer(self) -> RingWriter | None:
         if self.writer is None:

@@ -137,7 +137,13 @@ class Controller:
     def run(self, stop: Callable[[], bool], tick_s: float = 0.05) -> None:
         while not stop():
             before = self.state
-            self.tick()
+            try:
+                self.tick()
+            except Exception as exc:  # a store gone mid-round: back to tracking, keep running
+                if stop():
+                    return
+                log.warning("failslow controller: %s failed: %s", self.state.value, exc)
+                self._abandon(f"{type(exc).__name__}: {exc}")
             if self.state is before:
                 time.sleep(tick_s)
 
