@@ -40,8 +40,9 @@ class DetectionConfig:
 
 @dataclass(kw_only=True, slots=True)
 class ValidationConfig:
-    gemm_size: int = 1024
-    """Side of the square GEMM each rank times (greyhound 4.3)."""
+    gemm_size: int | None = None
+    """Side of the square GEMM each rank times (greyhound 4.3); None: the device's default
+    (1024 on CPU, 8192 on GPU)."""
     gemm_repetitions: int = 3
     gemm_serial: bool = False
     """Ranks take turns (for CPU ranks that share cores; GPUs measure at once)."""

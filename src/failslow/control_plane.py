@@ -40,9 +40,9 @@ def controller_config(
         cooldown_s=config.detection.cooldown_s,
         gemm={
             "kind": "gemm",
-            "size": validation.gemm_size,
             "repetitions": validation.gemm_repetitions,
             "serial": validation.gemm_serial,
+            **({"size": validation.gemm_size} if validation.gemm_size else {}),
         },
         link_nbytes=validation.link_mb << 20,
         link_repetitions=validation.link_repetitions,

@@ -101,7 +101,7 @@ class Session:
         if capture is not None and capture.agent is None:
             capture.attach_agent(self.store)
         if self.rank == 0:
-            self.store.set_json(JOB_KEY, self.job_record())
+            self._job = self.job_record()
             self._publisher = threading.Thread(
                 target=self._publish_steps, name="failslow-steps", daemon=True
             )
@@ -252,10 +252,13 @@ class Session:
                     plan=plan, step=None, outcome="aborted", detail=reason
                 )
 
-    # ---- rank 0: recent step times for the controller ----------------------------------------
+    # ---- rank 0: the job record and recent step times for the controller ------------------
     def _publish_steps(self) -> None:
-        published = -1
+        published, job_published = -1, False
         while not self._stop.wait(0.5):
+            if not job_published:  # the store may still be connecting: until it holds it
+                self.store.set_json(JOB_KEY, self._job)
+                job_published = self.store.get(JOB_KEY) is not None
             recent = list(self.step_times)
             if not recent or recent[-1][0] == published:
                 continue

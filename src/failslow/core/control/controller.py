@@ -162,8 +162,10 @@ class Controller:
         if relief:
             self._diagnosed_at = -math.inf  # the fail-slow is over: the next onset is new
         if self.mitigation_active is not None and self.mitigation_active():
-            due = time.time() - self._last_round >= self.config.recheck_every_s
-            if relief or due:  # is the mitigated fail-slow still there?
+            since = time.time() - self._last_round
+            due = since >= self.config.recheck_every_s
+            # a relief soon after a round is usually the plan's own effect on the step time
+            if (relief and since >= self.config.cooldown_s) or due:  # still slow?
                 self._recheck, self._onsets = True, new
                 self._enter(State.PROFILING, recheck="relief" if relief else "periodic")
                 return

@@ -81,6 +81,8 @@ class Mitigator:
         """step -> (seconds, wall time first seen) of every step rank 0 reported."""
         self._queue: collections.deque[tuple[str, Any]] = collections.deque()
         self._slow_ranks: frozenset[int] = frozenset()
+        self.in_effect: Plan | None = None
+        """The plan every rank runs now (None: the job's own even split)."""
         self._lock = threading.Lock()
 
     # ---- inputs (called from the controller's thread) ----------------------------------------
@@ -183,7 +185,9 @@ class Mitigator:
         )
 
     def _diagnosed(self, diagnosis: Diagnosis) -> None:
-        slow = frozenset(s.rank for s in diagnosis.slow_ranks) | frozenset(
+        # what the fail-slow is: its slow ranks, else the ends of its slow links (a re-validation
+        # of a compute fail-slow may add a noisy link or two; that is not a new fail-slow)
+        slow = frozenset(s.rank for s in diagnosis.slow_ranks) or frozenset(
             r for link in diagnosis.slow_links for r in (link.a, link.b)
         )
         if self.active and slow == self._slow_ranks:
@@ -210,9 +214,13 @@ class Mitigator:
                 if not isinstance(plan, MicroBatchPlan):
                     log.warning("failslow: cannot revert %s; left in effect", decision.strategy)
                     continue
-                plan = self._even_plan()
+                even = self._even_plan()
+                assert even is not None  # a revert follows a plan, which needed the topology
+                plan = even
             elif self.hooks is not None and diagnosis is not None:
                 plan = self.hooks.failslow_choose_plan(diagnosis=diagnosis, proposed=plan) or plan
+            if plan == self.in_effect or (plan == self._even_plan() and self.in_effect is None):
+                continue  # already what every rank runs
             action = Action(
                 self._clock(), decision.action, decision.strategy, plan, decision.reason
             )
@@ -220,6 +228,8 @@ class Mitigator:
             if self.hooks is not None:
                 self.hooks.failslow_on_plan(plan=plan, action=decision.action, reason=action.reason)
             action.outcome = self._dispatch(plan)
+            if action.outcome.committed:
+                self.in_effect = None if plan == self._even_plan() else plan
             if self.hooks is not None:
                 outcome = action.outcome
                 self.hooks.failslow_on_plan_result(
@@ -229,8 +239,9 @@ class Mitigator:
                     detail=outcome.reason,
                 )
 
-    def _even_plan(self) -> MicroBatchPlan:
-        assert self.topology is not None
+    def _even_plan(self) -> MicroBatchPlan | None:
+        if self.topology is None:
+            return None
         dp = self.topology.dp
         return MicroBatchPlan(counts=(self.topology.micro_batches // dp,) * dp, weights=(1.0,) * dp)
 
