@@ -1,0 +1,124 @@
+"""One rank of the DeepSpeed mitigation demo: ZeRO-1 on CPU/gloo, enabled by a config block.
+
+Run by :mod:`failslow.demo.mitigation` as ``python -m failslow.demo.ds_worker``. This is what a
+user's training script looks like with failslow: a ``"failslow"`` block in the DeepSpeed config,
+``failslow.deepspeed.initialize`` instead of ``deepspeed.initialize``, ``engine.train_batch`` per
+step. The control store comes from ``$FAILSLOW_STORE``, the rings from ``$FAILSLOW_RING_DIR``
+(both set by the launcher, as ``failslow run --controller`` does). The slowdown is injected from
+outside; the worker only records its step times and, at the end, rank 0's parameters.
+
+Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (torch.distributed rendezvous),
+FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def _skip_shm_kernel_build() -> None:
+    """Demo only: DeepSpeed's CPU accelerator JIT-compiles a shared-memory kernel (~100 s on 2
+    cores) that serves only inference all-reduce; training collectives use torch.distributed.
+    Skipping it is what DeepSpeed does on a machine without a compiler."""
+    import deepspeed.comm.torch as ds_torch
+
+    ds_torch.build_shm_op = lambda: None
+
+
+def main() -> None:
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    steps = int(os.environ.get("FAILSLOW_DEMO_STEPS", "200"))
+    per_replica = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCHES", "4"))
+    out = Path(os.environ["FAILSLOW_DEMO_OUT"])
+    torch.set_num_threads(1)
+    _skip_shm_kernel_build()
+    import deepspeed
+
+    import failslow.deepspeed
+
+    store = dist.TCPStore(
+        "127.0.0.1",
+        int(os.environ["FAILSLOW_DEMO_STORE_PORT"]),
+        world_size=world,
+        is_master=False,
+        timeout=timedelta(seconds=120),
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    deepspeed.init_distributed(dist_backend="gloo")
+
+    torch.manual_seed(0)
+    width, micro_batch = 384, 16
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 4 * width),
+        torch.nn.GELU(),
+        torch.nn.Linear(4 * width, 4 * width),
+        torch.nn.GELU(),
+        torch.nn.Linear(4 * width, width),
+    )
+    g = torch.Generator().manual_seed(1234)
+    inputs = torch.randn(4096, width, generator=g)
+    targets = torch.randn(4096, width, generator=g)
+    dataset = torch.utils.data.TensorDataset(inputs, targets)
+    ds_config = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": per_replica,
+        "train_batch_size": micro_batch * per_replica * world,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": 1},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "failslow": json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}")),
+    }
+    engine, *_ = failslow.deepspeed.initialize(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
+        config=ds_config,
+        training_data=dataset,
+    )
+    loss_fn = torch.nn.functional.mse_loss
+    step_end: list[float] = [time.time()]
+    progress = out / f"progress-rank{rank}.json"
+    for step in range(steps):
+        engine.train_batch(loss_fn=loss_fn)
+        step_end.append(time.time())
+        if rank == 0:  # the launcher's view of the job's progress (it injects by step)
+            tmp = progress.with_suffix(".tmp")
+            recent = range(max(0, step - 31), step + 1)
+            tmp.write_text(
+                json.dumps({"steps": [[s, step_end[s + 1] - step_end[s]] for s in recent]})
+            )
+            tmp.replace(progress)
+    adapter = engine.failslow
+    record = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "step_end": step_end,
+        "counts": list(adapter.counts),
+        "replica": adapter.replica,
+        "applied": [
+            [o[0], o[2], o[3]]
+            for o in (adapter.session.receiver.outcomes if adapter.session.receiver else [])
+        ],
+    }
+    (out / f"steps-rank{rank}.json").write_text(json.dumps(record))
+    if rank == 0:
+        import numpy as np
+
+        params = {n: p.detach().cpu().numpy() for n, p in engine.module.named_parameters()}
+        np.savez(out / "parameters.npz", **params)
+    adapter.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

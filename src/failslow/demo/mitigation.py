@@ -1,0 +1,244 @@
+"""``failslow demo --framework deepspeed``: a fail-slow found and mitigated with no human step.
+
+A 4-rank DeepSpeed ZeRO-1 job on CPU/gloo (:mod:`failslow.demo.ds_worker`) trains with failslow
+enabled by its config block. Beside it this launcher runs what ``failslow run --controller``
+runs - the node publisher, the controller and the mitigator (:mod:`failslow.control_plane`) -
+and, from outside, SIGSTOP/SIGCONT-cycles one rank (:class:`~failslow.faults.DutyCycleThrottle`)
+from step ``slow_start`` to ``slow_end``. Then, automatically: onset (greyhound 4.2), profiling
+and validation (4.3) naming the slow rank, the ski-rental planner buying S2 (5.2), every rank
+switching to the uneven micro-batch counts at one step boundary, and after the release a
+re-validation that reverts to the even split. The live view follows the job step by step; the
+result is a throughput table (healthy, slowed, mitigated, after), ``steps.csv`` and a plot.
+
+With ``mitigate=False`` the same job runs without a control plane (the benchmark's baseline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failslow.errors import FailslowError
+from failslow.faults import DutyCycleThrottle
+
+
+@dataclass
+class MitigationDemoOptions:
+    world_size: int = 4
+    steps: int = 260
+    slow_rank: int = 2
+    slow_start: int = 60
+    slow_end: int | None = 180
+    stopped_fraction: float = 0.75
+    micro_batches_per_replica: int = 4
+    mitigate: bool = True
+    inject: bool = True
+    """False: no slowdown at all (the reference run for parameter equality)."""
+    out_dir: Path | None = None
+    live: bool = True
+    failslow: dict[str, Any] = field(default_factory=dict)
+    """Extra settings for the job's failslow block (and the control plane)."""
+    timeout_s: float = 900.0
+
+    def validate(self) -> None:
+        if self.world_size < 2 or not 0 <= self.slow_rank < self.world_size:
+            raise FailslowError(
+                f"demo: need --world-size >= 2 and 0 <= --slow-rank < world size, got "
+                f"{self.world_size} and {self.slow_rank}"
+            )
+        end = self.slow_end if self.slow_end is not None else self.steps
+        if not 0 < self.slow_start < end <= self.steps:
+            raise FailslowError(
+                f"demo: need 0 < --slow-start < --slow-end <= --iterations, got "
+                f"{self.slow_start}, {self.slow_end}, {self.steps}"
+            )
+
+
+DEMO_SETTINGS: dict[str, Any] = {
+    # CPU ranks share 2 cores: GEMMs take turns and healthy ranks scatter up to ~1.5x, so a
+    # rank is slow at > 2x its peers; small link tests; plans decided within ~1 s
+    "detection": {"threshold": 2.0, "cooldown_s": 20.0},
+    "validation": {
+        "gemm_serial": True,
+        "link_mb": 2,
+        "recheck_every_s": 20.0,
+        "pause_timeout_s": 20.0,
+    },
+    "planner": {"strategies": ["S2"], "horizon_s": 1.0},
+}
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for k, v in extra.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+@dataclass
+class Run:
+    """What the live view and the summary read."""
+
+    options: MitigationDemoOptions
+    step: int = -1
+    step_times: dict[int, float] = field(default_factory=dict)
+    injected: tuple[int | None, int | None] = (None, None)
+    controller_state: str = "-"
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    diagnoses: list[str] = field(default_factory=list)
+
+
+def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
+    """Run the job; returns the summary (also written to ``summary.json`` in the run dir)."""
+    import torch.distributed as dist
+
+    from failslow.config import load_config
+    from failslow.control_plane import ControlPlane
+    from failslow.core.control.store import open_store
+    from failslow.demo.mitigation_report import live_view, summarize
+
+    opts.validate()
+    out = opts.out_dir or Path("runs") / time.strftime("demo-deepspeed-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    settings = _merge(DEMO_SETTINGS, opts.failslow)
+    config = load_config(settings, source="demo settings", environ={})
+    shm = Path("/dev/shm")
+    ring_dir = Path(tempfile.mkdtemp(prefix="failslow-ds-", dir=shm if shm.is_dir() else None))
+    rendezvous = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
+    )
+    control = open_store("tcp://127.0.0.1:0?master=1")
+    plane = None
+    if opts.mitigate:
+        plane = ControlPlane(
+            control, config, world_size=opts.world_size, ring_dir=ring_dir, log_dir=out
+        )
+    procs = _spawn(opts, settings, ring_dir, out, int(rendezvous.port), control.url)
+    run = Run(opts)
+    throttle: DutyCycleThrottle | None = None
+    started = time.monotonic()
+    try:
+        if plane is not None:
+            plane.start()
+        with live_view(run, enabled=opts.live) as refresh:
+            while any(p.poll() is None for p in procs):
+                failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+                if failed:
+                    raise FailslowError(f"demo: rank(s) {failed} failed; see {out}/rank-<r>.log")
+                if time.monotonic() - started > opts.timeout_s:
+                    raise FailslowError(f"demo: not done after {opts.timeout_s:.0f} s; see {out}")
+                _observe(run, out, plane)
+                if opts.inject and throttle is None and run.step >= opts.slow_start:
+                    throttle = DutyCycleThrottle(procs[opts.slow_rank].pid, opts.stopped_fraction)
+                    throttle.start()
+                    run.injected = (run.step, None)
+                end = opts.slow_end
+                if throttle is not None and throttle.active and end is not None and run.step >= end:
+                    throttle.stop()
+                    run.injected = (run.injected[0], run.step)
+                refresh()
+                time.sleep(0.2)
+            _observe(run, out, plane)
+            refresh()
+    finally:
+        if throttle is not None:
+            throttle.stop()
+        if plane is not None:
+            plane.stop()
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        control.close()
+        del rendezvous
+        shutil.rmtree(ring_dir, ignore_errors=True)
+    if any(p.returncode != 0 for p in procs):
+        raise FailslowError(f"demo: a rank failed; see {out}/rank-<r>.log")
+    return summarize(run, out)
+
+
+def _spawn(
+    opts: MitigationDemoOptions,
+    settings: dict[str, Any],
+    ring_dir: Path,
+    out: Path,
+    port: int,
+    store_url: str,
+) -> list[subprocess.Popen[bytes]]:
+    procs = []
+    for rank in range(opts.world_size):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW")}
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(opts.world_size),
+            OMP_NUM_THREADS="1",
+            DS_ACCELERATOR="cpu",
+            FAILSLOW_DEMO_STORE_PORT=str(port),
+            FAILSLOW_DEMO_STEPS=str(opts.steps),
+            FAILSLOW_DEMO_OUT=str(out),
+            FAILSLOW_DEMO_MICRO_BATCHES=str(opts.micro_batches_per_replica),
+            FAILSLOW_DEMO_CONFIG=json.dumps(settings),
+            FAILSLOW_RING_DIR=str(ring_dir),
+        )
+        if opts.mitigate:
+            env["FAILSLOW_STORE"] = store_url
+        with open(out / f"rank-{rank}.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "failslow.demo.ds_worker"],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return procs
+
+
+def _observe(run: Run, out: Path, plane: Any) -> None:
+    """The job's progress (rank 0's progress file) and what the control plane did."""
+    try:
+        record = json.loads((out / "progress-rank0.json").read_text())
+    except (OSError, ValueError):
+        record = {}
+    for step, seconds in record.get("steps", []):
+        run.step_times[int(step)] = float(seconds)
+        run.step = max(run.step, int(step) + 1)
+    if plane is not None:
+        run.controller_state = plane.controller.state.value
+        run.diagnoses = [d.to_json() for d in plane.controller.diagnoses]
+        run.actions = [
+            {
+                "action": a.action,
+                "strategy": a.strategy,
+                "counts": list(getattr(a.plan, "counts", ())),
+                "apply_step": a.outcome.apply_step if a.outcome else None,
+                "reason": a.reason
+                if a.outcome is None or a.outcome.committed
+                else a.outcome.reason,
+            }
+            for a in plane.mitigator.actions
+        ]
+
+
+def step_times_of(out: Path, world_size: int) -> np.ndarray:
+    """Per-step wall times of the job (the slowest rank's step ends; rank files at the end)."""
+    ends = []
+    for rank in range(world_size):
+        record = json.loads((out / f"steps-rank{rank}.json").read_text())
+        ends.append(np.asarray(record["step_end"]))
+    return np.diff(np.max(np.stack(ends), axis=0))

@@ -1,0 +1,159 @@
+"""Live view and results of the DeepSpeed mitigation demo (:mod:`failslow.demo.mitigation`).
+
+Phases of the run, by step: *healthy* (before the injection), *slowed* (injected, no plan yet:
+detection, validation and the planner's break-even), *mitigated* (the S2 plan in effect while the
+slowdown lasts), *after* (released). Throughput is the global batch over the job's step time
+(the slowest rank's step ends). Written to the run directory: ``summary.json``, ``steps.csv``
+and ``steps.png`` (with matplotlib).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+WARMUP_STEPS = 10  # first steps include imports settling and allocator warm-up
+
+
+@contextlib.contextmanager
+def live_view(run: Any, *, enabled: bool) -> Iterator[Callable[[], None]]:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    def table() -> Table:
+        opts = run.options
+        t = Table(title=f"failslow demo: DeepSpeed ZeRO-1, {opts.world_size} ranks (CPU/gloo)")
+        t.add_column("what")
+        t.add_column("now")
+        recent = [run.step_times[s] for s in sorted(run.step_times)[-10:]]
+        t.add_row("step", f"{max(run.step, 0)} / {opts.steps}")
+        t.add_row("step time (last 10)", f"{np.median(recent):.3f} s" if recent else "-")
+        start, end = run.injected
+        injected = "not yet"
+        if start is not None:
+            share = f"{opts.stopped_fraction:.0%}"
+            injected = f"rank {opts.slow_rank} stopped {share} from step {start}"
+            injected += f", released at step {end}" if end is not None else ""
+        t.add_row("fail-slow", injected)
+        t.add_row("controller", run.controller_state if opts.mitigate else "off (baseline)")
+        t.add_row("diagnoses", str(len(run.diagnoses)))
+        for a in run.actions:
+            t.add_row(
+                f"{a['action']} {a['strategy']}",
+                f"counts {a['counts']} from step {a['apply_step']}: {a['reason']}",
+            )
+        return t
+
+    if not enabled:
+        yield lambda: None
+        return
+    with Live(table(), console=Console(stderr=True), refresh_per_second=4) as live:
+        yield lambda: live.update(table())
+
+
+def phases(run: Any, steps: int) -> dict[str, tuple[int, int]]:
+    """[first, last) step of each phase that happened."""
+    opts = run.options
+    start = run.injected[0] if run.injected[0] is not None else opts.slow_start
+    end = run.injected[1] if run.injected[1] is not None else steps
+    applied = [a["apply_step"] for a in run.actions if a["action"] == "apply" and a["apply_step"]]
+    out = {"healthy": (WARMUP_STEPS, start)}
+    if applied and start <= applied[0] < end:
+        out["slowed"] = (start, applied[0])
+        out["mitigated"] = (applied[0], end)
+    else:
+        out["slowed"] = (start, end)
+    if end < steps:
+        out["after"] = (end, steps)
+    return {k: v for k, v in out.items() if v[1] > v[0]}
+
+
+def summarize(run: Any, out: Path) -> dict[str, Any]:
+    from failslow.demo.mitigation import step_times_of
+
+    opts = run.options
+    times = step_times_of(out, opts.world_size)
+    samples = 16 * opts.micro_batches_per_replica * opts.world_size  # ds_worker's global batch
+    rows = {}
+    for name, (a, b) in phases(run, len(times)).items():
+        median = float(np.median(times[a:b]))
+        rows[name] = {
+            "steps": [a, b],
+            "median_step_s": median,
+            "samples_per_s": samples / median,
+        }
+    healthy = rows.get("healthy", {}).get("median_step_s")
+    for row in rows.values():
+        row["vs_healthy"] = row["median_step_s"] / healthy if healthy else None
+    summary = {
+        "mitigate": opts.mitigate,
+        "world_size": opts.world_size,
+        "slow_rank": opts.slow_rank,
+        "stopped_fraction": opts.stopped_fraction,
+        "injected": list(run.injected),
+        "phases": rows,
+        "actions": run.actions,
+        "diagnoses": [json.loads(d) for d in run.diagnoses],
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = ["step,step_time_s"] + [f"{i},{t:.6f}" for i, t in enumerate(times)]
+    (out / "steps.csv").write_text("\n".join(lines) + "\n")
+    _plot(times, summary, out / "steps.png")
+    _print_table(summary)
+    return summary
+
+
+def _print_table(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="throughput by phase (median step)")
+    for col in ("phase", "steps", "step time", "samples/s", "x healthy"):
+        t.add_column(col)
+    for name, row in summary["phases"].items():
+        ratio = row["vs_healthy"]
+        t.add_row(
+            name,
+            f"{row['steps'][0]}-{row['steps'][1]}",
+            f"{row['median_step_s']:.3f} s",
+            f"{row['samples_per_s']:.0f}",
+            f"{ratio:.2f}" if ratio else "-",
+        )
+    console = Console()
+    console.print(t)
+    for a in summary["actions"]:
+        console.print(
+            f"{a['action']} {a['strategy']}: counts {a['counts']} from step {a['apply_step']}"
+            f" ({a['reason']})"
+        )
+
+
+def _plot(times: np.ndarray, summary: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    ax.plot(np.arange(len(times)), times, lw=1, color="black", label="step time")
+    colors = {"slowed": "tab:red", "mitigated": "tab:green"}
+    for name, row in summary["phases"].items():
+        if name in colors:
+            ax.axvspan(*row["steps"], color=colors[name], alpha=0.15, label=name)
+    for a in summary["actions"]:
+        if a["apply_step"]:
+            ax.axvline(a["apply_step"], ls="--", color="tab:blue")
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
