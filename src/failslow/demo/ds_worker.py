@@ -8,7 +8,8 @@ step. The control store comes from ``$FAILSLOW_STORE``, the rings from ``$FAILSL
 outside; the worker only records its step times and, at the end, rank 0's parameters.
 
 Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (torch.distributed rendezvous),
-FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica).
+FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica),
+FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
 
     torch.manual_seed(0)
-    width, micro_batch = 384, 16
+    width = int(os.environ.get("FAILSLOW_DEMO_WIDTH", "256"))
+    micro_batch = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCH_SIZE", "128"))
     model = torch.nn.Sequential(
         torch.nn.Linear(width, 4 * width),
         torch.nn.GELU(),

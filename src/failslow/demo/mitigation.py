@@ -41,6 +41,14 @@ class MitigationDemoOptions:
     slow_start: int = 60
     slow_end: int | None = 180
     stopped_fraction: float = 0.75
+    throttle_period_s: float = 0.02
+    """SIGSTOP/SIGCONT period: short, so the slow rank's collectives wait at most a few ms for
+    it (a slower processor, not an absent one: a GPU whose kernels run slower still moves its
+    NCCL traffic)."""
+    micro_batch_size: int = 128
+    width: int = 256
+    """The MLP's width: compute per micro-batch grows with micro_batch_size, the gradient
+    all-reduce with width^2 (defaults: ~80% of a healthy step is compute, as on GPUs)."""
     micro_batches_per_replica: int = 4
     mitigate: bool = True
     inject: bool = True
@@ -140,7 +148,9 @@ def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
                     raise FailslowError(f"demo: not done after {opts.timeout_s:.0f} s; see {out}")
                 _observe(run, out, plane)
                 if opts.inject and throttle is None and run.step >= opts.slow_start:
-                    throttle = DutyCycleThrottle(procs[opts.slow_rank].pid, opts.stopped_fraction)
+                    throttle = DutyCycleThrottle(
+                        procs[opts.slow_rank].pid, opts.stopped_fraction, opts.throttle_period_s
+                    )
                     throttle.start()
                     run.injected = (run.step, None)
                 end = opts.slow_end
@@ -192,6 +202,8 @@ def _spawn(
             FAILSLOW_DEMO_STEPS=str(opts.steps),
             FAILSLOW_DEMO_OUT=str(out),
             FAILSLOW_DEMO_MICRO_BATCHES=str(opts.micro_batches_per_replica),
+            FAILSLOW_DEMO_MICRO_BATCH_SIZE=str(opts.micro_batch_size),
+            FAILSLOW_DEMO_WIDTH=str(opts.width),
             FAILSLOW_DEMO_CONFIG=json.dumps(settings),
             FAILSLOW_RING_DIR=str(ring_dir),
         )

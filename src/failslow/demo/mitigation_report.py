@@ -79,7 +79,7 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
 
     opts = run.options
     times = step_times_of(out, opts.world_size)
-    samples = 16 * opts.micro_batches_per_replica * opts.world_size  # ds_worker's global batch
+    samples = opts.micro_batch_size * opts.micro_batches_per_replica * opts.world_size
     rows = {}
     for name, (a, b) in phases(run, len(times)).items():
         median = float(np.median(times[a:b]))
