@@ -14,13 +14,19 @@ launcher gets there from the outside. It starts CMD (``torchrun ...``, ``python 
 
 CMD runs in its own process group; SIGINT and SIGTERM sent to the launcher are forwarded to
 that group, and the launcher returns CMD's exit status (128 + N when a signal N ended it).
+
+The launcher is also the node agent of byterobust 6.1 (in-place hot update): CMD gets a
+``FAILSLOW_SNAPSHOT_DIR`` (node-local, the same across restarts) for its in-memory snapshots, and
+``failslow update submit --state-dir DIR`` asks the launcher to restart CMD in place with a new
+command, environment or code directory (:mod:`failslow.hot_update.agent`); ``--max-restarts``
+lets it restart CMD after failures too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,13 +34,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from failslow.errors import ConfigError, FailslowError
 from failslow.nccl_hook.capture import RING_CAPACITY_ENV, RING_DIR_ENV, STORE_ENV
 from failslow.nccl_hook.trap import PAUSE_TIMEOUT_ENV
 
+if TYPE_CHECKING:
+    from failslow.hot_update.agent import AgentOptions
+
 CAPTURE_ENV = "FAILSLOW_CAPTURE"  # the name failslow.nccl_hook.auto reads
+SNAPSHOT_DIR_ENV = "FAILSLOW_SNAPSHOT_DIR"  # where ranks commit in-memory snapshots (node-local)
+STATE_DIR_ENV = "FAILSLOW_STATE_DIR"  # the job's update history (failslow update --state-dir)
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 SHM = Path("/dev/shm")
 
@@ -53,6 +64,13 @@ class RunOptions:
     """Run the controller embedded in the launcher for a job of this many ranks (one node)."""
     threshold: float = 1.1
     """The embedded controller's slow threshold (x the peers' median; greyhound 4.3: 1.1)."""
+    state_dir: Path | None = None
+    """Where the update history lives (default: the ring directory)."""
+    snapshot_dir: Path | None = None
+    """``FAILSLOW_SNAPSHOT_DIR`` (default: ``<ring dir>/snapshots`` when that is in /dev/shm)."""
+    code_dir: Path | None = None
+    """CMD's code directory (its working directory; hot updates may replace it)."""
+    agent: AgentOptions = field(default_factory=lambda: _agent_options())
 
 
 @dataclass(slots=True)
@@ -63,6 +81,7 @@ class Launch:
     env: dict[str, str]
     ring_dir: Path
     shim: str | None
+    snapshot_dir: Path | None = None
 
 
 def default_ring_dir() -> Path:
@@ -97,6 +116,20 @@ def _check_options(options: RunOptions) -> None:
         raise ConfigError(f"--capacity must be a positive power of two, got {cap}")
     if options.pause_timeout_s is not None and not options.pause_timeout_s > 0:
         raise ConfigError(f"--pause-timeout must be > 0 seconds, got {options.pause_timeout_s}")
+    agent = options.agent
+    if agent.max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {agent.max_restarts}")
+    for name, value in (
+        ("--probation", agent.probation_s),
+        ("--update-window", agent.window_s),
+        ("--stop-timeout", agent.stop_timeout_s),
+    ):
+        if not value >= 0:
+            raise ConfigError(f"{name} must be >= 0 seconds, got {value}")
+    if not agent.poll_s > 0:
+        raise ConfigError(f"--update-poll must be > 0 seconds, got {agent.poll_s}")
+    if options.code_dir is not None and not options.code_dir.is_dir():
+        raise ConfigError(f"--code-dir {options.code_dir}: not a directory")
 
 
 def _find_executable(name: str, env: Mapping[str, str]) -> str:
@@ -124,6 +157,8 @@ def prepare(options: RunOptions, base_env: Mapping[str, str] | None = None) -> L
             f"cannot create the ring directory {ring_dir}: {exc.strerror}"
         ) from None
     env[RING_DIR_ENV] = str(ring_dir)
+    snapshot_dir = (options.snapshot_dir or default_snapshot_dir(ring_dir)).absolute()
+    env[SNAPSHOT_DIR_ENV] = str(snapshot_dir)
     if options.capacity is not None:
         env[RING_CAPACITY_ENV] = str(options.capacity)
     if options.pause_timeout_s is not None:
@@ -136,7 +171,17 @@ def prepare(options: RunOptions, base_env: Mapping[str, str] | None = None) -> L
         env[CAPTURE_ENV] = "1"
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
         env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *paths])
-    return Launch([executable, *options.command[1:]], env, ring_dir, shim)
+    return Launch([executable, *options.command[1:]], env, ring_dir, shim, snapshot_dir)
+
+
+def default_snapshot_dir(ring_dir: Path) -> Path:
+    """``<ring dir>/snapshots`` when the ring directory is in /dev/shm; else a directory in
+    /dev/shm named after the ring directory, so a relaunch with the same rings finds it again."""
+    ring_dir = ring_dir.absolute()
+    if ring_dir.is_relative_to(SHM) or not SHM.is_dir():
+        return ring_dir / "snapshots"
+    tag = hashlib.sha256(str(ring_dir).encode()).hexdigest()[:10]
+    return SHM / f"failslow-{ring_dir.name}-{tag}" / "snapshots"
 
 
 def _exit_status(returncode: int) -> int:
@@ -144,7 +189,11 @@ def _exit_status(returncode: int) -> int:
 
 
 def run(options: RunOptions) -> int:
-    """Launch, wait, return the command's exit status."""
+    """Launch, wait (restarting CMD in place for hot updates), return CMD's exit status."""
+    from failslow.hot_update.agent import Agent
+    from failslow.hot_update.history import open_history
+    from failslow.hot_update.version import Version, code_version
+
     launch = prepare(options)
     say = _stderr_line
     say(f"rings in {launch.ring_dir}")
@@ -152,40 +201,68 @@ def run(options: RunOptions) -> int:
         f"LD_PRELOAD shim: {launch.shim or 'off'}; Python hook: "
         f"{'on' if options.python_hook else 'off'}"
     )
-    spawn: dict[str, Any] = (
-        {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    state_dir = (options.state_dir or launch.ring_dir).absolute()
+    history = open_history(state_dir, create=True)
+    launch.env[STATE_DIR_ENV] = str(state_dir)
+    launcher = {"pid": os.getpid(), "started_at": time.time(), "ring_dir": str(launch.ring_dir)}
+    history.set_job("launcher", {**launcher, "snapshot_dir": str(launch.snapshot_dir)})
+    say(f"snapshots in {launch.snapshot_dir}")
+    say(f"hot updates: failslow update submit --state-dir {state_dir} ...")
+    code_dir = str(options.code_dir.absolute()) if options.code_dir else None
+    base = Version(
+        command=tuple(options.command),
+        code_dir=code_dir,
+        code_version=code_version(code_dir) if code_dir else None,
     )
     if options.controller_world_size:
         _host_control_store(launch)
-    try:
-        child = subprocess.Popen(launch.argv, env=launch.env, **spawn)
-    except OSError as exc:
-        raise FailslowError(f"cannot start {options.command[0]!r}: {exc.strerror}") from None
-
+        options.agent.world_size = options.controller_world_size
     embedded = _Embedded(options, launch) if options.controller_world_size else None
+    spawn_options: dict[str, Any] = (
+        {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    )
 
-    def forward(signum: int, _frame: Any) -> None:
+    def spawn(version: Version, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        name = version.command[0]
+        if version.code_dir and os.sep in name and not os.path.isabs(name):
+            name = os.path.join(version.code_dir, name)
+        executable = _find_executable(name, env)
         try:
-            os.killpg(child.pid, signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        if embedded is not None:
+            child = subprocess.Popen(
+                [executable, *version.command[1:]], env=env, cwd=version.code_dir, **spawn_options
+            )
+        except OSError as exc:
+            raise FailslowError(f"cannot start {version.command[0]!r}: {exc.strerror}") from None
+        if embedded is not None and embedded.plane is None:
             embedded.start()
-        returncode = child.wait()
+        return child
+
+    agent = Agent(
+        history,
+        base,
+        launch.env,
+        spawn,
+        options=options.agent,
+        store=_control.get("store"),
+        say=say,
+    )
+    try:
+        status = agent.run()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if embedded is not None:
             embedded.stop()
-    status = _exit_status(returncode)
+        history.close()
     say(
         f"{options.command[0]} exited with status {status}; rings kept in {launch.ring_dir} "
         f"(failslow export {launch.ring_dir})"
     )
     return status
+
+
+def _agent_options() -> AgentOptions:
+    from failslow.hot_update.agent import AgentOptions
+
+    return AgentOptions()
 
 
 _control: dict[str, Any] = {}
