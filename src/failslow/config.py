@@ -26,7 +26,7 @@ from failslow.errors import ConfigError
 ENV_PREFIX = "FAILSLOW__"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_ZERO_OK = ("min_gain", "cooldown_s", "microbatch_apply_s")
+_ZERO_OK = ("min_gain", "cooldown_s", "microbatch_apply_s", "every_steps")
 STORE_ENV = "FAILSLOW_STORE"
 
 
@@ -78,6 +78,18 @@ class PlannerConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    every_steps: int = 0
+    """In-memory snapshot every this many steps (byterobust 6.3); 0: off. 1 is practical."""
+    directory: str | None = None
+    """Node-local directory for snapshots and peers' backups (``/dev/shm/...``; survives a
+    restart of the processes). None: ``$FAILSLOW_SNAPSHOT_DIR`` (set by ``failslow run``),
+    else host memory of the process only."""
+    backup: bool = True
+    """Send every snapshot to a peer outside the rank's parallel groups."""
+
+
+@dataclass(kw_only=True, slots=True)
 class FailslowConfig:
     enabled: bool = True
     store: str | None = None
@@ -88,6 +100,7 @@ class FailslowConfig:
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

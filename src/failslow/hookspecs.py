@@ -140,8 +140,11 @@ def failslow_restore_state(state: dict[str, Any], step: int) -> bool | None:
 
 @hookspec(firstresult=True)
 def failslow_hot_update(code: dict[str, Any], step: int) -> bool | None:
-    """Apply a code update in place (byterobust 5.2): reload what ``code`` names and resume at
-    ``step`` with the same state. Decision hook (``firstresult``).
+    """This rank is about to stop at step boundary ``step`` for a code or config update
+    (byterobust 6.1; ``code`` names the update). Its snapshot of ``step`` is committed; flush
+    what must survive outside the training state (loggers, profilers) and return ``True``.
+    The node agent restarts the process in place with the update and the session resumes it
+    from the snapshot through ``failslow_restore_state``. Decision hook (``firstresult``).
     """
 
 

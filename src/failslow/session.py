@@ -29,7 +29,13 @@ from typing import Any
 from failslow import plugins as _plugins
 from failslow.capabilities import Capabilities, Unsupported
 from failslow.config import FailslowConfig, load_config
-from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan
+from failslow.core.planner.plans import (
+    EXIT_FOR_UPDATE,
+    MicroBatchPlan,
+    Plan,
+    StopForUpdate,
+    TopologyPlan,
+)
 from failslow.core.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -40,7 +46,9 @@ STEPS_KEY = "failslow/steps"
 _KINDS: dict[type, tuple[str, str]] = {
     MicroBatchPlan: ("microbatch_plans", "microbatch_plan"),
     TopologyPlan: ("topology_plans", "topology_plan"),
+    StopForUpdate: ("hot_update", ""),
 }
+SNAPSHOT_DIR_ENV = "FAILSLOW_SNAPSHOT_DIR"
 
 
 class Session:
@@ -70,6 +78,14 @@ class Session:
         self._stop = threading.Event()
         self._publisher: threading.Thread | None = None
         self.started = False
+        self.snapshots: Any = None
+        """The rank's :class:`~failslow.core.checkpoint.snapshot.Snapshotter` (checkpoint on)."""
+        self.backup: Any = None
+        self._holders: tuple[int, ...] | None = None
+        self.snapshot_dir: Any = None
+        self.last_snapshot: int | None = None
+        self.resumed_step: int | None = None
+        """The step this process resumed at from a snapshot (None: a fresh start)."""
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def register(self, plugin: Any, name: str | None = None) -> None:
@@ -82,6 +98,8 @@ class Session:
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if self.config.enabled:
             self._start_capture_and_store()
+            if self.config.checkpoint.every_steps:
+                self._start_snapshots()
         self.pm.hook.failslow_session_start(
             config=self.config, rank=self.rank, world_size=self.world_size
         )
@@ -135,8 +153,137 @@ class Session:
             return None
         return nccl_hook.install(ring_dir)
 
+    def _start_snapshots(self) -> None:
+        """Snapshots on (byterobust 6.3): require the adapter's support, resume from the newest
+        step every rank can restore (a restart in place after a hot update or an eviction),
+        then back every snapshot up on a peer outside the rank's parallel groups."""
+        import os
+        from pathlib import Path
+
+        from failslow.core.checkpoint.snapshot import Snapshotter
+
+        self.capabilities.require("snapshots")
+        cfg = self.config.checkpoint
+        directory = cfg.directory or os.environ.get(SNAPSHOT_DIR_ENV)
+        self.snapshot_dir = Path(directory) if directory else None
+        # three slots and waiting when busy: every rank keeps the same steps (restore agrees)
+        self.snapshots = Snapshotter(self.snapshot_dir, rank=self.rank, slots=3, on_busy="wait")
+        if self.snapshot_dir is not None:
+            self.resume()
+        if cfg.backup and self.world_size > 1:
+            if self.snapshot_dir is None:
+                log.warning("failslow: no snapshot directory, so no backups on peers")
+                return
+            from failslow.core.checkpoint.backup import BackupService
+
+            holders = self._placement()
+            after = self.resumed_step if self.resumed_step is not None else -1
+            self.backup = BackupService(
+                self.snapshots,
+                holders,
+                self.rank,
+                self.snapshot_dir,
+                every=cfg.every_steps,
+                after_step=after,
+            )
+
+    def _placement(self) -> tuple[int, ...]:
+        """Backup holders: the placement recorded by an earlier run of this job (restore must
+        find the backups where they were made), else a new one for the current topology."""
+        import json
+
+        import torch.distributed as dist
+
+        from failslow.core.checkpoint.placement import backup_holders
+
+        if self._holders is not None:
+            return self._holders
+        assert self.snapshot_dir is not None
+        path = self.snapshot_dir / "placement.json"
+        mine = json.loads(path.read_text()) if path.exists() else None
+        if mine is not None and len(mine) != self.world_size:
+            mine = None
+        found = [mine]
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            import torch
+
+            first = torch.tensor([self.rank if mine is not None else self.world_size])
+            dist.all_reduce(first, op=dist.ReduceOp.MIN)
+            if int(first) < self.world_size:
+                dist.broadcast_object_list(found, src=int(first))
+        holders = tuple(found[0]) if found[0] is not None else backup_holders(self.topology)
+        path.write_text(json.dumps(list(holders)))
+        self._holders = holders
+        return holders
+
+    def resume(self) -> int | None:
+        """Restore the newest snapshot step every rank can obtain (its own node's snapshot, or
+        the backup its holder keeps); returns the step (None: nothing to resume, fresh start)."""
+        import torch.distributed as dist
+
+        from failslow.core.checkpoint import restore
+
+        assert self.snapshot_dir is not None
+        anything = int(restore.has_committed(self.snapshot_dir, self.rank))
+        if self._agree(anything)[1] == 0:
+            return None  # a fresh job: no rank has a snapshot or a backup
+        distributed = dist.is_available() and dist.is_initialized() and self.world_size > 1
+        if distributed:
+            try:
+                found = restore.restore(
+                    rank=self.rank, holders=self._placement(), directory=self.snapshot_dir
+                )
+            except restore.RestoreError as exc:
+                raise restore.RestoreError(
+                    f"failslow: cannot resume from the snapshots in {self.snapshot_dir}: {exc} "
+                    "(remove the directory to start the job afresh)"
+                ) from None
+            step, state = found.step, found.state()
+        else:
+            loaded = self.snapshots.load()
+            if loaded is None:
+                return None
+            step, state = loaded
+        if not self.pm.hook.failslow_restore_state(state=state, step=step):
+            raise Unsupported("snapshots", "no plugin restored the snapshot")
+        self.resumed_step = step
+        log.warning("failslow: rank %d resumed from the snapshot of step %d", self.rank, step)
+        return step
+
+    def _agree(self, step: int) -> tuple[int, int]:
+        """(min, max) of ``step`` over all ranks (one all-reduce of two ints)."""
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            return step, step
+        pair = torch.tensor([-step, step], dtype=torch.int64)
+        dist.all_reduce(pair, op=dist.ReduceOp.MAX)
+        return -int(pair[0]), int(pair[1])
+
+    def snapshot(self, step: int) -> None:
+        """Start this step's snapshot (the copy runs beside the step's forward/backward)."""
+        state = self.pm.hook.failslow_snapshot_state(step=step)
+        if state is None:
+            raise Unsupported("snapshots", "no plugin returned the training state")
+        self.snapshots.start(state, step)
+        self.last_snapshot = step
+
+    def before_optimizer_step(self) -> None:
+        """The adapter calls this right before the optimizer mutates the state: the pending
+        snapshot's copy must be complete (byterobust 6.3)."""
+        if self.snapshots is not None:
+            self.snapshots.wait_consistent()
+
     def close(self) -> None:
         self._stop.set()
+        if self.snapshots is not None:
+            self.snapshots.wait_sealed(timeout_s=self.config.planner.plan_timeout_s)
+            if self.backup is not None:  # the same last step on every rank
+                self.backup.close(last_step=self.last_snapshot)
+                self.backup = None
+            self.snapshots.close()
+            self.snapshots = None
         if self.receiver is not None:
             self.receiver.stop()
         if self._publisher is not None:
@@ -178,6 +325,10 @@ class Session:
             raise Unsupported(type(plan).__name__, "no adapter hook applies this kind of plan")
         capability, hook = kind
         self.capabilities.require(capability)
+        if isinstance(plan, StopForUpdate):
+            if self.snapshots is None:
+                raise Unsupported("hot_update", "needs snapshots (checkpoint.every_steps >= 1)")
+            return
         answer = getattr(self.pm.hook, f"failslow_prepare_{hook}")(plan=plan, rank=self.rank)
         if answer is None:
             raise Unsupported(capability, f"no plugin implements failslow_prepare_{hook}")
@@ -205,8 +356,13 @@ class Session:
             self._report_outcomes()
         if plan is not None:
             self._apply(plan, step)
+        every = self.config.checkpoint.every_steps
+        if self.snapshots is not None and every and step % every == 0:
+            self.snapshot(step)
 
     def _apply(self, plan: Plan, step: int) -> None:
+        if isinstance(plan, StopForUpdate):
+            self._stop_for_update(plan, step)
         _, hook = _KINDS[type(plan)]
         error = ""
         try:
@@ -226,6 +382,28 @@ class Session:
             return
         self.current = plan
         self.pm.hook.failslow_on_plan_result(plan=plan, step=step, outcome="applied", detail="")
+
+    def _stop_for_update(self, plan: StopForUpdate, step: int) -> None:
+        """Commit a snapshot of this step on every rank, then exit for the node agent to
+        restart this process in place with the update (byterobust 6.1)."""
+        import torch.distributed as dist
+
+        self.snapshot(step)
+        self.snapshots.wait_consistent()
+        sealed = self.snapshots.wait_sealed(timeout_s=self.config.planner.plan_timeout_s)
+        if sealed != step:
+            raise RuntimeError(f"failslow: snapshot of step {step} not sealed for the update")
+        self.pm.hook.failslow_hot_update(code={"update_id": plan.update_id}, step=step)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank's snapshot is committed before any process goes
+        self.pm.hook.failslow_on_plan_result(
+            plan=plan, step=step, outcome="applied", detail="stopping for the update"
+        )
+        log.warning(
+            "failslow: rank %d stops at step %d for update %d", self.rank, step, plan.update_id
+        )
+        self.close()
+        raise SystemExit(EXIT_FOR_UPDATE)
 
     def _even_plan(self) -> MicroBatchPlan:
         topology = self.topology

@@ -25,6 +25,7 @@ _MIXINS = {
     "AbstractMicroBatchPlanTests": "failslow.conformance.microbatch",
     "AbstractPauseResumeTests": "failslow.conformance.pause",
     "AbstractCapabilityTests": "failslow.conformance.capabilities",
+    "AbstractSnapshotTests": "failslow.conformance.snapshot",
 }
 
 __all__ = ["AdapterHarness", "AdapterJob", "Collective", *_MIXINS]

@@ -112,8 +112,13 @@ class AdapterHarness:
         """Called once in each rank process after ``init_process_group("gloo")`` and the
         capture install, before the first :meth:`build` (framework-level init)."""
 
-    def build(self, layout: str, seed: int) -> AdapterJob:
-        """A fresh job for ``layout``: same ``seed``, same model and data, every time."""
+    def build(
+        self, layout: str, seed: int, failslow: Mapping[str, Any] | None = None
+    ) -> AdapterJob:
+        """A fresh job for ``layout``: same ``seed``, same model and data, every time.
+
+        ``failslow``: settings merged into the job's failslow block (the snapshot scenario
+        turns on ``checkpoint``); the harness keeps ``capture`` on."""
         raise NotImplementedError
 
     # ---- pytest side ---------------------------------------------------------------------------

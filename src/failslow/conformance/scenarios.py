@@ -15,6 +15,12 @@ three jobs are built from the same seed:
    requests the pause trap on every ring, lets them go, sees every rank park at its next
    collective, and releases them (greyhound 4.3: pause for validation, then resume).
    Invariant 6: no step lost, parameters bitwise equal to the reference's.
+4. ``snapshot`` / ``resumed`` - if the adapter supports snapshots: the reference run again with
+   an in-memory snapshot at every step boundary (byterobust 6.3) into a directory that outlives
+   the job; then the job is closed and built afresh - a restart in place, as a hot update does
+   (byterobust 6.1) - and its session resumes from the newest snapshot. Invariants 4 and 5: the
+   snapshots change nothing (bitwise equal to the reference), the new job resumes at the last
+   snapshotted step, and finishing the run from there gives bitwise the reference's parameters.
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ class LayoutRunner:
             if self.result["capabilities"]["microbatch_plans"] == "":
                 self._microbatch()
             self._pause()
+            if self.result["capabilities"]["snapshots"] == "":
+                self._snapshot()
         except Exception:
             self.result["error"] = traceback.format_exc()
             raise
@@ -134,8 +142,25 @@ class LayoutRunner:
         self._steps(job, "pause", hold=HOLD)
         job.close()
 
+    def _snapshot(self) -> None:
+        directory = self.sync / f"snapshots-{self.layout}"
+        settings = {"checkpoint": {"every_steps": 1, "directory": str(directory)}}
+        job = self.harness.build(self.layout, SEED, failslow=settings)
+        self._steps(job, "snapshot")
+        sealed = job.session.snapshots.wait_sealed(timeout_s=60.0)
+        job.close()
+        # the restart in place: a fresh job over the same directory resumes from it
+        job = self.harness.build(self.layout, SEED, failslow=settings)
+        resumed = job.session.resumed_step
+        self.result["snapshot"] = {"sealed": sealed, "resumed": resumed}
+        if resumed is not None:
+            self._steps(job, "resumed", start=resumed)
+        job.close()
+
     # ---- one run -----------------------------------------------------------------------------
-    def _steps(self, job: AdapterJob, name: str, *, expect: bool = False, hold: int = -1) -> None:
+    def _steps(
+        self, job: AdapterJob, name: str, *, expect: bool = False, hold: int = -1, start: int = 0
+    ) -> None:
         record: dict[str, Any] = {
             "windows": [],
             "session_steps": [],
@@ -145,7 +170,7 @@ class LayoutRunner:
         if expect:
             record["expected"] = []
         before = job.micro_batches_run()
-        for step in range(STEPS):
+        for step in range(start, STEPS):
             t0 = time.monotonic_ns()
             job.run_step(step)
             t1 = time.monotonic_ns()

@@ -36,6 +36,8 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    if os.environ.get("FAILSLOW_DEMO_CRASH_AT_START"):  # a bad update (hot-update tests)
+        raise SystemExit(f"rank {os.environ.get('RANK')}: crashing at start as configured")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     steps = int(os.environ.get("FAILSLOW_DEMO_STEPS", "200"))
     per_replica = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCHES", "4"))
@@ -46,14 +48,17 @@ def main() -> None:
 
     import failslow.deepspeed
 
-    store = dist.TCPStore(
-        "127.0.0.1",
-        int(os.environ["FAILSLOW_DEMO_STORE_PORT"]),
-        world_size=world,
-        is_master=False,
-        timeout=timedelta(seconds=120),
-    )
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    if "FAILSLOW_DEMO_STORE_PORT" in os.environ:  # the demo launcher's rendezvous
+        store = dist.TCPStore(
+            "127.0.0.1",
+            int(os.environ["FAILSLOW_DEMO_STORE_PORT"]),
+            world_size=world,
+            is_master=False,
+            timeout=timedelta(seconds=120),
+        )
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    else:  # torchrun's (MASTER_ADDR / MASTER_PORT)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     deepspeed.init_distributed(dist_backend="gloo")
 
     torch.manual_seed(0)
@@ -87,23 +92,32 @@ def main() -> None:
         training_data=dataset,
     )
     loss_fn = torch.nn.functional.mse_loss
+    adapter = engine.failslow
+    resumed = adapter.session.resumed_step
+    tag = os.environ.get("FAILSLOW_DEMO_LOG_TAG", "")  # a "code change" a hot update makes
+    start = "fresh" if resumed is None else f"resumed at step {resumed}"
+    print(f"{tag}rank {rank}: {start}", flush=True)
     step_end: list[float] = [time.time()]
     progress = out / f"progress-rank{rank}.json"
-    for step in range(steps):
+    first = engine.global_steps
+    for step in range(first, steps):
         engine.train_batch(loss_fn=loss_fn)
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
             tmp = progress.with_suffix(".tmp")
-            recent = range(max(0, step - 31), step + 1)
+            recent = range(max(first, step - 31), step + 1)
             tmp.write_text(
-                json.dumps({"steps": [[s, step_end[s + 1] - step_end[s]] for s in recent]})
+                json.dumps(
+                    {"steps": [[s, step_end[s - first + 1] - step_end[s - first]] for s in recent]}
+                )
             )
             tmp.replace(progress)
-    adapter = engine.failslow
     record = {
         "rank": rank,
         "pid": os.getpid(),
         "step_end": step_end,
+        "first_step": first,
+        "resumed": resumed,
         "counts": list(adapter.counts),
         "replica": adapter.replica,
         "applied": [
@@ -111,7 +125,8 @@ def main() -> None:
             for o in (adapter.session.receiver.outcomes if adapter.session.receiver else [])
         ],
     }
-    (out / f"steps-rank{rank}.json").write_text(json.dumps(record))
+    suffix = f"-{os.environ['FAILSLOW_RESTART']}" if os.environ.get("FAILSLOW_RESTART") else ""
+    (out / f"steps-rank{rank}{suffix}.json").write_text(json.dumps(record))
     if rank == 0:
         import numpy as np
 

@@ -83,7 +83,7 @@ def _regression() -> Any:
 
 
 class DeepSpeedJob(AdapterJob):
-    def __init__(self, layout: str, seed: int) -> None:
+    def __init__(self, layout: str, seed: int, settings: Mapping[str, Any] | None) -> None:
         import torch
         import torch.distributed as dist
 
@@ -115,12 +115,13 @@ class DeepSpeedJob(AdapterJob):
             "train_batch_size": MICRO_BATCH_SIZE * MICRO_BATCHES,
             "train_micro_batch_size_per_gpu": MICRO_BATCH_SIZE,
             "gradient_accumulation_steps": MICRO_BATCHES // self.dp,
-            "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+            # momentum: optimizer state a snapshot must carry (invariant 4)
+            "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}},
             "gradient_clipping": 0.0,
             "zero_optimization": {"stage": self.stage},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9,
-            "failslow": {"capture": True},
+            "failslow": {**(settings or {}), "capture": True},
         }
         self.engine, _, _, _ = failslow.deepspeed.initialize(
             model=model,
@@ -253,5 +254,7 @@ class DeepSpeedHarness(AdapterHarness):
 
         deepspeed.init_distributed(dist_backend="gloo")
 
-    def build(self, layout: str, seed: int) -> DeepSpeedJob:
-        return DeepSpeedJob(layout, seed)
+    def build(
+        self, layout: str, seed: int, failslow: Mapping[str, Any] | None = None
+    ) -> DeepSpeedJob:
+        return DeepSpeedJob(layout, seed, failslow)

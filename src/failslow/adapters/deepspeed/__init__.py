@@ -51,6 +51,7 @@ def attach(
     session = Session(cfg)
     session.register(adapter, name="deepspeed")
     adapter.session = session.start()
+    adapter.guard_optimizer_step()
     engine.failslow = adapter
     engine.train_batch = adapter.train_batch
     return adapter

@@ -17,10 +17,12 @@ run equal counts: plans are declared unsupported there.
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -31,8 +33,11 @@ from failslow.core.topology import Topology
 from failslow.data import ShareSampler, check_counts, share_loader
 from failslow.errors import ConfigError
 
-NOT_YET = "not implemented for DeepSpeed yet (in-memory checkpoints: issue 7)"
 NO_REGROUP = "DeepSpeed cannot rebuild its process groups in place"
+ZERO3_SNAPSHOT = (
+    "snapshots of ZeRO stage 3 (parameters sharded across ranks) are not implemented; "
+    "ZeRO stages 0-2 and the pipeline engine are"
+)
 
 
 def _is_pipeline(engine: Any) -> bool:
@@ -65,6 +70,7 @@ class DeepSpeedAdapter:
         self.micro_batches = engine.gradient_accumulation_steps() * self.dp
         self.counts: tuple[int, ...] = (self.micro_batches // self.dp,) * self.dp
         self.samplers: list[ShareSampler] = []
+        self._pending_samplers: list[dict[str, Any]] = []
         self._data_iter: Iterator[Any] | None = None
         world = dist.get_world_size()
         gathered: list[Any] = [None] * world
@@ -99,8 +105,8 @@ class DeepSpeedAdapter:
         return Capabilities(
             microbatch_plans=microbatch,
             topology_plans=NO_REGROUP,
-            snapshots=NOT_YET,
-            hot_update=NOT_YET,
+            snapshots=SUPPORTED if stage <= 2 else ZERO3_SNAPSHOT,
+            hot_update=SUPPORTED if stage <= 2 else ZERO3_SNAPSHOT,
         )
 
     @hookimpl
@@ -122,6 +128,64 @@ class DeepSpeedAdapter:
         for sampler in self.samplers:
             sampler.set_counts(self.counts, step=step)
         return True
+
+    @hookimpl
+    def failslow_snapshot_state(self, step: int) -> dict[str, Any]:
+        """This rank's training state by reference (the snapshotter copies it off the training
+        thread; the optimizer step waits for the copy)."""
+        self.failslow_capabilities().require("snapshots")
+        e = self.engine
+        return {
+            "module": e.module.state_dict(),
+            "optimizer": e.optimizer.state_dict() if e.optimizer is not None else None,
+            "lr_scheduler": e.lr_scheduler.state_dict() if e.lr_scheduler is not None else None,
+            "counters": [e.global_steps, e.global_samples, e.micro_steps, e.skipped_steps],
+            "counts": list(self.counts),
+            "samplers": [sampler.state_dict() for sampler in self.samplers],
+            "rng": [torch.get_rng_state(), np.random.get_state(), random.getstate()],
+            "step": step,
+        }
+
+    @hookimpl
+    def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
+        self.failslow_capabilities().require("snapshots")
+        e = self.engine
+        e.module.load_state_dict(state["module"])
+        if state["optimizer"] is not None:
+            if self.engine.zero_optimization_stage() in (1, 2):  # this rank's own partition
+                partitions = [None] * dist.get_world_size(group=e.optimizer.dp_process_group)
+                partitions[dist.get_rank(group=e.optimizer.dp_process_group)] = state["optimizer"]
+                e.optimizer.load_state_dict(partitions, load_from_fp32_weights=True)
+            else:
+                e.optimizer.load_state_dict(state["optimizer"])
+        if state["lr_scheduler"] is not None:
+            e.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        e.global_steps, e.global_samples, e.micro_steps, e.skipped_steps = state["counters"]
+        self.counts = tuple(state["counts"])
+        if self.pipeline:
+            e.micro_batches = self.counts[self.replica]
+        self._pending_samplers = list(state["samplers"])
+        torch.set_rng_state(state["rng"][0])
+        np.random.set_state(state["rng"][1])
+        random.setstate(state["rng"][2])
+        return True
+
+    @hookimpl
+    def failslow_hot_update(self, code: dict[str, Any], step: int) -> bool:
+        self.failslow_capabilities().require("hot_update")
+        return True  # the process restarts outside; its state is in the committed snapshot
+
+    def guard_optimizer_step(self) -> None:
+        """Before DeepSpeed's optimizer mutates the state (``_take_model_step``, used by both
+        engines), the pending snapshot's copy must be complete (byterobust 6.3)."""
+        take_model_step = self.engine._take_model_step
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self.session is not None:
+                self.session.before_optimizer_step()
+            return take_model_step(*args, **kwargs)
+
+        self.engine._take_model_step = guarded
 
     # ---- data --------------------------------------------------------------------------------
     def dataloader(
@@ -161,6 +225,8 @@ class DeepSpeedAdapter:
     def track(self, sampler: ShareSampler) -> None:
         """Keep a user-built :class:`ShareSampler` (steps numbered like the engine's
         ``global_steps``) in step with the plans applied here."""
+        if self._pending_samplers:  # resumed from a snapshot before the loader existed
+            sampler.load_state_dict(self._pending_samplers.pop(0))
         self.samplers.append(sampler)
 
     # ---- training ----------------------------------------------------------------------------

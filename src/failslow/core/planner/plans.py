@@ -91,9 +91,29 @@ class RerouteOrReconfigure(Plan):
     """Estimated total cost (seconds) of each option considered, for the record."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class StopForUpdate(Plan):
+    """Every rank commits an in-memory snapshot at one step boundary and exits with
+    :data:`EXIT_FOR_UPDATE`, so the node agent restarts it in place with new code or config
+    (byterobust 6.1); the restarted ranks resume from that snapshot."""
+
+    update_id: int
+    reason: str = ""
+
+
+EXIT_FOR_UPDATE = 75
+"""Exit status of a rank that stopped for a hot update (EX_TEMPFAIL)."""
+
 PLAN_TYPES: dict[str, type[Plan]] = {
     cls.__name__: cls
-    for cls in (Ignore, MicroBatchPlan, TopologyPlan, RestartPlan, RerouteOrReconfigure)
+    for cls in (
+        Ignore,
+        MicroBatchPlan,
+        TopologyPlan,
+        RestartPlan,
+        RerouteOrReconfigure,
+        StopForUpdate,
+    )
 }
 
 
