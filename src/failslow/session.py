@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -135,7 +137,6 @@ class Session:
     def _install_capture(self) -> Any:
         """The collective hook into ``$FAILSLOW_RING_DIR`` (``failslow run`` sets it), else
         ``<log_dir>/rings``; with neither, capture stays off (one warning)."""
-        import os
 
         from failslow import nccl_hook
         from failslow.nccl_hook.capture import RING_DIR_ENV
@@ -157,7 +158,6 @@ class Session:
         """Snapshots on (byterobust 6.3): require the adapter's support, resume from the newest
         step every rank can restore (a restart in place after a hot update or an eviction),
         then back every snapshot up on a peer outside the rank's parallel groups."""
-        import os
         from pathlib import Path
 
         from failslow.core.checkpoint.snapshot import Snapshotter
@@ -403,7 +403,11 @@ class Session:
             "failslow: rank %d stops at step %d for update %d", self.rank, step, plan.update_id
         )
         self.close()
-        raise SystemExit(EXIT_FOR_UPDATE)
+        # no interpreter teardown: framework threads blocked in collectives can abort it, and
+        # everything that must survive is in the committed snapshot
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FOR_UPDATE)
 
     def _even_plan(self) -> MicroBatchPlan:
         topology = self.topology

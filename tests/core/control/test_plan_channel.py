@@ -181,3 +181,24 @@ def test_horizon_covers_the_configured_time() -> None:
     assert horizon_steps(0.1, 1.0) == 10
     assert horizon_steps(5.0, 1.0) == 2  # never fewer than 2 steps
     assert horizon_steps(None, 1.0) == 8  # no step time known yet
+
+
+def test_a_restarted_rank_ignores_a_plan_decided_before_it_joined(url: str) -> None:
+    """A process restarted after a plan was decided (say, stopped for a hot update) may read
+    ``current`` late (its store still connecting): it must not take that old plan up."""
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        store.set_json(
+            "failslow/plans/1/plan",
+            {
+                "plan": {"type": "MicroBatchPlan", "counts": [1, 3], "weights": [0.5, 1.5]},
+                "horizon_steps": 3,
+            },
+        )
+        store.set_json("failslow/plans/1/decision", {"apply_step": 19})
+        rank = Rank(url, 0)
+        rank.receiver.epoch = 0  # as if ``current`` was unreadable when it started
+        store.set_json("failslow/plans/current", {"epoch": 1})
+        rank.receiver.poll()
+        assert rank.receiver.pending() is None
+        assert store.add("failslow/plans/1/acks", 0) == 0
+        rank.store.close()

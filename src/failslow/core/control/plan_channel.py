@@ -191,6 +191,8 @@ class PlanReceiver:
         record = self.store.get_json(f"{base}/plan")
         if record is None:
             return
+        if self.store.get(f"{base}/decision") is not None:
+            return  # decided before this rank joined (a restarted process): not for it
         try:
             plan = plan_from_dict(record["plan"])
             self._prepare(plan)
