@@ -29,6 +29,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.fixture
+def unused_port() -> int:
+    """A port nothing listens on (bound to 127.0.0.1:0 and released)."""
+    return free_port()
+
+
 def _ping(port: int, timeout_s: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:

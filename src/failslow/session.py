@@ -200,8 +200,11 @@ class Session:
             return self._holders
         assert self.snapshot_dir is not None
         path = self.snapshot_dir / "placement.json"
-        mine = json.loads(path.read_text()) if path.exists() else None
-        if mine is not None and len(mine) != self.world_size:
+        try:
+            mine = json.loads(path.read_text())
+        except (OSError, ValueError):
+            mine = None
+        if not isinstance(mine, list) or len(mine) != self.world_size:
             mine = None
         found = [mine]
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
@@ -212,7 +215,9 @@ class Session:
             if int(first) < self.world_size:
                 dist.broadcast_object_list(found, src=int(first))
         holders = tuple(found[0]) if found[0] is not None else backup_holders(self.topology)
-        path.write_text(json.dumps(list(holders)))
+        tmp = path.with_name(f"{path.name}.{self.rank}.tmp")  # ranks of a node share the file
+        tmp.write_text(json.dumps(list(holders)))
+        tmp.replace(path)
         self._holders = holders
         return holders
 

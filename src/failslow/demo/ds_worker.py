@@ -9,7 +9,10 @@ outside; the worker only records its step times and, at the end, rank 0's parame
 
 Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (torch.distributed rendezvous),
 FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica),
-FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH.
+FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH; for the hot-update benchmark's conventional
+baseline FAILSLOW_DEMO_DISK_CHECKPOINT (load it at start if present) and FAILSLOW_DEMO_STOP_FILE
+(when every rank sees it: ``engine.save_checkpoint`` there and end), FAILSLOW_DEMO_CRASH_AT_START
+and FAILSLOW_DEMO_LOG_TAG for the hot-update tests.
 """
 
 from __future__ import annotations
@@ -30,6 +33,16 @@ def _skip_shm_kernel_build() -> None:
     import deepspeed.comm.torch as ds_torch
 
     ds_torch.build_shm_op = lambda: None
+
+
+def _all_ranks_see(path: str) -> bool:
+    """Whether every rank sees ``path`` now (one all-reduce: all stop at the same step)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(os.path.exists(path))])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def main() -> None:
@@ -92,6 +105,10 @@ def main() -> None:
         training_data=dataset,
     )
     loss_fn = torch.nn.functional.mse_loss
+    disk = os.environ.get("FAILSLOW_DEMO_DISK_CHECKPOINT")  # the conventional way (benchmark)
+    if disk and os.path.exists(os.path.join(disk, "latest")):
+        engine.load_checkpoint(disk)
+    stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     adapter = engine.failslow
     resumed = adapter.session.resumed_step
     tag = os.environ.get("FAILSLOW_DEMO_LOG_TAG", "")  # a "code change" a hot update makes
@@ -101,6 +118,12 @@ def main() -> None:
     progress = out / f"progress-rank{rank}.json"
     first = engine.global_steps
     for step in range(first, steps):
+        if disk and stop_file and _all_ranks_see(stop_file):  # save to disk and end the job
+            engine.save_checkpoint(disk)
+            print(f"rank {rank}: saved a disk checkpoint at step {step}", flush=True)
+            dist.barrier()
+            dist.destroy_process_group()
+            return
         engine.train_batch(loss_fn=loss_fn)
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)

@@ -300,10 +300,8 @@ def test_server_dying_mid_use_raises_store_unavailable(killable) -> None:
 
 
 @pytest.mark.parametrize("scheme", BACKENDS)
-def test_unreachable_url_raises_within_the_timeout(scheme: str) -> None:
-    from conftest import free_port
-
-    url = f"{scheme}://127.0.0.1:{free_port()}" + ("/0" if scheme == "redis" else "")
+def test_unreachable_url_raises_within_the_timeout(scheme: str, unused_port: int) -> None:
+    url = f"{scheme}://127.0.0.1:{unused_port}" + ("/0" if scheme == "redis" else "")
     start = time.monotonic()
     with pytest.raises(StoreUnavailable) as info:
         open_store(url, timeout_s=1.0)
@@ -384,11 +382,9 @@ def test_resilient_store_survives_an_outage(killable, caplog) -> None:
         resilient.close()
 
 
-def test_resilient_store_starts_without_a_server(caplog) -> None:
-    from conftest import free_port
-
+def test_resilient_store_starts_without_a_server(caplog, unused_port: int) -> None:
     caplog.set_level(logging.WARNING, logger="failslow.core.control.resilient")
-    url = f"tcp://127.0.0.1:{free_port()}"
+    url = f"tcp://127.0.0.1:{unused_port}"
     resilient = ResilientStore(url, backoff_initial_s=0.01, backoff_max_s=0.05)
     try:
         for _ in range(50):
