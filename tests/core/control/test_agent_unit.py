@@ -57,3 +57,15 @@ def test_round_with_a_missed_target_is_released_at_once(store):
     assert store.get(f"failslow/validate/{epoch}/release") is not None
     for agent in agents:
         agent.stop()
+
+
+def test_a_restarted_rank_ignores_a_round_that_already_ended(store):
+    """A process restarted in place (hot update) must not park for a pause request left in
+    the store by a round that was released before it started."""
+    words: dict[str, int] = {}
+    store.set_json("failslow/validate/pause", {"epoch": 3, "group_key": 7, "call_index": 45})
+    store.set("failslow/validate/3/release", b"1")
+    agent = RankAgent(store, rank=0, set_header_word=words.__setitem__, position=lambda: (7, 0))
+    assert not agent.check_request() and words == {}
+    store.set_json("failslow/validate/pause", {"epoch": 4, "group_key": 7, "call_index": 45})
+    assert agent.check_request() and words["control"] == 4  # a new round still arms it

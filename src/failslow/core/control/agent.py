@@ -150,6 +150,8 @@ class RankAgent:
         if not request or int(request["epoch"]) <= self.epoch:
             return False
         self.epoch = int(request["epoch"])
+        if self.store.get(f"{self.prefix}/{self.epoch}/release") is not None:
+            return False  # a round that ended before this rank (a restarted process) joined
         self._counted, self._next_task = False, 0
         where = self._position() if self._position is not None else None
         if where is not None and where[0] == int(request["group_key"]):
