@@ -27,11 +27,11 @@ Tasks: ``{"kind": "gemm", ...}`` (:func:`failslow.core.validation.gemm.gemm_seco
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from failslow.core.control.polling import PollingThread
 from failslow.core.control.store import Store
 
 log = logging.getLogger(__name__)
@@ -91,33 +91,24 @@ class RankAgent:
         self.rank = rank
         self.prefix = prefix
         self._set = set_header_word
-        self._poll_s = poll_s
         self._check_every_s = check_every_s
         self.epoch = 0
         self._counted = False
         self._next_task = 0
         self._last_check = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = PollingThread(self._poll, name="failslow-agent", poll_s=poll_s)
         self._position = position
 
     def start(self) -> RankAgent:
-        self._thread = threading.Thread(target=self._poll, name="failslow-agent", daemon=True)
-        self._thread.start()
+        self._poller.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self._poller.stop()
 
     def _poll(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            try:
-                self.publish_position()
-                self.check_request()
-            except Exception:  # the agent must never take the rank down
-                log.warning("failslow: agent poll failed", exc_info=True)
+        self.publish_position()
+        self.check_request()
 
     def publish_position(self) -> None:
         """``{prefix}/progress/{rank}``: the pause group's key, the next call_index this rank

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from failslow.core.control.polling import PollingThread
 from failslow.core.control.store import Store
 from failslow.core.planner.plans import Plan, plan_from_dict, plan_to_dict
 
@@ -152,27 +153,16 @@ class PlanReceiver:
         """Plans up to this epoch were dispatched before this rank joined: not ours."""
         self._pending: _Pending | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = PollingThread(self.poll, name="failslow-plans", poll_s=poll_s)
         self.outcomes: list[tuple[int, Plan, int | None, str]] = []
         """(epoch, plan, apply step or None, abort reason) of every plan this rank decided."""
 
     def start(self) -> PlanReceiver:
-        self._thread = threading.Thread(target=self._run, name="failslow-plans", daemon=True)
-        self._thread.start()
+        self._poller.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            try:
-                self.poll()
-            except Exception:  # the receiver must never take the rank down
-                log.warning("failslow: plan receiver poll failed", exc_info=True)
+        self._poller.stop()
 
     def poll(self) -> None:
         """One poll: accept or refuse a new plan; fetch the decision of a pending one."""
