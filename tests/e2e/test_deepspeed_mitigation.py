@@ -3,10 +3,11 @@
 A 4-rank DeepSpeed ZeRO-1 job on CPU/gloo (``failslow demo --framework deepspeed``'s job) runs
 with failslow enabled by its config block; rank 2 is SIGSTOP/SIGCONT-cycled from outside
 (75% stopped, ~4x slower) from step 50 to step 110; 130 more steps (~25 s) leave room for the
-periodic re-validation (every 8 s here) that finds the fail-slow over. The control plane beside it must, by itself:
-detect the onset, pause and validate, name rank 2, buy S2 through the ski-rental planner and
-have every rank switch to fewer micro-batches on replica 2 at one step boundary; after the
-release, find every rank healthy again and switch every rank back to the even split.
+periodic re-validation (every 8 s here) that finds the fail-slow over. The control plane beside
+it must, by itself: detect the onset, pause and validate, name rank 2, buy S2 through the
+ski-rental planner and have every rank switch to fewer micro-batches on replica 2 at one step
+boundary; after the release, find every rank healthy again and switch every rank back to the
+even split.
 
 Correctness: the parameters at the end equal those of a run of the same job on the same data
 with no slowdown and no failslow control plane (invariant 2): fp32, <= 1e-6 relative - the

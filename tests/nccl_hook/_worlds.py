@@ -12,12 +12,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _rank_procs import await_ranks
 from failslow.core.events import (
     CommEvent,
     GroupInfo,
@@ -76,30 +76,12 @@ def run_world(
             sys.executable, str(HERE / "_worker.py"), scenario,
             "--rank", str(rank), "--world", str(world), "--port", str(store.port),
             "--ring-dir", str(ring_dir), "--out", str(out_dir / f"rank{rank}.json"),
-        ]
+        ]  # fmt: skip
         procs.append(subprocess.Popen(cmd, env=child_env, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout
     try:
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
+        await_ranks(procs, logs, out_dir, timeout=timeout, label=f"scenario {scenario!r}")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
         del store
-    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
-    if failed:
-        tails = "\n".join(
-            f"--- rank {r} (rc={procs[r].returncode}) ---\n"
-            + (out_dir / f"rank{r}.log").read_text()[-4000:]
-            for r in failed
-        )
-        raise AssertionError(f"scenario {scenario!r} failed on ranks {failed}:\n{tails}")
     results = []
     rings = {RingReader(p).global_rank: p for p in find_rings(ring_dir)}
     for rank in range(world):

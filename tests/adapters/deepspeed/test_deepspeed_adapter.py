@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
+from _rank_procs import await_ranks
 from failslow.data import ShareSampler
 
 HERE = Path(__file__).resolve().parent
@@ -57,28 +57,10 @@ def run_world(tmp: Path, world: int = WORLD, timeout: float = 240.0) -> list[dic
             str(tmp / f"rank{rank}.json"),
         ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout
     try:
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
+        await_ranks(procs, logs, tmp, timeout=timeout, label="DeepSpeed adapter world")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
         del store
-    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
-    if failed:
-        tails = "\n".join(
-            f"--- rank {r} (rc={procs[r].returncode}) ---\n"
-            + (tmp / f"rank{r}.log").read_text()[-4000:]
-            for r in failed
-        )
-        raise AssertionError(f"DeepSpeed adapter world failed on ranks {failed}:\n{tails}")
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
 
 
