@@ -293,9 +293,23 @@ class Session:
             self.receiver.stop()
         if self._publisher is not None:
             self._publisher.join(timeout=5.0)
+        self._stop_agent()
         if self.started:
             self.pm.hook.failslow_session_end(rank=self.rank)
             self.started = False
+
+    def _stop_agent(self) -> None:
+        """No control thread outlives the session: stop the rank agent (it polls the store)
+        and close the session's store, so nothing is inside a store call at interpreter exit."""
+        from failslow import nccl_hook
+
+        capture = nccl_hook.current()
+        if capture is not None and capture.agent is not None:
+            capture.agent.stop()
+            capture.agent = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
     # ---- what the adapter reports ------------------------------------------------------------
     @property

@@ -51,6 +51,7 @@ def _launch(tmp: Path, name: str) -> tuple[subprocess.Popen[str], Path, Path]:
     command = [
         sys.executable, "-m", "failslow.cli", "run", "--controller", "4",
         "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(state),
+        "--snapshot-dir", str(tmp / f"{name}-snapshots"),
         "--probation", "120", "--update-poll", "0.3", "--no-shim", "--",
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
         "-m", "failslow.demo.ds_worker",
