@@ -37,7 +37,8 @@ def _rank_main(args: argparse.Namespace) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     import failslow.nccl_hook as hook
-    from failslow.core.events import OpCode, RingWriter
+    from failslow.core.events import OpCode
+    from failslow.core.ring import RingWriter
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", args.port, args.world, is_master=False)

@@ -54,7 +54,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from failslow.core.events import RingReader, find_rings
+from failslow.core.ring import RingReader, find_rings
 from failslow.core.tracking import iteration_times
 from failslow.traceio import export_rings
 

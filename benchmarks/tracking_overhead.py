@@ -13,7 +13,7 @@ dispatcher's own Autograd kernel runs again and a call pays nothing of failslow;
 call in ``--check-toggle``). All ranks switch at the same step, after a barrier issued with the
 hook off; the block order alternates on/off, off/on (ABBA), so a linear drift of the machine
 cancels within each pair of rounds. Meanwhile the launcher process runs a
-:class:`failslow.core.local_analyzer.LocalAnalyzer` over the rings (ACF tracker + BOCD
+:class:`failslow.core.tracking.analyzer.LocalAnalyzer` over the rings (ACF tracker + BOCD
 detector, polled every ``--poll-interval`` s) - the "tracking" half, competing for the same
 cores as the ranks, as it would on a real node. During off blocks it keeps polling and finds
 nothing new.
@@ -67,7 +67,7 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import failslow.nccl_hook as hook
-    from failslow.core.events import RingReader
+    from failslow.core.ring import RingReader
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -137,7 +137,7 @@ def _bootstrap_mean(values: list[float], n: int = 5000, seed: int = 0) -> tuple[
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from failslow.core.local_analyzer import LocalAnalyzer
+    from failslow.core.tracking.analyzer import LocalAnalyzer
 
     per_call = json.loads(subprocess.run(  # before the world starts: nothing competes
         [sys.executable, __file__, "--check-toggle", "--json"], check=True, capture_output=True,

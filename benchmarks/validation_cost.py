@@ -35,9 +35,9 @@ def worker(rank: int, world: int, port: int, rounds: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from failslow.core.validation.gemm import gemm_seconds, slow_ranks
-    from failslow.core.validation.links import measure_links
-    from failslow.core.validation.schedules import ring_passes, tree_passes
+    from failslow.core.localize.validation.gemm import gemm_seconds, slow_ranks
+    from failslow.core.localize.validation.links import measure_links
+    from failslow.core.localize.validation.schedules import ring_passes, tree_passes
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False)

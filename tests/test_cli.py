@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from failslow.cli import main
-from failslow.core.events import GroupInfo, OpCode, RingWriter, group_key, groups_path, ring_path
+from failslow.core.events import GroupInfo, OpCode, group_key
+from failslow.core.group_files import groups_path
+from failslow.core.ring import RingWriter, ring_path
 from failslow.traceio import read_trace
 
 STEP_OPS = [

@@ -10,7 +10,7 @@ import pluggy
 import pytest
 
 import failslow
-from failslow import plugins
+from failslow import envvars, plugins
 from failslow.capabilities import Capabilities, Unsupported
 from failslow.errors import ConfigError
 
@@ -102,11 +102,11 @@ def test_entry_point_plugins_load_unless_disabled(monkeypatch: pytest.MonkeyPatc
         lambda step, step_time_s: calls.append(step)
     )
     _fake_entry_point(monkeypatch, module)
-    monkeypatch.delenv(plugins.DISABLE_AUTOLOAD_ENV, raising=False)
+    monkeypatch.delenv(envvars.DISABLE_PLUGIN_AUTOLOAD, raising=False)
     pm = plugins.plugin_manager()
     pm.hook.failslow_on_step(step=1, step_time_s=0.0)
     assert calls == [1]
-    monkeypatch.setenv(plugins.DISABLE_AUTOLOAD_ENV, "1")
+    monkeypatch.setenv(envvars.DISABLE_PLUGIN_AUTOLOAD, "1")
     plugins.plugin_manager().hook.failslow_on_step(step=2, step_time_s=0.0)
     assert calls == [1]
 
@@ -123,7 +123,7 @@ def test_a_broken_entry_point_names_the_way_out(monkeypatch: pytest.MonkeyPatch)
         entry_points = (Broken(),)
 
     monkeypatch.setattr(importlib.metadata, "distributions", lambda: [Dist()])
-    with pytest.raises(ConfigError, match=plugins.DISABLE_AUTOLOAD_ENV):
+    with pytest.raises(ConfigError, match=envvars.DISABLE_PLUGIN_AUTOLOAD):
         plugins.plugin_manager(autoload=True)
 
 

@@ -1,7 +1,11 @@
 """failslow's settings: one dataclass tree, one loader (DESIGN.md; torchtitan's config habit).
 
-Every source produces the same :class:`FailslowConfig`: the ``"failslow": {...}`` block of a
-DeepSpeed config (or any dict), environment variables and command-line overrides. Precedence,
+Each component owns its section as a kw-only, slots dataclass - ``detection`` and ``validation``
+(:mod:`failslow.core.localize.config`), ``planner`` (:mod:`failslow.core.planner.config`),
+``checkpoint`` (:mod:`failslow.core.checkpoint.config`) - and :class:`FailslowConfig` composes
+them with the job-wide settings. Every source produces the same :class:`FailslowConfig`: the
+``"failslow": {...}`` block of a DeepSpeed config (or any dict), environment variables and
+command-line overrides. Precedence,
 lowest first: defaults, the dict, the environment, explicit overrides. Unknown keys and values of
 the wrong type are rejected with one line naming the key, where it came from and what is allowed.
 
@@ -21,72 +25,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from failslow import envvars
+from failslow.core.checkpoint.config import CheckpointConfig
+from failslow.core.localize.config import DetectionConfig, ValidationConfig
+from failslow.core.planner.config import STRATEGIES, PlannerConfig
 from failslow.errors import ConfigError
 
-ENV_PREFIX = "FAILSLOW__"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _ZERO_OK = ("min_gain", "cooldown_s", "microbatch_apply_s", "every_steps")
-STORE_ENV = "FAILSLOW_STORE"
-
-
-@dataclass(kw_only=True, slots=True)
-class DetectionConfig:
-    threshold: float = 1.1
-    """A rank or group is slow at > threshold x its peers' median (greyhound 4.3)."""
-    cooldown_s: float = 30.0
-    """Onsets this soon after a diagnosis belong to the same fail-slow."""
-
-
-@dataclass(kw_only=True, slots=True)
-class ValidationConfig:
-    gemm_size: int | None = None
-    """Side of the square GEMM each rank times (greyhound 4.3); None: the device's default
-    (1024 on CPU, 8192 on GPU)."""
-    gemm_repetitions: int = 3
-    gemm_serial: bool = False
-    """Ranks take turns (for CPU ranks that share cores; GPUs measure at once)."""
-    link_mb: int = 16
-    """Bytes per O(1) ring/tree link test, in MiB."""
-    link_repetitions: int = 3
-    pause_margin_s: float = 0.3
-    pause_timeout_s: float = 60.0
-    recheck_every_s: float = 60.0
-    """While a mitigation is in effect, re-validate this often to see the fail-slow end."""
-
-
-@dataclass(kw_only=True, slots=True)
-class PlannerConfig:
-    strategies: tuple[str, ...] = ("S2", "S3", "S4")
-    """Mitigation levels the planner may buy (greyhound 5; the adapter's capabilities also
-    filter them)."""
-    min_gain: float = 0.05
-    """Skip a level whose estimated step time is not this much better than the observed one."""
-    microbatch_apply_s: float = 0.5
-    """Estimated cost of switching micro-batch plans (prepare, commit, one step boundary)."""
-    pause_s: float = 30.0
-    """Estimated pause of a topology swap."""
-    restart_s: float = 300.0
-    """Estimated restart from in-memory checkpoints without the evicted hosts."""
-    transfer_gbps: float = 100.0
-    """State transfer bandwidth between hosts, Gbit/s."""
-    plan_timeout_s: float = 60.0
-    """Every rank must accept a plan within this long, or it is aborted everywhere."""
-    horizon_s: float = 1.0
-    """A plan takes effect about this long after every rank accepted it (in steps at the
-    job's step rate, at least 2 steps): ranks never block while the decision travels."""
-
-
-@dataclass(kw_only=True, slots=True)
-class CheckpointConfig:
-    every_steps: int = 0
-    """In-memory snapshot every this many steps (byterobust 6.3); 0: off. 1 is practical."""
-    directory: str | None = None
-    """Node-local directory for snapshots and peers' backups (``/dev/shm/...``; survives a
-    restart of the processes). None: ``$FAILSLOW_SNAPSHOT_DIR`` (set by ``failslow run``),
-    else host memory of the process only."""
-    backup: bool = True
-    """Send every snapshot to a peer outside the rank's parallel groups."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -135,13 +82,53 @@ def load_config(
     env = os.environ if environ is None else environ
     for key, value in _from_env(env).items():
         _set_dotted(merged, key, value)
-        origin[key] = f"environment variable {ENV_PREFIX}{key.replace('.', '__').upper()}"
-    if STORE_ENV in env and "store" not in merged:
-        merged["store"] = env[STORE_ENV]
+        name = envvars.CONFIG_PREFIX + key.replace(".", "__").upper()
+        origin[key] = f"environment variable {name}"
+    if envvars.STORE in env and "store" not in merged:
+        merged["store"] = env[envvars.STORE]
     for key, value in (overrides or {}).items():
         _set_dotted(merged, key, value)
         origin[key] = f"override {key}"
     return _build(FailslowConfig, merged, "", origin)
+
+
+BLOCK = "failslow"
+"""The key of failslow's block in a framework's config (DeepSpeed ignores unknown keys)."""
+
+
+def block_of(framework_config: Any, *, where: str) -> tuple[Any, str]:
+    """failslow's block of a framework's config - a mapping, or the path of a JSON file - and
+    the name of its source for error messages; ``(None, ...)`` when there is none. A file that
+    is not JSON, or a config that is not a mapping, is a one-line ConfigError naming it."""
+    if isinstance(framework_config, str | os.PathLike):
+        where = f"{where} {os.fspath(framework_config)}"
+        try:
+            with open(framework_config) as fh:
+                framework_config = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{where}: cannot read it as JSON: {exc}") from exc
+    if framework_config is None:
+        return None, where
+    if not isinstance(framework_config, Mapping):
+        raise ConfigError(f"{where}: expected a dict or a JSON file path")
+    return framework_config.get(BLOCK), f"the {BLOCK!r} block of {where}"
+
+
+def load_settings_file(path: str | os.PathLike[str]) -> tuple[Any, str]:
+    """A JSON settings file: a framework config with a ``"failslow"`` block (that block), or
+    failslow's own settings (the whole file); with the source name for error messages."""
+    block, source = block_of(path, where="--config")
+    if isinstance(block, Mapping):
+        return block, source
+    with open(path) as fh:  # readable: block_of read it
+        return json.load(fh), f"--config {os.fspath(path)}"
+
+
+def as_config(settings: FailslowConfig | Mapping[str, Any] | None, source: str) -> FailslowConfig:
+    """``settings`` as a :class:`FailslowConfig` (a mapping is loaded, with the environment)."""
+    if isinstance(settings, FailslowConfig):
+        return settings
+    return load_config(settings, source=source)
 
 
 def _nested_copy(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,8 +138,8 @@ def _nested_copy(data: Mapping[str, Any]) -> dict[str, Any]:
 def _from_env(env: Mapping[str, str]) -> dict[str, str]:
     found = {}
     for name, value in env.items():
-        if name.startswith(ENV_PREFIX):
-            found[name[len(ENV_PREFIX) :].lower().replace("__", ".")] = value
+        if name.startswith(envvars.CONFIG_PREFIX):
+            found[name[len(envvars.CONFIG_PREFIX) :].lower().replace("__", ".")] = value
     return found
 
 
@@ -250,10 +237,9 @@ def _check_values(config: Any, path: str, origin: Mapping[str, str]) -> None:
                     f"{_where(origin, dotted)}: {dotted!r} must be {low}, got {value!r}"
                 )
     if isinstance(config, PlannerConfig):
-        known = ("S2", "S3", "S4")
         for name in config.strategies:
-            if name not in known:
+            if name not in STRATEGIES:
                 raise ConfigError(
                     f"{_where(origin, path + 'strategies')}: unknown strategy {name!r}; "
-                    f"allowed: {', '.join(known)}"
+                    f"allowed: {', '.join(STRATEGIES)}"
                 )

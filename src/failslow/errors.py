@@ -5,6 +5,9 @@ The CLI prints these as one line and exits with status 2; everything else is a b
 
 from __future__ import annotations
 
+EXIT_USAGE = 2
+"""Exit status of a ``failslow`` command that a user error stopped."""
+
 
 class FailslowError(Exception):
     """Base class of user-facing errors."""

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 hookspec = pluggy.HookspecMarker("failslow")
 
 # -------------------------------------------------------------------------------------------
-# Session lifecycle
+# Session lifecycle - called in every rank process, by its session (failslow.runtime.session)
 # -------------------------------------------------------------------------------------------
 
 
@@ -52,7 +52,8 @@ def failslow_session_end(rank: int) -> None:
 
 
 # -------------------------------------------------------------------------------------------
-# Adapter: what the job looks like and what it can do
+# Adapter: what the job looks like and what it can do - called in every rank process, by its
+# session (rank 0 also publishes both to the controller in the job record)
 # -------------------------------------------------------------------------------------------
 
 
@@ -75,7 +76,9 @@ def failslow_capabilities() -> Capabilities | None:
 
 
 # -------------------------------------------------------------------------------------------
-# Adapter: applying plans (two phases: prepare on every rank, then apply at one step)
+# Adapter: applying plans (two phases: prepare on every rank, then apply at one step) - called
+# in every rank process: prepare from the plan receiver's thread (or ``session.schedule``),
+# apply in the training thread at the step boundary (failslow.runtime.plan_application)
 # -------------------------------------------------------------------------------------------
 
 
@@ -118,7 +121,8 @@ def failslow_apply_topology_plan(plan: TopologyPlan, step: int) -> bool | None:
 
 
 # -------------------------------------------------------------------------------------------
-# Adapter: state (in-memory checkpoints) and hot update
+# Adapter: state (in-memory checkpoints) and hot update - called in every rank process, in the
+# training thread, by its snapshot service (failslow.runtime.snapshot_service) and session
 # -------------------------------------------------------------------------------------------
 
 
@@ -149,7 +153,8 @@ def failslow_hot_update(code: dict[str, Any], step: int) -> bool | None:
 
 
 # -------------------------------------------------------------------------------------------
-# Decisions third parties may take over
+# Decisions third parties may take over - called in the controller's process (the mitigator,
+# failslow.core.control.mitigator): ``failslow run --controller`` or ``failslow controller``
 # -------------------------------------------------------------------------------------------
 
 
@@ -162,28 +167,41 @@ def failslow_choose_plan(diagnosis: Diagnosis, proposed: Plan) -> Plan | None:
 
 
 # -------------------------------------------------------------------------------------------
-# Notifications
+# Notifications - each says which process calls it: the controller's (diagnoses, decisions and
+# their dispatch) or every rank's (what the rank did)
 # -------------------------------------------------------------------------------------------
 
 
 @hookspec
 def failslow_on_diagnosis(diagnosis: Diagnosis) -> None:
-    """A validation round named a slow rank or link. Observation hook."""
+    """A validation round named a slow rank or link. Called in the controller's process.
+    Observation hook."""
 
 
 @hookspec
 def failslow_on_plan(plan: Plan, action: str, reason: str) -> None:
     """The planner decided to ``"apply"`` or ``"revert"`` ``plan``; ``reason`` says why
-    (ski-rental break-even, relief, ...). Observation hook."""
+    (ski-rental break-even, relief, ...). Called in the controller's process. Observation
+    hook."""
 
 
 @hookspec
 def failslow_on_plan_result(plan: Plan, step: int | None, outcome: str, detail: str) -> None:
-    """A dispatched plan was ``"applied"`` (from ``step``) or ``"aborted"`` (``detail`` names the
-    rank and the reason; no rank changed anything). Observation hook."""
+    """What became of a dispatched plan; ``outcome`` is one of
+    :class:`failslow.core.control.plan_channel.PlanResult`:
+
+    - in the controller's process: ``"committed"`` (every rank accepted; it takes effect at
+      ``step``) or ``"aborted"`` (``step`` None; ``detail`` names the rank and the reason; no
+      rank changed anything);
+    - in every rank's process: ``"applied"`` (this rank runs it from ``step``), ``"rolled
+      back"`` (some rank failed to switch at ``step``; every rank went back; ``detail`` says
+      which) or ``"aborted"`` (the channel aborted it before ``step``).
+
+    Observation hook."""
 
 
 @hookspec
 def failslow_on_step(step: int, step_time_s: float) -> None:
-    """A training step ended on this rank after ``step_time_s`` seconds. Observation hook;
-    called once per step, so implementations must be cheap."""
+    """A training step ended on this rank after ``step_time_s`` seconds. Called in every rank
+    process, in the training thread, once per step, so implementations must be cheap.
+    Observation hook."""

@@ -18,12 +18,11 @@ from typing import Any
 
 import pluggy
 
-from failslow import hookspecs
+from failslow import envvars, hookspecs
 from failslow.errors import ConfigError
 
 PROJECT = "failslow"
 ENTRY_POINT_GROUP = "failslow"
-DISABLE_AUTOLOAD_ENV = "FAILSLOW_DISABLE_PLUGIN_AUTOLOAD"
 
 DEFAULT_PLUGINS: tuple[str, ...] = ("failslow.builtin.log_notifier",)
 """Modules registered in every plugin manager (each module is the plugin)."""
@@ -40,14 +39,14 @@ def plugin_manager(
     for name in DEFAULT_PLUGINS:
         pm.register(importlib.import_module(name), name=name)
     if autoload is None:
-        autoload = not os.environ.get(DISABLE_AUTOLOAD_ENV)
+        autoload = not os.environ.get(envvars.DISABLE_PLUGIN_AUTOLOAD)
     if autoload:
         try:
             pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
         except Exception as exc:
             raise ConfigError(
                 f"plugin from entry-point group {ENTRY_POINT_GROUP!r} failed to load: {exc} "
-                f"(set {DISABLE_AUTOLOAD_ENV}=1 to skip third-party plugins)"
+                f"(set {envvars.DISABLE_PLUGIN_AUTOLOAD}=1 to skip third-party plugins)"
             ) from exc
     for plugin in plugins:
         register(pm, plugin)

@@ -26,16 +26,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from failslow.core.events import (
-    RECORD_DTYPE,
-    OpCode,
-    RingFormatError,
-    RingReader,
-    _enum_or_unknown,
-    find_rings,
-    group_key,
-    read_groups,
-)
+from failslow.core.events import RECORD_DTYPE, OpCode, _enum_or_unknown, group_key
+from failslow.core.group_files import read_groups
+from failslow.core.ring import RingFormatError, RingReader, find_rings
 from failslow.errors import TraceFormatError
 
 JSONL_KEYS = ("rank", "op", "group", "nbytes", "t_start_ns", "t_end_ns")

@@ -11,20 +11,22 @@ import numpy as np
 import pytest
 
 from failslow.core.events import (
-    HEADER_DTYPE,
-    HEADER_SIZE,
     RECORD_DTYPE,
     RECORD_SIZE,
     CommEvent,
     GroupInfo,
     OpCode,
-    RingFormatError,
-    RingReader,
-    RingWriter,
     Source,
     events_to_records,
     group_key,
     records_to_events,
+)
+from failslow.core.ring import (
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    RingFormatError,
+    RingReader,
+    RingWriter,
     ring_path,
 )
 
@@ -203,7 +205,7 @@ def test_events_to_records_inverse() -> None:
 
 
 def test_group_members_merge_into_group_info_only_when_complete(tmp_path):
-    from failslow.core.events import GroupMember, merge_members, read_groups, read_members
+    from failslow.core.group_files import GroupMember, merge_members, read_groups, read_members
 
     members = [GroupMember(key=7, comm_rank=i, size=3, global_rank=10 + 2 * i) for i in (2, 0)]
     assert merge_members(members) == {}

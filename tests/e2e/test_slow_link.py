@@ -53,8 +53,8 @@ def _worker(rank: int, world: int, master: str, port: int, outdir: Path) -> None
     import torch
     import torch.distributed as dist
 
-    from failslow.core.validation.links import measure_links
-    from failslow.core.validation.schedules import ring_passes, tree_passes
+    from failslow.core.localize.validation.links import measure_links
+    from failslow.core.localize.validation.schedules import ring_passes, tree_passes
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=60)
@@ -71,7 +71,7 @@ def _worker(rank: int, world: int, master: str, port: int, outdir: Path) -> None
             time.sleep(0.02)
         t0 = time.perf_counter()
         seconds = measure_links(passes, nbytes=NBYTES, repetitions=REPETITIONS, timeout_s=60)
-        # the same shape as a "links" task's result (failslow.core.control.agent.run_task)
+        # the same shape as a "links" task's result (failslow.runtime.agent.run_task)
         result = {
             "ok": [[a, b, s] for (a, b), s in seconds.items()],
             "wall_s": time.perf_counter() - t0,
@@ -113,8 +113,8 @@ def _table(phase: str, links: dict[int, Any]) -> str:
 def test_a_tc_shaped_link_is_named(tmp_path: Path) -> None:
     from netns import BRIDGE, NetnsUnavailable, netns_network
 
-    from failslow.core.control.validator import diagnose
     from failslow.core.diagnosis.record import Kind
+    from failslow.core.localize.diagnose import diagnose
 
     stack = contextlib.ExitStack()
     try:

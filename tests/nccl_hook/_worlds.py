@@ -18,14 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from _rank_procs import await_ranks
-from failslow.core.events import (
-    CommEvent,
-    GroupInfo,
-    RingReader,
-    find_rings,
-    read_groups,
-    records_to_events,
-)
+from failslow.core.events import CommEvent, GroupInfo, records_to_events
+from failslow.core.group_files import read_groups
+from failslow.core.ring import RingReader, find_rings
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -24,7 +24,7 @@ def _run(code: str, env: dict[str, str]) -> str:
 def test_install_places_ring_and_is_idempotent(tmp_path: Path) -> None:
     code = (
         "import os, failslow.nccl_hook as h\n"
-        "from failslow.core.events import ring_path\n"
+        "from failslow.core.ring import ring_path\n"
         "c = h.install()\n"
         "assert h.install() is c\n"
         "assert c.ring_path == ring_path(os.environ['FAILSLOW_RING_DIR'], 3, os.getpid())\n"

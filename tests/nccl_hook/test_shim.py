@@ -3,7 +3,7 @@
 gcc builds a stub ``libnccl.so.2`` (pnccl* + weak nccl* like real NCCL), a consumer library
 linked to it and loaded with RTLD_LOCAL by a small C driver (the way torch loads NCCL), and the
 shim from the package sources. The driver runs under ``LD_PRELOAD=<shim>``; the assertions read
-the ring with :class:`failslow.core.events.RingReader` and the membership lines with
+the ring with :class:`failslow.core.ring.RingReader` and the membership lines with
 :func:`read_members`.
 """
 
@@ -21,17 +21,10 @@ import numpy as np
 import pytest
 
 from failslow.core import events as ev
-from failslow.core.events import (
-    DType,
-    Flags,
-    OpCode,
-    RingReader,
-    Source,
-    find_rings,
-    merge_members,
-    read_members,
-    records_to_events,
-)
+from failslow.core import ring as rg
+from failslow.core.events import DType, Flags, OpCode, Source, records_to_events
+from failslow.core.group_files import merge_members, read_members
+from failslow.core.ring import RingReader, find_rings
 
 sys.path.insert(0, str(Path(__file__).parent / "stub"))
 from shim_rig import Rig, build_rig, clean_env, have_gcc
@@ -42,7 +35,7 @@ pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD shim is Linux-only"),
 ]
 
-OFF = {name: off for name, _, off in ev.HEADER_LAYOUT}
+OFF = {name: off for name, _, off in rg.HEADER_LAYOUT}
 
 
 @pytest.fixture(scope="module")
@@ -116,18 +109,18 @@ def test_c_layout_matches_events_py(tmp_path: Path) -> None:
     got: dict[str, dict[str, tuple[int, ...]]] = {}
     for kind, name, *nums in lines:
         got.setdefault(kind, {})[name] = tuple(int(n) for n in nums)
-    for kind, layout in (("header", ev.HEADER_LAYOUT), ("record", ev.RECORD_LAYOUT)):
+    for kind, layout in (("header", rg.HEADER_LAYOUT), ("record", ev.RECORD_LAYOUT)):
         expected = {name: (off, np.dtype(fmt).itemsize) for name, fmt, off in layout}
         assert got[kind] == expected, kind
     for kind, enum in (("op", OpCode), ("dtype", DType), ("source", Source), ("flag", Flags)):
         members = enum.__members__.items()
         assert got[kind] == {name: (int(m.value),) for name, m in members}, kind
     assert got["const"] == {
-        "HEADER_SIZE": (ev.HEADER_SIZE,),
+        "HEADER_SIZE": (rg.HEADER_SIZE,),
         "RECORD_SIZE": (ev.RECORD_SIZE,),
-        "RING_MAGIC": (ev.RING_MAGIC,),
-        "RING_VERSION": (ev.RING_VERSION,),
-        "DEFAULT_CAPACITY": (ev.DEFAULT_CAPACITY,),
+        "RING_MAGIC": (rg.RING_MAGIC,),
+        "RING_VERSION": (rg.RING_VERSION,),
+        "DEFAULT_CAPACITY": (rg.DEFAULT_CAPACITY,),
     }
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from failslow import envvars
+
 pytestmark = pytest.mark.timeout(90)
 
 WORLD = 2
@@ -86,7 +88,7 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> None:
 
 def _hold_and_pause(world: dict[str, Any]) -> list[Path]:
     """Wait until both ranks stand after step HOLD, request the pause, let them go."""
-    from failslow.core.events import find_rings
+    from failslow.core.ring import find_rings
     from failslow.nccl_hook import trap
 
     sync: Path = world["sync_dir"]
@@ -116,7 +118,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def test_pause_parks_every_rank_and_resume_changes_nothing(
     reference: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    from failslow.core.events import OpCode, RingReader, records_to_events
+    from failslow.core.events import OpCode, records_to_events
+    from failslow.core.ring import RingReader
     from failslow.nccl_hook import trap
 
     world = _spawn_world(tmp_path, hold=True)
@@ -184,7 +187,8 @@ def test_targeted_pause_parks_every_rank_at_the_same_collective(
 ) -> None:
     """No handshake: ranks run freely; the controller names a group and a call_index none has
     reached, and every rank parks right before that same all-reduce."""
-    from failslow.core.events import OpCode, RingReader, find_rings, records_to_events
+    from failslow.core.events import OpCode, records_to_events
+    from failslow.core.ring import RingReader, find_rings
     from failslow.nccl_hook import trap
 
     world = _spawn_world(tmp_path, hold=False, env={"TRAP_STEP_SLEEP_S": "0.03"})
@@ -232,10 +236,10 @@ def _parking_thread(t: Any) -> tuple[Any, list[bool]]:
 
 
 def test_trap_semantics_on_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from failslow.core.events import RingWriter
+    from failslow.core.ring import RingWriter
     from failslow.nccl_hook import trap
 
-    monkeypatch.setenv(trap.PAUSE_TIMEOUT_ENV, "0.3")
+    monkeypatch.setenv(envvars.PAUSE_TIMEOUT_S, "0.3")
     ring = tmp_path / "r.ring"
     writer = RingWriter(ring, capacity=16)
     writer.write(t_start_ns=1, t_end_ns=2, nbytes=0, group_key=0, op=1)
@@ -272,7 +276,7 @@ def test_trap_semantics_on_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_controller_api_rejects_a_file_that_is_not_a_ring(tmp_path: Path) -> None:
-    from failslow.core.events import RingFormatError
+    from failslow.core.ring import RingFormatError
     from failslow.nccl_hook import trap
 
     bogus = tmp_path / "x.ring"

@@ -14,13 +14,13 @@ that world (spawned by :mod:`failslow.conformance.world`, after gloo init) it bu
 (:meth:`build`). A harness class must therefore be importable by its module path and
 constructible without arguments.
 
-What the suite needs from a job is small: the failslow :class:`~failslow.session.Session` the
-adapter drives, one global step on data the harness owns (:meth:`AdapterJob.run_step`), the
-parameters (:meth:`AdapterJob.parameters`), how many micro-batches the rank ran
-(:meth:`AdapterJob.micro_batches_run`) and, for invariant 1, the collectives one step must
-issue (:meth:`AdapterJob.expected_collectives`) - computed from the model and the layout, never
-from the capture, so the capture cannot match it by accident. Capabilities come from the
-session (``session.capabilities``), declared by the adapter.
+What the suite needs from a job is small: the failslow
+:class:`~failslow.runtime.session.Session` the adapter drives, one global step on data the
+harness owns (:meth:`AdapterJob.run_step`), the parameters (:meth:`AdapterJob.parameters`), how
+many micro-batches the rank ran (:meth:`AdapterJob.micro_batches_run`) and, for invariant 1, the
+collectives one step must issue (:meth:`AdapterJob.expected_collectives`) - computed from the
+model and the layout, never from the capture, so the capture cannot match it by accident.
+Capabilities come from the session (``session.capabilities``), declared by the adapter.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from failslow.session import Session
+    from failslow.runtime.session import Session
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,18 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from failslow.capabilities import Unsupported
-from failslow.core.planner.plans import MicroBatchPlan, TopologyPlan
-from failslow.session import Session
-
-
-def even_plan(session: Session) -> MicroBatchPlan:
-    topology = session.topology
-    even = topology.micro_batches // topology.dp
-    return MicroBatchPlan(counts=(even,) * topology.dp, weights=(1.0,) * topology.dp)
+from failslow.core.planner.allocation import even_plan
+from failslow.core.planner.plans import TopologyPlan
+from failslow.runtime.session import Session
 
 
 def _microbatch_plans(session: Session) -> None:
-    session.schedule(even_plan(session), session.step + 1)
+    session.schedule(even_plan(session.topology), session.step + 1)
 
 
 def _topology_plans(session: Session) -> None:

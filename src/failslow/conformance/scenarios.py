@@ -35,6 +35,7 @@ import numpy as np
 
 from failslow.conformance.harness import AdapterHarness, AdapterJob
 from failslow.conformance.requests import request_each
+from failslow.core.planner.allocation import loss_weights
 from failslow.core.planner.plans import MicroBatchPlan
 
 SEED = 20240607
@@ -62,8 +63,9 @@ def plan_counts(micro_batches: int, dp: int) -> dict[int, tuple[int, ...]]:
 
 
 def weighted(counts: tuple[int, ...], micro_batches: int) -> MicroBatchPlan:
-    dp = len(counts)
-    return MicroBatchPlan(counts=counts, weights=tuple(c * dp / micro_batches for c in counts))
+    """``counts`` with the weights ``m_r * D / M`` that keep the even split's gradient."""
+    assert sum(counts) == micro_batches
+    return MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
 
 
 class LayoutRunner:

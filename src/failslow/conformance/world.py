@@ -6,7 +6,7 @@ The pytest process owns the TCPStore (127.0.0.1, port 0) and starts one
 4.3: when every rank stands at the pause scenario's handshake it requests the pause trap on
 every rank's ring (:mod:`failslow.nccl_hook.trap`), lets the ranks go, waits until each one is
 parked in its next collective, checks that nothing was recorded while parked, and releases them.
-Afterwards it reads each rank's result files and its event ring (:mod:`failslow.core.events`).
+Afterwards it reads each rank's result files and its event ring (:mod:`failslow.core.ring`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,9 @@ from typing import Any
 import numpy as np
 
 from failslow.conformance.harness import AdapterHarness
-from failslow.core.events import (
-    CommEvent,
-    GroupInfo,
-    RingReader,
-    find_rings,
-    read_groups,
-    records_to_events,
-)
+from failslow.core.events import CommEvent, GroupInfo, records_to_events
+from failslow.core.group_files import read_groups
+from failslow.core.ring import RingReader, find_rings
 
 PAUSE_S = 0.5
 """How long the ranks stay parked (unpaused, a rank records a call every few ms)."""

@@ -141,8 +141,8 @@ def main() -> None:
         "step_end": step_end,
         "first_step": first,
         "resumed": resumed,
-        "counts": list(adapter.counts),
-        "replica": adapter.replica,
+        "counts": list(adapter.split.counts),
+        "replica": adapter.split.replica,
         "applied": [
             [o[0], o[2], o[3]]
             for o in (adapter.session.receiver.outcomes if adapter.session.receiver else [])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from failslow.core.local_analyzer import LocalAnalyzer
+from failslow.core.tracking.analyzer import LocalAnalyzer
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
 

@@ -2,7 +2,7 @@
 
 A 4-rank DeepSpeed ZeRO-1 job on CPU/gloo (:mod:`failslow.demo.ds_worker`) trains with failslow
 enabled by its config block. Beside it this launcher runs what ``failslow run --controller``
-runs - the node publisher, the controller and the mitigator (:mod:`failslow.control_plane`) -
+runs - the node publisher, the controller and the mitigator (:mod:`failslow.node.control`) -
 and, from outside, SIGSTOP/SIGCONT-cycles one rank (:class:`~failslow.faults.DutyCycleThrottle`)
 from step ``slow_start`` to ``slow_end``. Then, automatically: onset (greyhound 4.2), profiling
 and validation (4.3) naming the slow rank, the ski-rental planner buying S2 (5.2), every rank
@@ -112,9 +112,8 @@ def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
     import torch.distributed as dist
 
     from failslow.config import load_config
-    from failslow.control_plane import ControlPlane
-    from failslow.core.control.store import open_store
     from failslow.demo.mitigation_report import live_view, summarize
+    from failslow.node.control import JobControl, host_store
 
     opts.validate()
     out = opts.out_dir or Path("runs") / time.strftime("demo-deepspeed-%Y%m%d-%H%M%S")
@@ -126,10 +125,10 @@ def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
     rendezvous = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
     )
-    control = open_store("tcp://127.0.0.1:0?master=1")
+    control = host_store()
     plane = None
     if opts.mitigate:
-        plane = ControlPlane(
+        plane = JobControl(
             control, config, world_size=opts.world_size, ring_dir=ring_dir, log_dir=out
         )
     procs = _spawn(opts, settings, ring_dir, out, int(rendezvous.port), control.url)

@@ -15,12 +15,12 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from failslow.core.events import RingReader, find_rings
+from failslow.core.ring import RingReader, find_rings
 from failslow.core.tracking import iteration_times
 from failslow.traceio import export_rings
 
 if TYPE_CHECKING:
-    from failslow.core.local_analyzer import LocalAnalyzer
+    from failslow.core.tracking.analyzer import LocalAnalyzer
     from failslow.demo.launcher import DemoState
 
 console = Console()

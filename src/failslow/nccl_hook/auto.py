@@ -12,14 +12,13 @@ import os
 import runpy
 import sys
 
-from failslow.nccl_hook.capture import RING_DIR_ENV, Capture, install
-
-CAPTURE_ENV = "FAILSLOW_CAPTURE"
+from failslow import envvars
+from failslow.nccl_hook.capture import Capture, install
 
 
 def autoinstall() -> Capture | None:
     """Install the hook if the environment asks for it; returns the capture or None."""
-    if os.environ.get(CAPTURE_ENV) == "1" and os.environ.get(RING_DIR_ENV):
+    if os.environ.get(envvars.CAPTURE) == "1" and os.environ.get(envvars.RING_DIR):
         return install()
     return None
 

@@ -30,27 +30,20 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from failslow.core.events import (
-    DEFAULT_CAPACITY,
-    Flags,
-    OpCode,
-    RingWriter,
-    Source,
-    groups_path,
-    ring_path,
-)
+from failslow import envvars
+from failslow.core.events import Flags, OpCode, Source
+from failslow.core.group_files import groups_path
+from failslow.core.ring import DEFAULT_CAPACITY, RingWriter, ring_path
 from failslow.nccl_hook.c10d_ops import OP_SPECS, OpSpec, payload_dtype
 from failslow.nccl_hook.groups import GroupEntry, GroupTable, backend_name_of, group_ranks_of
 from failslow.nccl_hook.trap import Trap
 
 log = logging.getLogger(__name__)
 
-RING_DIR_ENV = "FAILSLOW_RING_DIR"
-STORE_ENV = "FAILSLOW_STORE"  # a control store URL: attach a rank agent (control/agent.py)
-RING_CAPACITY_ENV = "FAILSLOW_RING_CAPACITY"
 _NEVER_POLLED = frozenset({OpCode.REDUCE_SCATTER, OpCode.REDUCE_SCATTER_COALESCED})
 
 
@@ -62,7 +55,7 @@ def shim_active(ring_dir: Path) -> bool:
         loaded = hasattr(ctypes.CDLL(None), "failslow_shim_version")
     except OSError:
         return False
-    env = os.environ.get(RING_DIR_ENV)
+    env = os.environ.get(envvars.RING_DIR)
     return loaded and env is not None and Path(env).resolve() == Path(ring_dir).resolve()
 
 
@@ -83,11 +76,13 @@ class Capture:
         self._open_lock = threading.Lock()
         self._watcher = _Watcher(self)
         self.defer_nccl = False
-        self.global_rank = -1
-        self.agent: Any = None
-        self._world_name: str | None = None
-        self.world_calls: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=256)
         """True when the C shim records this process's NCCL calls (they are skipped here)."""
+        self.global_rank = -1
+        self._world_name: str | None = None
+        self.pause_calls: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=256)
+        """Recent ``(call_index, token, t_start_ns)`` of the pause group's calls (read-only for
+        others: the rank runtime finds the iteration's phase in them, control/phase.py)."""
+        self._ring_listeners: list[Callable[[Capture], None]] = []
         if global_rank is not None:
             self._open(global_rank)
 
@@ -107,51 +102,28 @@ class Capture:
             self.ring_path = path
             self.global_rank = global_rank
             self.groups.set_path(groups_path(path))
-        url = os.environ.get(STORE_ENV)
-        if url and self.agent is None:
-            from failslow.core.control.resilient import ResilientStore
+            listeners = list(self._ring_listeners)
+        for listener in listeners:
+            self._notify(listener)
 
-            try:
-                self.attach_agent(ResilientStore(url))
-            except Exception:  # monitoring must never stop training
-                log.warning("failslow: no control agent (store %s)", url, exc_info=True)
+    def on_ring(self, listener: Callable[[Capture], None]) -> None:
+        """Call ``listener(capture)`` once the ring exists (at once if it does already): the
+        global rank is known then, and so is the trap (the rank runtime attaches its control
+        there, :mod:`failslow.runtime.rank_control`)."""
+        with self._open_lock:
+            ready = self.writer is not None
+            if not ready:
+                self._ring_listeners.append(listener)
+        if ready:
+            self._notify(listener)
 
-    def attach_agent(self, store: Any, **options: Any) -> Any:
-        """Start a :class:`~failslow.core.control.agent.RankAgent` on this process's trap.
+    def _notify(self, listener: Callable[[Capture], None]) -> None:
+        try:
+            listener(self)
+        except Exception:  # whatever sits on top of capture must never stop training
+            log.warning("failslow: ring listener %r failed", listener, exc_info=True)
 
-        Needs the ring (the global rank known): call after ``init_process_group`` or pass
-        ``global_rank`` to :func:`install`. With ``$FAILSLOW_STORE`` set (``failslow run
-        --controller`` sets it), the ring's creation attaches one automatically.
-        """
-        import torch.distributed as dist
-
-        from failslow.core.control.agent import RankAgent
-        from failslow.core.control.phase import iteration_phase
-
-        writer = self.writer if self.writer is not None else self._ensure_writer()
-        if writer is None or self.trap is None:
-            raise RuntimeError("attach_agent: no ring yet; pass global_rank or init first")
-
-        def world_position() -> tuple[int, ...] | None:
-            if not dist.is_initialized():
-                return None
-            entry = self._pause_group(dist.get_world_size())
-            if entry is None:
-                return None
-            phase = iteration_phase(list(self.world_calls))
-            return (entry.key, entry.calls.peek(), *(phase or ()))
-
-        options.setdefault("position", world_position)
-        if self.agent is not None:
-            self.agent.stop()
-        agent = RankAgent(
-            store, rank=self.global_rank, set_header_word=writer.set_header_word, **options
-        )
-        self.trap.on_parked = agent.while_parked
-        self.agent = agent
-        return agent.start()
-
-    def _pause_group(self, world_size: int) -> GroupEntry | None:
+    def pause_group(self, world_size: int) -> GroupEntry | None:
         """The group every rank pauses on: the busiest one spanning all ranks (WORLD, or the
         data-parallel group a framework created over the same ranks - DeepSpeed's gradient
         all-reduce never touches WORLD). Every rank of a synchronous job calls such groups
@@ -162,10 +134,11 @@ class Capture:
         entry = max(spanning, key=lambda e: (e.calls.peek(), e.key))
         if entry.name != self._world_name:
             self._world_name = entry.name
-            self.world_calls.clear()  # the phase is of the new group's call sequence
+            self.pause_calls.clear()  # the phase is of the new group's call sequence
         return entry
 
-    def _ensure_writer(self) -> RingWriter | None:
+    def ensure_ring(self) -> RingWriter | None:
+        """The ring writer, opening it now if the default process group already exists."""
         if self.writer is None:
             import torch.distributed as dist
 
@@ -191,7 +164,7 @@ class Capture:
         c10d._new_process_group_helper = self._wrap_helper(self._orig_helper)
         self.active = True
         if c10d.is_initialized():
-            self._ensure_writer()
+            self.ensure_ring()
             for pg in list(c10d._world.pg_group_ranks):
                 self._entry_for(pg)
 
@@ -315,7 +288,7 @@ class Capture:
         pg_cls: Any,
         work_cls: Any,
     ) -> None:
-        writer = self._ensure_writer()
+        writer = self.ensure_ring()
         if writer is None:
             return
         entry = self._entry_for(pg_cls.unbox(args[spec.pg_arg]))
@@ -339,7 +312,7 @@ class Capture:
             call_index=next(entry.calls),
         )
         if entry.name == self._world_name:  # the pause group's recent calls (control/phase.py)
-            self.world_calls.append(
+            self.pause_calls.append(
                 (fields["call_index"], spec.op * 1_000_003 + fields["nbytes"], t_start)
             )
         if out is None:  # the call raised
@@ -485,15 +458,15 @@ def install(
     """
     global _capture
     if ring_dir is None:
-        ring_dir = os.environ.get(RING_DIR_ENV) or (_capture.ring_dir if _capture else None)
+        ring_dir = os.environ.get(envvars.RING_DIR) or (_capture.ring_dir if _capture else None)
         if ring_dir is None:
             raise ValueError(
                 "failslow.nccl_hook.install: no ring directory; "
-                f"pass ring_dir or set ${RING_DIR_ENV}"
+                f"pass ring_dir or set ${envvars.RING_DIR}"
             )
     directory = Path(ring_dir).resolve()
     if capacity is None:
-        text = os.environ.get(RING_CAPACITY_ENV, "").strip()
+        text = os.environ.get(envvars.RING_CAPACITY, "").strip()
         capacity = int(text) if text else DEFAULT_CAPACITY
     with _lock:
         if _capture is not None and _capture.ring_dir != directory:

@@ -31,11 +31,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from failslow.core.events import DEFAULT_CAPACITY, HEADER_SIZE, RECORD_SIZE
+from failslow import envvars
+from failslow.core.events import RECORD_SIZE
+from failslow.core.ring import DEFAULT_CAPACITY, HEADER_SIZE
 from failslow.errors import FailslowError
 from failslow.nccl_hook.elf import ElfInfo, read_elf
 
-NCCL_LIB_ENV = "FAILSLOW_NCCL_LIB"
 NCCL_SONAME = "libnccl.so.2"
 SHM_MIN_FREE = 256 << 20
 
@@ -184,16 +185,16 @@ def _nccl_candidates(torch_dir: Path | None, report: Report) -> list[tuple[str, 
 
 
 def _locate_nccl(torch_dir: Path | None, report: Report) -> Path | None:
-    override = os.environ.get(NCCL_LIB_ENV, "").strip()
+    override = os.environ.get(envvars.NCCL_LIB, "").strip()
     candidates = _nccl_candidates(torch_dir, report)
     report.nccl["candidates"] = [{"found_by": how, "path": str(p)} for how, p in candidates]
     if override:
         path = Path(override)
-        report.nccl.update(path=str(path), found_by=f"${NCCL_LIB_ENV}")
+        report.nccl.update(path=str(path), found_by=f"${envvars.NCCL_LIB}")
         if not path.is_file():
-            report.add("nccl", "error", f"${NCCL_LIB_ENV}={override} is not a file")
+            report.add("nccl", "error", f"${envvars.NCCL_LIB}={override} is not a file")
             return None
-        report.add("nccl", "ok", f"NCCL: {path} (from ${NCCL_LIB_ENV})")
+        report.add("nccl", "ok", f"NCCL: {path} (from ${envvars.NCCL_LIB})")
         return path
     cuda = report.torch.get("cuda")
     static = report.nccl.get("static_in")
@@ -220,7 +221,7 @@ def _locate_nccl(torch_dir: Path | None, report: Report) -> Path | None:
                 "error",
                 f"torch is a CUDA {cuda} build but no {NCCL_SONAME} was "
                 f"found (looked in torch's RUNPATH, site-packages/nvidia/nccl/lib, "
-                f"torch/lib, $LD_LIBRARY_PATH, ldconfig); set ${NCCL_LIB_ENV}",
+                f"torch/lib, $LD_LIBRARY_PATH, ldconfig); set ${envvars.NCCL_LIB}",
             )
         else:
             report.add(

@@ -5,7 +5,7 @@ GlobalAnalyzer can line up one group's calls across ranks and form comparable cl
 (greyhound 4.3). The key is :func:`failslow.core.events.group_key` over torch's group name
 (identical on every member: torch derives its store prefixes from it) and the global ranks in
 group order. Each group is published once as a :class:`~failslow.core.events.GroupInfo` JSON
-line beside the ring (:func:`failslow.core.events.groups_path`).
+line beside the ring (:func:`failslow.core.group_files.groups_path`).
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from failslow.core.events import (
+from failslow import envvars
+from failslow.core.ring import (
     HEADER_SIZE,
     HEADER_WORDS,
     RING_MAGIC,
@@ -52,7 +53,6 @@ from failslow.core.events import (
 
 log = logging.getLogger(__name__)
 
-PAUSE_TIMEOUT_ENV = "FAILSLOW_PAUSE_TIMEOUT_S"
 DEFAULT_PAUSE_TIMEOUT_S = 60.0
 POLL_S = 0.0005  # sleep between polls of the control word while parked
 
@@ -151,7 +151,7 @@ def wait_parked(ring: str | os.PathLike[str], timeout_s: float, poll_s: float = 
 # -- rank side ------------------------------------------------------------------------------------
 def pause_timeout_s() -> float:
     """``$FAILSLOW_PAUSE_TIMEOUT_S`` as seconds (the default when unset or not a number > 0)."""
-    text = os.environ.get(PAUSE_TIMEOUT_ENV, "").strip()
+    text = os.environ.get(envvars.PAUSE_TIMEOUT_S, "").strip()
     if not text:
         return DEFAULT_PAUSE_TIMEOUT_S
     try:
@@ -161,7 +161,7 @@ def pause_timeout_s() -> float:
     if not value > 0:
         log.warning(
             "failslow: $%s=%r is not a number of seconds > 0; using %s",
-            PAUSE_TIMEOUT_ENV,
+            envvars.PAUSE_TIMEOUT_S,
             text,
             DEFAULT_PAUSE_TIMEOUT_S,
         )

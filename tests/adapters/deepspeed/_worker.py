@@ -81,7 +81,7 @@ def run_plain(stage: int) -> dict[str, Any]:
     """Reference: DeepSpeed's own loop on the even split (engine, backward, step G times)."""
     import deepspeed
 
-    from failslow.data import share_loader
+    from failslow.adapters.common.data import share_loader
 
     seen: list[list[int]] = []
     model = Net(seen)
@@ -106,8 +106,8 @@ def run_plain(stage: int) -> dict[str, Any]:
 
 def run_failslow(stage: int, counts: tuple[int, ...]) -> dict[str, Any]:
     import failslow.deepspeed
+    from failslow.adapters.common.data import ShareSampler
     from failslow.core.planner.plans import MicroBatchPlan
-    from failslow.data import ShareSampler
 
     seen: list[list[int]] = []
     model = Net(seen)
@@ -212,8 +212,8 @@ def run_pipe(counts: tuple[int, ...] | None) -> dict[str, Any]:
     import deepspeed
 
     import failslow.deepspeed
+    from failslow.adapters.common.data import share_loader
     from failslow.core.planner.plans import MicroBatchPlan
-    from failslow.data import share_loader
 
     seen: list[list[int]] = []
     model = pipe_module(seen)

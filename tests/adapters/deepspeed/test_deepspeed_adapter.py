@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from _rank_procs import await_ranks
-from failslow.data import ShareSampler
+from failslow.adapters.common.data import ShareSampler
 
 HERE = Path(__file__).resolve().parent
 WORLD = 4

@@ -164,6 +164,7 @@ def _rank_main(rank: int, port: int, url: str, ring_dir: str, out: str) -> None:
 
     import failslow.nccl_hook as hook
     from failslow.core.control.resilient import ResilientStore
+    from failslow.runtime import rank_control
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -172,7 +173,7 @@ def _rank_main(rank: int, port: int, url: str, ring_dir: str, out: str) -> None:
     dist.init_process_group(
         "gloo", store=store, rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=20)
     )
-    agent = capture.attach_agent(ResilientStore(url), poll_s=0.05)
+    agent = rank_control.attach(capture, ResilientStore(url), poll_s=0.05)
     param = torch.linspace(-1.0, 1.0, 1024)
     for step in range(STEPS):
         grad = torch.sin(param * (rank + 1) + step)

@@ -30,13 +30,14 @@ SLOW = 2
 
 def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
 
-    from failslow.core.control.controller import Controller, ControllerConfig, State
-    from failslow.core.control.publisher import NodePublisher
+    from failslow.core.control.controller import Controller, State
     from failslow.core.control.store import open_store
     from failslow.core.diagnosis.record import Kind
-    from failslow.core.events import find_rings
-    from failslow.core.local_analyzer import LocalAnalyzer
+    from failslow.core.localize.config import DetectionConfig, ValidationConfig
+    from failslow.core.ring import find_rings
+    from failslow.core.tracking.analyzer import LocalAnalyzer
     from failslow.faults import DutyCycleThrottle
+    from failslow.node.publisher import NodePublisher
 
     control = open_store("tcp://127.0.0.1:0?master=1")
     url = f"tcp://127.0.0.1:{control.port}"  # type: ignore[attr-defined]
@@ -49,19 +50,18 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
     )
     throttle = DutyCycleThrottle(procs[SLOW].pid, stopped_fraction=0.75, period_s=0.02)
     diagnosed: list = []
-    config = ControllerConfig(
+    settings = dict(
         world_size=WORLD,
         log_dir=tmp_path / "logs",
-        threshold=2.0,
-        gemm={
-            "kind": "gemm",
-            "size": 1536,
-            "dtypes": ["float32"],
-            "repetitions": 5,
-            "serial": True,
-        },
-        link_nbytes=8 << 20,
-        link_repetitions=5,
+        detection=DetectionConfig(threshold=2.0),
+        validation=ValidationConfig(
+            gemm_size=1536,
+            gemm_dtypes=("float32",),
+            gemm_repetitions=5,
+            gemm_serial=True,
+            link_mb=8,
+            link_repetitions=5,
+        ),
     )
     done = threading.Event()
     try:
@@ -78,7 +78,7 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
             if onset_iteration is None and publisher.iterations.get(SLOW, 0) >= 120:
                 # the controller starts with the fault: warm-up noise on a shared machine is
                 # not what this test is about (the detector's false alarms are benchmarked)
-                controller = Controller(control, config, on_diagnosis=diagnosed.append)
+                controller = Controller(control, **settings, on_diagnosis=diagnosed.append)
                 ctl = threading.Thread(target=controller.run, args=(done.is_set,), daemon=True)
                 ctl.start()
                 onset_iteration = publisher.iterations[SLOW]
@@ -134,6 +134,7 @@ def _rank_main(rank: int, port: int, url: str, ring_dir: str, stop_file: str) ->
 
     import failslow.nccl_hook as hook
     from failslow.core.control.resilient import ResilientStore
+    from failslow.runtime import rank_control
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -141,7 +142,7 @@ def _rank_main(rank: int, port: int, url: str, ring_dir: str, stop_file: str) ->
     capture = hook.install(ring_dir, global_rank=rank)
     store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
-    agent = capture.attach_agent(ResilientStore(url), poll_s=0.05)
+    agent = rank_control.attach(capture, ResilientStore(url), poll_s=0.05)
     w = torch.randn(256, 256) / 16
     x = torch.randn(64, 256)
     bias = torch.zeros(1024)

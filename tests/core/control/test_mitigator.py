@@ -13,7 +13,8 @@ import pytest
 from test_plan_channel import CONNECT_S, Rank, _ranks, _stop
 
 from failslow.config import load_config
-from failslow.core.control.mitigator import JOB_KEY, STEPS_KEY, Mitigator
+from failslow.core.control import keys
+from failslow.core.control.mitigator import Mitigator
 from failslow.core.control.store import Store, open_store
 from failslow.core.diagnosis.record import Diagnosis, Kind, SlowRank
 from failslow.core.planner.plans import MicroBatchPlan
@@ -35,9 +36,9 @@ def url() -> Iterator[str]:
 
 
 def _job(store: Store, capabilities: dict[str, str]) -> None:
-    store.set_json(JOB_KEY, {"topology": TOPOLOGY.to_dict(), "capabilities": capabilities})
+    store.set_json(keys.JOB, {"topology": TOPOLOGY.to_dict(), "capabilities": capabilities})
     healthy = [[s, 0.1] for s in range(20)]
-    store.set_json(STEPS_KEY, {"steps": healthy})
+    store.set_json(keys.STEPS, {"steps": healthy})
 
 
 def _diagnosis() -> Diagnosis:
@@ -56,12 +57,12 @@ def test_diagnosis_buys_s2_and_relief_reverts_to_the_even_split(url: str) -> Non
     ranks = _ranks(url, 4)
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
-        mitigator = Mitigator(store, config, world_size=4)
+        mitigator = Mitigator(store, config.planner, world_size=4)
         mitigator.tick()  # the healthy steps are seen before the onset
         diagnosis = _diagnosis()
         time.sleep(0.01)
         # slow steps since the onset: their excess pays for the plan (ski-rental, Alg. 1)
-        store.set_json(STEPS_KEY, {"steps": [[s, 0.3] for s in range(20, 30)]})
+        store.set_json(keys.STEPS, {"steps": [[s, 0.3] for s in range(20, 30)]})
         mitigator.tick()
         mitigator.on_diagnosis(diagnosis)
         mitigator.tick()
@@ -93,10 +94,10 @@ def test_nothing_is_planned_that_the_adapter_cannot_apply(url: str) -> None:
     config = load_config({}, environ={})
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, {**SUPPORTED, "microbatch_plans": "ZeRO-3 reduces every micro-step"})
-        mitigator = Mitigator(store, config, world_size=4)
+        mitigator = Mitigator(store, config.planner, world_size=4)
         mitigator.tick()
         mitigator.on_diagnosis(_diagnosis())
-        store.set_json(STEPS_KEY, {"steps": [[s, 0.3] for s in range(20, 30)]})
+        store.set_json(keys.STEPS, {"steps": [[s, 0.3] for s in range(20, 30)]})
         mitigator.tick()
     assert mitigator.actions == []
     assert mitigator.planner is not None and mitigator.planner.ski.candidates() == ()
@@ -104,8 +105,8 @@ def test_nothing_is_planned_that_the_adapter_cannot_apply(url: str) -> None:
 
 def test_no_job_record_means_no_plan(url: str) -> None:
     with open_store(url, timeout_s=CONNECT_S) as store:
-        mitigator = Mitigator(store, load_config({}, environ={}), world_size=4)
-        store.set_json(STEPS_KEY, {"steps": [[0, 0.1], [1, 0.1], [2, 0.1]]})
+        mitigator = Mitigator(store, load_config({}, environ={}).planner, world_size=4)
+        store.set_json(keys.STEPS, {"steps": [[0, 0.1], [1, 0.1], [2, 0.1]]})
         mitigator.tick()
         mitigator.on_diagnosis(_diagnosis())
         mitigator.tick()

@@ -35,10 +35,12 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 def test_round_pauses_validates_diagnoses_and_resumes(tmp_path: Path) -> None:
 
     from failslow.core.control.store import open_store
-    from failslow.core.control.validator import diagnose, validation_round
+    from failslow.core.control.validator import validation_round
     from failslow.core.diagnosis.record import Kind
-    from failslow.core.events import OpCode, RingReader, find_rings, records_to_events
-    from failslow.core.validation.schedules import ring_passes, tree_passes
+    from failslow.core.events import OpCode, records_to_events
+    from failslow.core.localize.diagnose import diagnose
+    from failslow.core.localize.validation.schedules import ring_passes, tree_passes
+    from failslow.core.ring import RingReader, find_rings
     from failslow.faults import DutyCycleThrottle
 
     control = open_store("tcp://127.0.0.1:0?master=1")
@@ -120,13 +122,14 @@ def _rank_main(rank: int, port: int, control_url: str, ring_dir: str, out: str) 
 
     import failslow.nccl_hook as hook
     from failslow.core.control.resilient import ResilientStore
+    from failslow.runtime import rank_control
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     capture = hook.install(ring_dir, global_rank=rank)
     store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
-    agent = capture.attach_agent(ResilientStore(control_url), poll_s=0.05)
+    agent = rank_control.attach(capture, ResilientStore(control_url), poll_s=0.05)
     parked_at = -1
     original = agent.while_parked
 

@@ -4,7 +4,7 @@
 block of the DeepSpeed config (DeepSpeed itself ignores that key; ``failslow=`` overrides it),
 rejects a bad block before the engine is built, builds the engine with the real
 ``deepspeed.initialize``, attaches, and returns the same 4-tuple - with ``training_data``, the
-dataloader is the share-aware one from :mod:`failslow.data`.
+dataloader is the share-aware one from :mod:`failslow.adapters.common.data`.
 
 The engine stays the real DeepSpeed engine (``isinstance``, ``engine.module``, checkpoints and
 every other attribute work unchanged). Attaching adds two attributes to it: ``engine.failslow``
@@ -15,24 +15,13 @@ the session's step boundary. Plans only take effect through ``engine.train_batch
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from os import PathLike
 from typing import Any
 
 from failslow.adapters.deepspeed.plugin import DeepSpeedAdapter
-from failslow.config import FailslowConfig, load_config
-from failslow.errors import ConfigError
+from failslow.config import FailslowConfig, as_config, block_of
 
 __all__ = ["DeepSpeedAdapter", "attach", "initialize"]
-
-BLOCK = "failslow"
-
-
-def _failslow_config(block: Any, source: str) -> FailslowConfig:
-    if isinstance(block, FailslowConfig):
-        return block
-    return load_config(block, source=source)
 
 
 def attach(
@@ -40,13 +29,13 @@ def attach(
 ) -> DeepSpeedAdapter:
     """Start a failslow session for an existing engine (every rank calls it, after
     ``deepspeed.initialize``); ``config`` defaults to the engine config's ``"failslow"`` block."""
-    from failslow.session import Session
+    from failslow.runtime.session import Session
 
     source = "failslow.deepspeed.attach(config=...)"
     if config is None:
         params = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
-        config, source = params.get(BLOCK), f"the {BLOCK!r} block of the DeepSpeed config"
-    cfg = _failslow_config(config, source)
+        config, source = block_of(params, where="the DeepSpeed config")
+    cfg = as_config(config, source)
     adapter = DeepSpeedAdapter(engine)
     session = Session(cfg)
     session.register(adapter, name="deepspeed")
@@ -66,19 +55,8 @@ def initialize(
         ds_config = kwargs.get("config", kwargs.get("config_params"))
         if ds_config is None:
             ds_config = getattr(args, "deepspeed_config", None)
-        where = "the DeepSpeed config"
-        if isinstance(ds_config, str | PathLike):
-            where = f"DeepSpeed config {ds_config}"
-            try:
-                with open(ds_config) as f:
-                    ds_config = json.load(f)
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"{where}: cannot read it as JSON: {exc}") from exc
-        if ds_config is not None and not isinstance(ds_config, Mapping):
-            raise ConfigError(f"{where}: expected a dict or a JSON file path")
-        failslow = (ds_config or {}).get(BLOCK)
-        source = f"the {BLOCK!r} block of {where}"
-    cfg = _failslow_config(failslow, source)  # a bad block fails here, before the engine exists
+        failslow, source = block_of(ds_config, where="the DeepSpeed config")
+    cfg = as_config(failslow, source)  # a bad block fails here, before the engine exists
     import deepspeed
 
     training_data = kwargs.pop("training_data", None)

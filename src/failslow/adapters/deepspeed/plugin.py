@@ -1,6 +1,7 @@
 """The DeepSpeed engine as a failslow plugin: topology, capabilities, micro-batch plans (S2).
 
-Translates only. Per-replica micro-batch counts (greyhound 5.2) map onto DeepSpeed as:
+Translates only; the bookkeeping is the adapter kit's (:mod:`failslow.adapters.common`).
+Per-replica micro-batch counts (greyhound 5.2) map onto DeepSpeed as:
 
 - non-pipeline engines, ZeRO 0/1: :meth:`DeepSpeedAdapter.train_batch` runs this replica's
   count of micro-steps and drives ``set_gradient_accumulation_boundary`` so the gradient
@@ -17,20 +18,24 @@ run equal counts: plans are declared unsupported there.
 
 from __future__ import annotations
 
-import random
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from failslow import hookimpl
+from failslow.adapters.common.microbatch import ReplicaSplit
+from failslow.adapters.common.state import (
+    counters,
+    restore_counters,
+    restore_rng_state,
+    rng_state,
+)
+from failslow.adapters.common.topology import gather_topology
 from failslow.capabilities import SUPPORTED, Capabilities
 from failslow.core.planner.plans import MicroBatchPlan
 from failslow.core.topology import Topology
-from failslow.data import ShareSampler, check_counts, share_loader
 from failslow.errors import ConfigError
 
 NO_REGROUP = "DeepSpeed cannot rebuild its process groups in place"
@@ -38,21 +43,19 @@ ZERO3_SNAPSHOT = (
     "snapshots of ZeRO stage 3 (parameters sharded across ranks) are not implemented; "
     "ZeRO stages 0-2 and the pipeline engine are"
 )
-
-
-def _is_pipeline(engine: Any) -> bool:
-    from deepspeed.runtime.pipe.engine import PipelineEngine
-
-    return isinstance(engine, PipelineEngine)
+COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
 
 
 class DeepSpeedAdapter:
-    """One engine's plugin; ``attach`` registers it on a :class:`failslow.session.Session`."""
+    """One engine's plugin; ``attach`` registers it on a
+    :class:`~failslow.runtime.session.Session`."""
 
     def __init__(self, engine: Any) -> None:
+        from deepspeed.runtime.pipe.engine import PipelineEngine
+
         self.engine = engine
         self.session: Any = None
-        self.pipeline = _is_pipeline(engine)
+        self.pipeline = isinstance(engine, PipelineEngine)
         if self.pipeline:
             grid = engine.grid
             coord = (
@@ -60,28 +63,22 @@ class DeepSpeedAdapter:
                 grid.get_data_parallel_id(),
                 grid.get_stage_id(),
             )
-            self.dp, pp = grid.data_parallel_size, grid.pipe_parallel_size
+            dp, pp = grid.data_parallel_size, grid.pipe_parallel_size
         else:
             mpu = engine.mpu
             tp_rank = mpu.get_model_parallel_rank() if mpu is not None else 0
             dp_rank = mpu.get_data_parallel_rank() if mpu is not None else dist.get_rank()
-            coord, self.dp, pp = (tp_rank, dp_rank, 0), engine.dp_world_size, 1
-        self.replica = coord[1]
-        self.micro_batches = engine.gradient_accumulation_steps() * self.dp
-        self.counts: tuple[int, ...] = (self.micro_batches // self.dp,) * self.dp
-        self.samplers: list[ShareSampler] = []
-        self._pending_samplers: list[dict[str, Any]] = []
+            coord, dp, pp = (tp_rank, dp_rank, 0), engine.dp_world_size, 1
+        micro_batches = engine.gradient_accumulation_steps() * dp
+        self.split = ReplicaSplit(
+            replica=coord[1], replicas=dp, micro_batches=micro_batches, framework="DeepSpeed"
+        )
         self._data_iter: Iterator[Any] | None = None
-        world = dist.get_world_size()
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, (socket.gethostname(), coord))
-        self.topology = Topology(
-            tp=world // (self.dp * pp),
-            dp=self.dp,
+        self.topology = gather_topology(
+            coord,
+            dp=dp,
             pp=pp,
-            coords=tuple(tuple(c) for _, c in gathered),
-            hosts=tuple(h for h, _ in gathered),
-            micro_batches=self.micro_batches,
+            micro_batches=micro_batches,
             micro_batch_size=engine.train_micro_batch_size_per_gpu(),
         )
 
@@ -112,21 +109,14 @@ class DeepSpeedAdapter:
     @hookimpl
     def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
         self.failslow_capabilities().require("microbatch_plans")
-        counts = check_counts(plan.counts, replicas=self.dp, micro_batches=self.micro_batches)
-        if min(counts) < 1:
-            raise ConfigError(
-                f"micro-batch counts {list(counts)}: every DP replica of a DeepSpeed job must "
-                "run at least 1 micro-batch per step"
-            )
+        self.split.check(plan)
         return True
 
     @hookimpl
     def failslow_apply_microbatch_plan(self, plan: MicroBatchPlan, step: int) -> bool:
-        self.counts = tuple(plan.counts)
+        self.split.apply(plan, step)
         if self.pipeline:
-            self.engine.micro_batches = self.counts[self.replica]
-        for sampler in self.samplers:
-            sampler.set_counts(self.counts, step=step)
+            self.engine.micro_batches = self.split.count
         return True
 
     @hookimpl
@@ -139,10 +129,9 @@ class DeepSpeedAdapter:
             "module": e.module.state_dict(),
             "optimizer": e.optimizer.state_dict() if e.optimizer is not None else None,
             "lr_scheduler": e.lr_scheduler.state_dict() if e.lr_scheduler is not None else None,
-            "counters": [e.global_steps, e.global_samples, e.micro_steps, e.skipped_steps],
-            "counts": list(self.counts),
-            "samplers": [sampler.state_dict() for sampler in self.samplers],
-            "rng": [torch.get_rng_state(), np.random.get_state(), random.getstate()],
+            "counters": counters(e, COUNTERS),
+            "split": self.split.state_dict(),
+            "rng": rng_state(),
             "step": step,
         }
 
@@ -152,22 +141,20 @@ class DeepSpeedAdapter:
         e = self.engine
         e.module.load_state_dict(state["module"])
         if state["optimizer"] is not None:
-            if self.engine.zero_optimization_stage() in (1, 2):  # this rank's own partition
-                partitions = [None] * dist.get_world_size(group=e.optimizer.dp_process_group)
-                partitions[dist.get_rank(group=e.optimizer.dp_process_group)] = state["optimizer"]
+            if e.zero_optimization_stage() in (1, 2):  # this rank's own partition
+                group = e.optimizer.dp_process_group
+                partitions = [None] * dist.get_world_size(group=group)
+                partitions[dist.get_rank(group=group)] = state["optimizer"]
                 e.optimizer.load_state_dict(partitions, load_from_fp32_weights=True)
             else:
                 e.optimizer.load_state_dict(state["optimizer"])
         if state["lr_scheduler"] is not None:
             e.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        e.global_steps, e.global_samples, e.micro_steps, e.skipped_steps = state["counters"]
-        self.counts = tuple(state["counts"])
+        restore_counters(e, state["counters"])
+        self.split.load_state_dict(state["split"])
         if self.pipeline:
-            e.micro_batches = self.counts[self.replica]
-        self._pending_samplers = list(state["samplers"])
-        torch.set_rng_state(state["rng"][0])
-        np.random.set_state(state["rng"][1])
-        random.setstate(state["rng"][2])
+            e.micro_batches = self.split.count
+        restore_rng_state(state["rng"])
         return True
 
     @hookimpl
@@ -197,24 +184,19 @@ class DeepSpeedAdapter:
         seed: int = 0,
         **loader_kwargs: Any,
     ) -> torch.utils.data.DataLoader[Any]:
-        """A loader of this replica's exact share of every global batch (failslow.data),
-        numbered by the engine's global steps and kept in step with applied plans."""
-        loader = share_loader(
+        """A loader of this replica's exact share of every global batch (the kit's), numbered
+        by the engine's global steps and kept in step with applied plans."""
+        from deepspeed.utils import RepeatingLoader
+
+        loader = self.split.loader(
             dataset,
             micro_batch_size=self.topology.micro_batch_size,
-            micro_batches=self.micro_batches,
-            replica=self.replica,
-            replicas=self.dp,
-            counts=self.counts,
+            start_step=self.engine.global_steps,
             shuffle=shuffle,
             seed=seed,
-            start_step=self.engine.global_steps,
             collate_fn=collate_fn,
             **loader_kwargs,
         )
-        self.track(loader.batch_sampler)  # type: ignore[arg-type]
-        from deepspeed.utils import RepeatingLoader
-
         if self.pipeline:
             self.engine.set_dataloader(RepeatingLoader(loader))
         else:
@@ -222,12 +204,10 @@ class DeepSpeedAdapter:
             self._data_iter = iter(RepeatingLoader(loader))
         return loader
 
-    def track(self, sampler: ShareSampler) -> None:
-        """Keep a user-built :class:`ShareSampler` (steps numbered like the engine's
-        ``global_steps``) in step with the plans applied here."""
-        if self._pending_samplers:  # resumed from a snapshot before the loader existed
-            sampler.load_state_dict(self._pending_samplers.pop(0))
-        self.samplers.append(sampler)
+    def track(self, sampler: Any) -> None:
+        """Keep a user-built :class:`~failslow.adapters.common.data.ShareSampler` (steps
+        numbered like the engine's ``global_steps``) in step with the plans applied here."""
+        self.split.track(sampler)
 
     # ---- training ----------------------------------------------------------------------------
     def train_batch(
@@ -252,11 +232,9 @@ class DeepSpeedAdapter:
         it = data_iter if data_iter is not None else self._data_iter
         if it is None:
             raise ConfigError("train_batch: pass data_iter, or build the engine with training_data")
-        count = self.counts[self.replica]
         total = torch.zeros(())
-        for i in range(count):
-            batch = next(it)
-            engine.set_gradient_accumulation_boundary(i == count - 1)
+        for batch, last in self.split.step_batches(it):
+            engine.set_gradient_accumulation_boundary(last)
             if loss_fn is not None:
                 loss = loss_fn(engine(batch[0]), batch[1])
             elif isinstance(batch, dict):
@@ -268,7 +246,7 @@ class DeepSpeedAdapter:
             engine.backward(loss)
             engine.step()
             total += loss.detach().float()
-        return total / count
+        return total / self.split.count
 
     def close(self) -> None:
         if self.session is not None:

@@ -29,22 +29,22 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from failslow.core.control.agent import DEFAULT_PREFIX as AGENT_PREFIX
+from failslow.core.control import keys
 from failslow.core.control.phase import align
-from failslow.core.control.publisher import DEFAULT_PREFIX as NODE_PREFIX
 from failslow.core.control.store import Store
 from failslow.core.control.validator import (
     PauseMissed,
     ValidationTimeout,
-    diagnose,
     validation_round,
 )
 from failslow.core.diagnosis.record import Diagnosis
+from failslow.core.localize.config import DetectionConfig, ValidationConfig
+from failslow.core.localize.diagnose import diagnose
 
 log = logging.getLogger(__name__)
 
@@ -54,34 +54,6 @@ class State(enum.Enum):
     PROFILING = "profiling"
     VALIDATING = "validating"
     DIAGNOSED = "diagnosed"
-
-
-@dataclass(kw_only=True)
-class ControllerConfig:
-    world_size: int
-    log_dir: Path | None = None
-    threshold: float = 1.1
-    """Slow when > threshold x the peers' median (greyhound 4.3)."""
-    gemm: Mapping[str, Any] = field(
-        default_factory=lambda: {"kind": "gemm", "repetitions": 3, "serial": True}
-    )
-    link_nbytes: int = 16 << 20
-    link_repetitions: int = 3
-    pause_margin_s: float = 0.3
-    """How far ahead of the ranks' extrapolated positions the pause lands (calls/s x margin);
-    must cover the agents' poll period (they see the request within one poll)."""
-    pause_attempts: int = 3
-    """A round whose target some rank had passed is released at once and retried, each time
-    with twice the margin."""
-    cooldown_s: float = 30.0
-    """Onsets within this long after a diagnosis (and no relief since) belong to the same
-    fail-slow - other ranks report the job-wide slowdown a few iterations later."""
-    validation_timeout_s: float = 60.0
-    recheck_every_s: float = 60.0
-    """While a mitigation is in effect (``mitigation_active``), re-validate this often, and at
-    once on a relief: a plan that hides the slowdown also hides its end from detection."""
-    node_prefix: str = NODE_PREFIX
-    agent_prefix: str = AGENT_PREFIX
 
 
 @dataclass
@@ -95,14 +67,24 @@ class Controller:
     def __init__(
         self,
         store: Store,
-        config: ControllerConfig,
         *,
+        world_size: int,
+        detection: DetectionConfig | None = None,
+        validation: ValidationConfig | None = None,
+        log_dir: Path | None = None,
+        node_prefix: str = keys.NODE,
+        agent_prefix: str = keys.VALIDATE,
         on_diagnosis: Callable[[Diagnosis], None] | None = None,
         mitigation_active: Callable[[], bool] | None = None,
         on_healthy: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
-        self.config = config
+        self.world_size = world_size
+        self.detection = detection or DetectionConfig()
+        self.validation = validation or ValidationConfig()
+        self.log_dir = log_dir
+        self.node_prefix = node_prefix
+        self.agent_prefix = agent_prefix
         self.on_diagnosis = on_diagnosis
         self.mitigation_active = mitigation_active
         self.on_healthy = on_healthy
@@ -111,7 +93,7 @@ class Controller:
         self.state = State.TRACKING
         self.history: list[Transition] = [Transition(State.TRACKING, time.time())]
         self.diagnoses: list[Diagnosis] = []
-        self._seen_events = store.add(f"{config.node_prefix}/onsets", 0)
+        self._seen_events = store.add(f"{node_prefix}/onsets", 0)
         self._onsets: list[dict[str, Any]] = []
         self._suspects: list[Any] = []
         self._pending: Diagnosis | None = None
@@ -148,7 +130,7 @@ class Controller:
                 time.sleep(tick_s)
 
     def _track(self) -> None:
-        prefix = self.config.node_prefix
+        prefix = self.node_prefix
         count = self.store.add(f"{prefix}/onsets", 0)
         new = []
         while self._seen_events < count:
@@ -163,14 +145,14 @@ class Controller:
             self._diagnosed_at = -math.inf  # the fail-slow is over: the next onset is new
         if self.mitigation_active is not None and self.mitigation_active():
             since = time.time() - self._last_round
-            due = since >= self.config.recheck_every_s
+            due = since >= self.validation.recheck_every_s
             # a relief soon after a round is usually the plan's own effect on the step time
-            if (relief and since >= self.config.cooldown_s) or due:  # still slow?
+            if (relief and since >= self.detection.cooldown_s) or due:  # still slow?
                 self._recheck, self._onsets = True, new
                 self._enter(State.PROFILING, recheck="relief" if relief else "periodic")
                 return
         onsets = [r for r in new if r.get("type") == "onset"]
-        if onsets and time.time() - self._diagnosed_at < self.config.cooldown_s:
+        if onsets and time.time() - self._diagnosed_at < self.detection.cooldown_s:
             self.history.append(Transition(State.TRACKING, time.time(), {"absorbed": onsets}))
             return
         if onsets:
@@ -178,15 +160,15 @@ class Controller:
             self._enter(State.PROFILING, onsets=onsets)
 
     def _profile(self) -> None:
-        from failslow.core.profiling import degraded_groups, group_profiles, late_ranks
-        from failslow.core.summaries import GroupSummary
+        from failslow.core.localize.profiling import degraded_groups, group_profiles, late_ranks
+        from failslow.core.localize.summaries import GroupSummary
 
         summaries = []
-        for rank in range(self.config.world_size):
-            items = self.store.get_json(f"{self.config.node_prefix}/summaries/{rank}") or []
+        for rank in range(self.world_size):
+            items = self.store.get_json(f"{self.node_prefix}/summaries/{rank}") or []
             summaries += [GroupSummary.from_dict(item) for item in items]
         profiles = group_profiles(summaries)
-        suspects = degraded_groups(profiles, threshold=self.config.threshold)
+        suspects = degraded_groups(profiles, threshold=self.detection.threshold)
         suspects += late_ranks(profiles)
         self._suspects = suspects
         self._enter(State.VALIDATING, suspects=[s.to_dict() for s in suspects])
@@ -194,13 +176,13 @@ class Controller:
     def _target(self, margin_s: float) -> tuple[int, int] | None:
         """(group_key, call_index) ahead of every rank's published position, or None."""
         positions = [
-            self.store.get_json(f"{self.config.agent_prefix}/progress/{r}")
-            for r in range(self.config.world_size)
+            self.store.get_json(f"{self.agent_prefix}/progress/{r}")
+            for r in range(self.world_size)
         ]
         if any(p is None for p in positions):
             return None
-        keys = {p["group_key"] for p in positions}
-        if len(keys) != 1:
+        group_keys = {p["group_key"] for p in positions}
+        if len(group_keys) != 1:
             return None
         now = time.time()
         # where each rank is now: its published position moved on at its published rate
@@ -214,30 +196,30 @@ class Controller:
             phase, count = votes.most_common(1)[0]
             if 2 * count > len(positions):
                 target = align(target, (int(phase[0]), int(phase[1])))
-        return keys.pop(), target
+        return group_keys.pop(), target
 
     def _link_ranks(self) -> list[int]:
         comm = [s for s in self._suspects if s.kind == "communication"]
         ranks = sorted({r for s in comm for r in s.ranks})
-        return ranks if len(ranks) >= 2 else list(range(self.config.world_size))
+        return ranks if len(ranks) >= 2 else list(range(self.world_size))
 
     def _validate(self) -> None:
-        from failslow.core.validation.schedules import map_passes, ring_passes, tree_passes
+        from failslow.core.localize.validation.schedules import map_passes, ring_passes, tree_passes
 
         ranks = self._link_ranks()
         n = len(ranks)
         passes = map_passes(ring_passes(n), ranks) + map_passes(tree_passes(n), ranks)
         tasks = [
-            dict(self.config.gemm),
+            self.validation.gemm_task(),
             {
                 "kind": "links",
                 "passes": [[list(link) for link in one] for one in passes],
-                "nbytes": self.config.link_nbytes,
-                "repetitions": self.config.link_repetitions,
+                "nbytes": self.validation.link_mb << 20,
+                "repetitions": self.validation.link_repetitions,
             },
         ]
-        margin_s = self.config.pause_margin_s
-        for attempt in range(self.config.pause_attempts):
+        margin_s = self.validation.pause_margin_s
+        for attempt in range(self.validation.pause_attempts):
             target = self._target(margin_s)
             if target is None:
                 self._abandon("no common pause group published by the ranks")
@@ -245,12 +227,12 @@ class Controller:
             try:
                 result = validation_round(
                     self.store,
-                    world_size=self.config.world_size,
+                    world_size=self.world_size,
                     group_key=target[0],
                     call_index=target[1],
                     tasks=tasks,
-                    timeout_s=self.config.validation_timeout_s,
-                    prefix=self.config.agent_prefix,
+                    timeout_s=self.validation.pause_timeout_s,
+                    prefix=self.agent_prefix,
                 )
                 break
             except PauseMissed as exc:  # released at once; aim further ahead
@@ -270,7 +252,7 @@ class Controller:
             "paused_s": result.paused_s,
             "target": list(target),
         }
-        self._pending = diagnose(gemm, links, threshold=self.config.threshold, evidence=evidence)
+        self._pending = diagnose(gemm, links, threshold=self.detection.threshold, evidence=evidence)
         self._enter(State.DIAGNOSED, healthy=self._pending is None)
 
     def _abandon(self, error: str) -> None:
@@ -288,11 +270,11 @@ class Controller:
                 log.warning("failslow: on_healthy observer failed", exc_info=True)
         if diagnosis is not None:
             self.diagnoses.append(diagnosis)
-            n = self.store.add("failslow/diagnoses", 1)
-            self.store.set("failslow/diagnoses/" + str(n), diagnosis.to_json().encode())
-            if self.config.log_dir is not None:
-                self.config.log_dir.mkdir(parents=True, exist_ok=True)
-                path = self.config.log_dir / f"diagnosis-{n}.json"
+            n = self.store.add(keys.DIAGNOSES, 1)
+            self.store.set(f"{keys.DIAGNOSES}/{n}", diagnosis.to_json().encode())
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                path = self.log_dir / f"diagnosis-{n}.json"
                 path.write_text(json.dumps(json.loads(diagnosis.to_json()), indent=2) + "\n")
             if self.on_diagnosis is not None:
                 try:

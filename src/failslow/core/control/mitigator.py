@@ -30,10 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from failslow.config import FailslowConfig
-from failslow.core.control.plan_channel import PlanOutcome, dispatch, horizon_steps
+from failslow.core.control import keys
+from failslow.core.control.plan_channel import PlanOutcome, PlanResult, dispatch, horizon_steps
 from failslow.core.control.store import Store
 from failslow.core.diagnosis.record import Diagnosis
+from failslow.core.planner.allocation import even_plan
+from failslow.core.planner.config import PlannerConfig
 from failslow.core.planner.planner import MitigationCosts, Planner
 from failslow.core.planner.plans import MicroBatchPlan, Plan
 from failslow.core.planner.ski_rental import Decision
@@ -41,8 +43,6 @@ from failslow.core.topology import Topology
 
 log = logging.getLogger(__name__)
 
-JOB_KEY = "failslow/job"
-STEPS_KEY = "failslow/steps"
 CAPABILITY_OF = {"S2": "microbatch_plans", "S3": "topology_plans", "S4": "snapshots"}
 
 
@@ -63,7 +63,7 @@ class Mitigator:
     def __init__(
         self,
         store: Store,
-        config: FailslowConfig,
+        config: PlannerConfig,
         *,
         world_size: int,
         hooks: Any = None,
@@ -125,7 +125,7 @@ class Mitigator:
                 self._execute(self.planner.relief())
 
     def _new_step_times(self) -> list[float]:
-        record = self.store.get_json(STEPS_KEY)
+        record = self.store.get_json(keys.STEPS)
         if not record:
             return []
         new = []
@@ -157,18 +157,20 @@ class Mitigator:
         return min((float(o["wall"]) for o in onsets if "wall" in o), default=None)
 
     def _build_planner(self, healthy_step_s: float) -> Planner | None:
-        job = self.store.get_json(JOB_KEY)
+        job = self.store.get_json(keys.JOB)
         if not job:
-            log.warning("failslow: no job record (%s) yet: no adapter reported a topology", JOB_KEY)
+            log.warning(
+                "failslow: no job record (%s) yet: no adapter reported a topology", keys.JOB
+            )
             return None
         topology = Topology.from_dict(job["topology"])
         capabilities = job.get("capabilities", {})
         allowed = [
             name
-            for name in self.config.planner.strategies
+            for name in self.config.strategies
             if capabilities.get(CAPABILITY_OF[name], "undeclared") == ""
         ]
-        planner_config = self.config.planner
+        planner_config = self.config
         self.topology = topology
         return Planner(
             topology,
@@ -235,15 +237,12 @@ class Mitigator:
                 self.hooks.failslow_on_plan_result(
                     plan=plan,
                     step=outcome.apply_step,
-                    outcome="applied" if outcome.committed else "aborted",
+                    outcome=PlanResult.COMMITTED if outcome.committed else PlanResult.ABORTED,
                     detail=outcome.reason,
                 )
 
     def _even_plan(self) -> MicroBatchPlan | None:
-        if self.topology is None:
-            return None
-        dp = self.topology.dp
-        return MicroBatchPlan(counts=(self.topology.micro_batches // dp,) * dp, weights=(1.0,) * dp)
+        return even_plan(self.topology) if self.topology is not None else None
 
     def _dispatch(self, plan: Plan) -> PlanOutcome:
         recent = [s for _, (s, _w) in sorted(self.step_times.items())[-5:]]
@@ -252,8 +251,8 @@ class Mitigator:
             self.store,
             plan,
             world_size=self.world_size,
-            horizon_steps=horizon_steps(step_time, self.config.planner.horizon_s),
-            timeout_s=self.config.planner.plan_timeout_s,
+            horizon_steps=horizon_steps(step_time, self.config.horizon_s),
+            timeout_s=self.config.plan_timeout_s,
         )
         log.info("failslow: plan %d %s", outcome.epoch, outcome)
         return outcome

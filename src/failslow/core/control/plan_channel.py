@@ -31,13 +31,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from failslow.core.control import keys
 from failslow.core.control.polling import PollingThread
+from failslow.core.control.stop import StopForUpdate
 from failslow.core.control.store import Store
-from failslow.core.planner.plans import Plan, plan_from_dict, plan_to_dict
+from failslow.core.planner.plans import PLAN_TYPES, Plan, plan_from_dict, plan_to_dict
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PREFIX = "failslow/plans"
+CHANNEL_TYPES = {**PLAN_TYPES, StopForUpdate.__name__: StopForUpdate}
+"""What the channel carries: every plan kind, and the stop for a hot update."""
+
+
+class PlanResult:
+    """The outcomes ``failslow_on_plan_result`` reports, and who reports each."""
+
+    COMMITTED = "committed"
+    """Controller process: every rank accepted the plan; it takes effect at ``step``."""
+    ABORTED = "aborted"
+    """Controller process, and every rank: a rank refused or did not answer in time; no rank
+    changed anything (``step`` is None)."""
+    APPLIED = "applied"
+    """Rank process: this rank runs the plan from ``step`` (for a hot update's stop: it
+    committed its snapshot and exits)."""
+    ROLLED_BACK = "rolled back"
+    """Rank process: some rank failed to switch at ``step``; every rank went back to the plan
+    in effect before."""
+
 
 
 @dataclass(frozen=True)
@@ -66,7 +86,7 @@ def dispatch(
     world_size: int,
     horizon_steps: int,
     timeout_s: float = 60.0,
-    prefix: str = DEFAULT_PREFIX,
+    prefix: str = keys.PLANS,
     poll_s: float = 0.02,
 ) -> PlanOutcome:
     """Prepare ``plan`` on every rank and commit it, or abort; returns the outcome."""
@@ -138,7 +158,7 @@ class PlanReceiver:
         rank: int,
         prepare: Callable[[Plan], None],
         step: Callable[[], int],
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = keys.PLANS,
         decision_timeout_s: float = 60.0,
         poll_s: float = 0.2,
     ) -> None:
@@ -184,7 +204,7 @@ class PlanReceiver:
         if self.store.get(f"{base}/decision") is not None:
             return  # decided before this rank joined (a restarted process): not for it
         try:
-            plan = plan_from_dict(record["plan"])
+            plan = plan_from_dict(record["plan"], CHANNEL_TYPES)
             self._prepare(plan)
         except Exception as exc:
             why = f"rank {self.rank}: {type(exc).__name__}: {exc}"

@@ -269,3 +269,10 @@ def microbatch_plan(
         overhead_s=overhead,
         step_time_s=max(m * x for m, x in zip(counts, times, strict=True)),
     )
+
+
+def even_plan(topology: Topology) -> MicroBatchPlan:
+    """The framework's own split: ``M / D`` micro-batches per DP replica, every weight 1 (what
+    a job runs without a plan, and what a reverted micro-batch plan returns to)."""
+    dp = topology.dp
+    return MicroBatchPlan(counts=(topology.micro_batches // dp,) * dp, weights=(1.0,) * dp)

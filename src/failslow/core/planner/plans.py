@@ -10,6 +10,7 @@ simulator compare them on one scale.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,19 +92,6 @@ class RerouteOrReconfigure(Plan):
     """Estimated total cost (seconds) of each option considered, for the record."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class StopForUpdate(Plan):
-    """Every rank commits an in-memory snapshot at one step boundary and exits with
-    :data:`EXIT_FOR_UPDATE`, so the node agent restarts it in place with new code or config
-    (byterobust 6.1); the restarted ranks resume from that snapshot."""
-
-    update_id: int
-    reason: str = ""
-
-
-EXIT_FOR_UPDATE = 75
-"""Exit status of a rank that stopped for a hot update (EX_TEMPFAIL)."""
-
 PLAN_TYPES: dict[str, type[Plan]] = {
     cls.__name__: cls
     for cls in (
@@ -112,7 +100,6 @@ PLAN_TYPES: dict[str, type[Plan]] = {
         TopologyPlan,
         RestartPlan,
         RerouteOrReconfigure,
-        StopForUpdate,
     )
 }
 
@@ -124,12 +111,13 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return data
 
 
-def plan_from_dict(data: dict[str, Any]) -> Plan:
-    """Inverse of :func:`plan_to_dict`; a malformed record raises a one-line ConfigError."""
+def plan_from_dict(data: dict[str, Any], types: Mapping[str, type[Plan]] = PLAN_TYPES) -> Plan:
+    """Inverse of :func:`plan_to_dict` over ``types`` (a channel may carry more kinds than the
+    planner's); a malformed record raises a one-line ConfigError."""
     data = dict(data)
-    cls = PLAN_TYPES.get(str(data.pop("type", "")))
+    cls = types.get(str(data.pop("type", "")))
     if cls is None:
-        raise ConfigError(f"plan record: unknown type; expected one of {sorted(PLAN_TYPES)}")
+        raise ConfigError(f"plan record: unknown type; expected one of {sorted(types)}")
     try:
         if cls is TopologyPlan:
             data["moves"] = tuple(StateMove(**m) for m in data.get("moves", ()))

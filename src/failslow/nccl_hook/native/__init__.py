@@ -3,7 +3,7 @@
 The shim (``shim.c`` and friends in this folder) is plain C built by the package's own build
 (``setup.py``) into ``libfailslow_nccl.so`` beside this file. It writes the ring of
 :mod:`failslow.core.events` for every hooked NCCL call, publishes communicator membership as
-:class:`~failslow.core.events.GroupMember` lines, and honours the ring's pause trap. Besides
+:class:`~failslow.core.group_files.GroupMember` lines, and honours the ring's pause trap. Besides
 the ``nccl*`` hooks it exports two C functions for diagnostics:
 
 - ``const char *failslow_shim_version(void)``

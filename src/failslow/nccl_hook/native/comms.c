@@ -1,7 +1,7 @@
 /* Communicator membership for the NCCL shim (greyhound 4.2/4.3: per-group durations need to
  * know which ranks form a group). Every communicator gets a 63-bit key that all its members
  * compute alike without talking to each other, and each member appends one
- * failslow.core.events.GroupMember JSON line (the exact bytes of GroupMember.to_json) to the
+ * failslow.core.group_files.GroupMember JSON line (the exact bytes of GroupMember.to_json) to the
  * groups file beside its ring; merge_members() assembles the GroupInfo.
  *
  * Keys:

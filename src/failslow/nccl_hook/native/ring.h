@@ -1,5 +1,5 @@
-/* failslow event ring: the C view of failslow/core/events.py (HEADER_LAYOUT, RECORD_LAYOUT,
- * OpCode, DType, Source, Flags). events.py is the one definition; tests/nccl_hook/test_shim.py
+/* failslow event ring: the C view of failslow/core/ring.py (HEADER_LAYOUT) and events.py
+ * (RECORD_LAYOUT, OpCode, DType, Source, Flags). Those are the one definition; test_shim.py
  * compiles a program against this header and compares every offset and size with it. */
 #ifndef FAILSLOW_RING_H
 #define FAILSLOW_RING_H

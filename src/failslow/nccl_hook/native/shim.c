@@ -1,6 +1,6 @@
 /* failslow NCCL capture shim (LD_PRELOAD), greyhound 4.2 and 6: the Monitor hooks NCCL's
  * top-level entry points and logs each call's type, size and timestamps into the shared-memory
- * ring of failslow/core/events.py (written by writer.c), and pauses training at the next
+ * ring of failslow/core/ring.py (written by writer.c), and pauses training at the next
  * collective when the controller asks (the pause trap, writer.c).
  *
  * Resolution of the real functions happens lazily, at the first call of each entry point

@@ -1,4 +1,4 @@
-/* Native writer of the failslow event ring (failslow/core/events.py is the definition) and the
+/* Native writer of the failslow event ring (failslow/core/ring.py and events.py are the definition) and the
  * pause trap (greyhound 4.2: the Monitor logs call types and timestamps into shared memory;
  * greyhound 4.3/6: validation pauses training at the next collective).
  *
@@ -117,7 +117,7 @@ static int open_ring(void) {
   if (gethostname(fls_w.host, sizeof fls_w.host - 1) != 0) strcpy(fls_w.host, "");
   uint64_t capacity = env_capacity();
 
-  /* Same name as failslow.core.events.ring_path / groups_path. */
+  /* Same name as failslow.core.ring.ring_path / group_files.groups_path. */
   int n = snprintf(fls_w.ring_path, sizeof fls_w.ring_path, "%s/rank%05d-pid%d.ring", dir,
                    fls_w.global_rank, fls_w.pid);
   snprintf(fls_w.groups_path, sizeof fls_w.groups_path, "%.*s.groups.jsonl", n - 5,

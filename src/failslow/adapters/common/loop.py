@@ -1,0 +1,84 @@
+"""Plans in the loop users write: where a training loop stands in its global step (greyhound 5).
+
+Plans take effect at a step boundary, and under a micro-batch plan each DP replica runs its own
+count before its optimizer step. Users do not call failslow at either point: they write the
+loop their framework's tutorials teach (DeepSpeed's ``loss = engine(x); engine.backward(loss);
+engine.step()``, Accelerate's ``accumulate`` loop). :class:`StepTracker` finds both from the
+framework's own counters, seen before every training forward:
+
+- a new global step began when the framework's optimizer-step counter moved (or at the first
+  forward): the session's step boundary runs there, so a plan due at this step applies before
+  the step's first micro-batch runs;
+- the micro-batch about to run is this replica's last of the step when the micro-batches the
+  framework already counted in this step, plus one, reach the replica's count under the plan in
+  effect: the adapter sets its framework's accumulation boundary from that.
+
+Forwards without gradients or in eval mode (evaluation inside the loop) are not micro-batches
+of a training step and change nothing. :func:`call_model` is the batch convention of the
+adapters' own ``train_batch`` loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class StepTracker:
+    """``global_step()`` counts the framework's optimizer steps, ``micro_steps()`` every
+    micro-batch it stepped through, ``count()`` is this replica's micro-batches per step under
+    the plan in effect, and ``begin_step(step)`` is the session's step boundary."""
+
+    def __init__(
+        self,
+        *,
+        global_step: Callable[[], int],
+        micro_steps: Callable[[], int],
+        count: Callable[[], int],
+        begin_step: Callable[[int], None],
+    ) -> None:
+        self._global_step = global_step
+        self._micro_steps = micro_steps
+        self._count = count
+        self._begin_step = begin_step
+        self.step: int | None = None
+        """The global step in progress (None before the first)."""
+        self._first_micro = 0
+
+    def sync(self) -> int:
+        """Begin the step the framework is at if it has not begun yet; returns the step."""
+        step = self._global_step()
+        if step != self.step:
+            self.step = step
+            self._first_micro = self._micro_steps()
+            self._begin_step(step)
+        return step
+
+    def before_micro_batch(self) -> bool:
+        """Before a training forward: begin a new step if one began; True when this micro-batch
+        is this replica's last of the step (its accumulation boundary)."""
+        self.sync()
+        done = self._micro_steps() - self._first_micro
+        return done + 1 >= self._count()
+
+
+def is_training_forward(module: Any) -> bool:
+    """A forward that belongs to a training step (grad enabled, module in train mode)."""
+    import torch
+
+    return torch.is_grad_enabled() and bool(getattr(module, "training", True))
+
+
+def call_model(
+    model: Callable[..., Any], batch: Any, loss_fn: Callable[[Any, Any], Any] | None = None
+) -> Any:
+    """The loss of one micro-batch: ``loss_fn(model(batch[0]), batch[1])`` with ``loss_fn``,
+    else the model's own return for ``model(**batch)`` (a dict), ``model(*batch)`` (a tuple or
+    list) or ``model(batch)``."""
+    if loss_fn is not None:
+        return loss_fn(model(batch[0]), batch[1])
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    return model(batch)

@@ -1,0 +1,165 @@
+"""One DP replica's micro-batches under the plan in effect (greyhound 5.2, S2).
+
+A micro-batch plan gives DP replica ``r`` ``m_r`` of the ``M`` micro-batches of each global
+step. Each replica must then (1) run ``m_r`` micro-batches, (2) on exactly its share of the
+global batch and (3) weight its gradient by ``w_r = m_r * D / M``, so that the DP mean equals the
+even split's gradient (:func:`failslow.core.planner.allocation.loss_weights`). Every adapter needs
+the same bookkeeping, whatever its framework's loop looks like:
+
+- :class:`ReplicaSplit` holds the counts in effect, checks a plan before it applies (the
+  prepare phase) and switches the counts and every tracked loader at the agreed step (the apply
+  phase); :attr:`ReplicaSplit.count` and :attr:`ReplicaSplit.weight` are what this replica
+  runs and how it scales;
+- :meth:`ReplicaSplit.step_batches` walks a data iterator through this replica's micro-batches
+  of one step, saying which one is last (where frameworks put their accumulation boundary);
+- its state (counts, loader positions) goes into snapshots and comes back on resume, also when
+  the loader is built after the restore.
+
+Where the framework scales each micro-loss by ``1 / G`` with ``G = M / D`` (DeepSpeed's
+``engine.backward``, Accelerate's ``accumulate``), summing ``m_r`` such losses already is the
+weight ``w_r`` on the replica's mean - no extra scaling; :meth:`ReplicaSplit.loss_scale` says
+what to multiply by otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from failslow.adapters.common.data import ShareSampler, check_counts, share_loader
+from failslow.core.planner.plans import MicroBatchPlan
+from failslow.errors import ConfigError, FailslowError
+
+
+class ReplicaSplit:
+    """``counts[r]`` micro-batches per DP replica ``r`` of ``micro_batches`` per global step."""
+
+    def __init__(
+        self,
+        *,
+        replica: int,
+        replicas: int,
+        micro_batches: int,
+        minimum: int = 1,
+        framework: str = "training",
+    ) -> None:
+        if micro_batches % replicas:
+            raise ConfigError(
+                f"{micro_batches} micro-batches per step do not split evenly over {replicas} "
+                "data-parallel replicas"
+            )
+        self.replica = replica
+        self.replicas = replicas
+        self.micro_batches = micro_batches
+        self.minimum = minimum
+        """The fewest micro-batches a replica may run (frameworks that must step every
+        replica's optimizer need 1)."""
+        self.framework = framework
+        """Named in refusals ("every DP replica of a DeepSpeed job must run ...")."""
+        self.counts: tuple[int, ...] = (micro_batches // replicas,) * replicas
+        self.samplers: list[ShareSampler] = []
+        self._pending_samplers: list[dict[str, Any]] = []
+
+    # ---- what this replica runs --------------------------------------------------------------
+    @property
+    def count(self) -> int:
+        """Micro-batches this replica runs per step under the plan in effect."""
+        return self.counts[self.replica]
+
+    @property
+    def weight(self) -> float:
+        """This replica's gradient weight ``w_r = m_r * D / M`` (1 under the even split)."""
+        return self.count * self.replicas / self.micro_batches
+
+    def loss_scale(self, *, framework_divides_by_accumulation: bool) -> float:
+        """The factor for each micro-loss that makes the DP mean the even split's gradient.
+
+        Frameworks that divide every micro-loss by the configured accumulation steps
+        ``G = M / D`` and sum them need nothing more (1.0): ``m_r`` losses over ``G`` is the
+        weight ``w_r`` on the replica's mean. A loop that averages over the micro-batches it
+        ran (``1 / m_r``) needs ``w_r``."""
+        return 1.0 if framework_divides_by_accumulation else self.weight
+
+    # ---- the two phases of a plan ------------------------------------------------------------
+    def check(self, plan: MicroBatchPlan) -> tuple[int, ...]:
+        """The plan's counts if this job can run them, else ConfigError (changes nothing)."""
+        counts = check_counts(plan.counts, replicas=self.replicas, micro_batches=self.micro_batches)
+        if min(counts) < self.minimum:
+            unit = "micro-batch" if self.minimum == 1 else "micro-batches"
+            raise ConfigError(
+                f"micro-batch counts {list(counts)}: every DP replica of a {self.framework} "
+                f"job must run at least {self.minimum} {unit} per step"
+            )
+        return counts
+
+    def apply(self, plan: MicroBatchPlan, step: int) -> None:
+        """Run ``plan``'s counts from global step ``step`` on (every tracked loader too)."""
+        counts = self.check(plan)
+        for sampler in self.samplers:
+            sampler.set_counts(counts, step=step)
+        self.counts = counts
+
+    # ---- data --------------------------------------------------------------------------------
+    def track(self, sampler: ShareSampler) -> None:
+        """Keep ``sampler`` in step with the plans applied here (restoring its position first
+        when this rank resumed from a snapshot before the loader existed)."""
+        if self._pending_samplers:
+            sampler.load_state_dict(self._pending_samplers.pop(0))
+        self.samplers.append(sampler)
+
+    def loader(
+        self,
+        dataset: Any,
+        *,
+        micro_batch_size: int,
+        start_step: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        **loader_kwargs: Any,
+    ) -> Any:
+        """A DataLoader of this replica's exact share of every global batch, one micro-batch
+        per item, steps numbered from ``start_step`` (:func:`~.data.share_loader`), tracked."""
+        loader = share_loader(
+            dataset,
+            micro_batch_size=micro_batch_size,
+            micro_batches=self.micro_batches,
+            replica=self.replica,
+            replicas=self.replicas,
+            counts=self.counts,
+            shuffle=shuffle,
+            seed=seed,
+            start_step=start_step,
+            collate_fn=collate_fn,
+            **loader_kwargs,
+        )
+        self.track(loader.batch_sampler)
+        return loader
+
+    def step_batches(self, data: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+        """This replica's micro-batches of one step from ``data``: ``(batch, is_last)``."""
+        count = self.count
+        for i in range(count):
+            try:
+                batch = next(data)
+            except StopIteration:
+                raise FailslowError(
+                    f"the data ran out after {i} of this replica's {count} micro-batches; "
+                    "use a repeating loader"
+                ) from None
+            yield batch, i == count - 1
+
+    # ---- snapshots ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "counts": list(self.counts),
+            "samplers": [sampler.state_dict() for sampler in self.samplers],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counts = tuple(int(c) for c in state["counts"])
+        pending = list(state["samplers"])
+        for sampler in self.samplers:
+            if pending:
+                sampler.load_state_dict(pending.pop(0))
+        self._pending_samplers = pending

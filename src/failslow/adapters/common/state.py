@@ -1,0 +1,50 @@
+"""RNG and counter state for bitwise snapshots (byterobust 6.3; DESIGN.md invariant 4).
+
+A restored rank must continue exactly as it would have: besides the model, the optimizer and
+the scheduler, that takes every random generator the step draws from (dropout, data order) and
+the framework's own step counters. :func:`rng_state` / :func:`restore_rng_state` cover Python's
+``random``, NumPy's global generator, torch's CPU generator and, where CUDA is initialized, every
+device's generator; :func:`counters` / :func:`restore_counters` copy named integer attributes of
+a framework object (an engine's ``global_steps``, say).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator's state, as tensors and plain values (snapshot-ready)."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back what :func:`rng_state` returned."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def counters(obj: Any, names: Sequence[str]) -> dict[str, int]:
+    """``obj``'s integer attributes ``names`` by name."""
+    return {name: int(getattr(obj, name)) for name in names}
+
+
+def restore_counters(obj: Any, values: dict[str, int]) -> None:
+    """Set the attributes :func:`counters` read."""
+    for name, value in values.items():
+        setattr(obj, name, int(value))

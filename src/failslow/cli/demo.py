@@ -1,0 +1,78 @@
+"""``failslow demo``: the main job - a real 4-rank job with a fail-slow injected from outside."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+DEMO_DEFAULTS = {
+    # framework: (iterations, slow start, slow end, stopped fraction)
+    "torch": (200, 70, 140, 0.7),
+    "deepspeed": (260, 60, 180, 0.75),
+}
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    iterations, start, end, stopped = (
+        default if given is None else given
+        for given, default in zip(
+            (args.iterations, args.slow_start, args.slow_end, args.stopped_fraction),
+            DEMO_DEFAULTS[args.framework],
+            strict=True,
+        )
+    )
+    out_dir = Path(args.out) if args.out else None
+    if args.framework == "deepspeed":
+        from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
+
+        run_mitigation_demo(
+            MitigationDemoOptions(
+                world_size=args.world_size,
+                steps=iterations,
+                slow_rank=args.slow_rank,
+                slow_start=start,
+                slow_end=end,
+                stopped_fraction=stopped,
+                out_dir=out_dir,
+                live=not args.no_live,
+            )
+        )
+        return 0
+    from failslow.demo.launcher import DemoOptions, run_demo
+
+    options = DemoOptions(
+        world_size=args.world_size,
+        iterations=iterations,
+        slow_rank=args.slow_rank,
+        slow_start=start,
+        slow_end=end,
+        stopped_fraction=stopped,
+        out_dir=out_dir,
+        live=not args.no_live,
+    )
+    return run_demo(options)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("demo", help="run a 4-rank gloo job with an injected compute fail-slow")
+    p.add_argument(
+        "--framework",
+        choices=sorted(DEMO_DEFAULTS),
+        default="torch",
+        help="torch: detection on a DDP job; deepspeed: detection, diagnosis and automatic S2 "
+        "mitigation of a DeepSpeed ZeRO-1 job, with before/after throughput",
+    )
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--iterations", type=int, help="steps (torch 200, deepspeed 260)")
+    p.add_argument("--slow-rank", type=int, default=2)
+    p.add_argument("--slow-start", type=int, help="iteration the slowdown starts (70, 60)")
+    p.add_argument("--slow-end", type=int, help="iteration the slowdown ends (140, 180)")
+    p.add_argument(
+        "--stopped-fraction",
+        type=float,
+        help="share of wall time the slow rank is SIGSTOPped while the slowdown lasts (0.7, 0.75)",
+    )
+    p.add_argument("--out", help="run directory (default: runs/demo-<time>)")
+    p.add_argument("--no-live", action="store_true", help="no live display (plain log lines)")
+    p.set_defaults(func=_cmd_demo)

@@ -1,0 +1,202 @@
+"""``failslow run``, ``update`` and ``doctor``: launch a command with failslow around it, hot
+updates of the job it runs (byterobust 6.1), and whether capture works on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from failslow.errors import FailslowError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from failslow.node.hot_update.agent import AgentOptions
+    from failslow.node.launcher import RunOptions, run
+
+    if args.stray and args.cmd is not None:
+        raise FailslowError(f"unrecognized arguments before --: {' '.join(args.stray)}")
+    if args.stray:
+        raise FailslowError("put -- before the command: failslow run [options] -- CMD [ARGS...]")
+    options = RunOptions(
+        command=list(args.cmd or []),
+        ring_dir=Path(args.ring_dir) if args.ring_dir else None,
+        capacity=args.capacity,
+        pause_timeout_s=args.pause_timeout,
+        shim=not args.no_shim,
+        python_hook=args.python_hook,
+        controller_world_size=args.controller,
+        threshold=args.threshold,
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+        snapshot_dir=Path(args.snapshot_dir) if args.snapshot_dir else None,
+        code_dir=Path(args.code_dir) if args.code_dir else None,
+        agent=AgentOptions(
+            max_restarts=args.max_restarts,
+            probation_s=args.probation,
+            window_s=args.update_window,
+            poll_s=args.update_poll,
+            stop_timeout_s=args.stop_timeout,
+        ),
+    )
+    return run(options)
+
+
+def _cmd_update_submit(args: argparse.Namespace) -> int:
+    from failslow.node.hot_update import commands
+
+    history = commands.locate(args.state_dir)
+    update = commands.submit(
+        history,
+        urgent=args.urgent,
+        command=args.new_command,
+        env=args.env or [],
+        unset_env=args.unset_env or [],
+        code_dir=args.code_dir,
+        note=args.note or "",
+        window_s=args.window,
+    )
+    print(f"update {update.id} ({update.urgency}) pending: {update.describe()}")
+    return 0
+
+
+def _cmd_update_list(args: argparse.Namespace) -> int:
+    from failslow.node.hot_update import commands
+
+    history = commands.locate(args.state_dir)
+    updates = history.updates()
+    if args.json:
+        print(json.dumps([commands.to_json(u) for u in updates]))
+    else:
+        commands.print_table(history, updates)
+    return 0
+
+
+def _cmd_update_rollback(args: argparse.Namespace) -> int:
+    from failslow.node.hot_update import commands
+
+    history = commands.locate(args.state_dir)
+    urgency = "lazy" if args.lazy else "urgent"
+    update = history.request_rollback(args.id, urgency=urgency, note=args.note or "")
+    print(f"update {update.id} ({update.urgency}) pending: {update.describe()}")
+    return 0
+
+
+def _cmd_update_cancel(args: argparse.Namespace) -> int:
+    from failslow.node.hot_update import commands
+
+    update = commands.locate(args.state_dir).cancel(args.id)
+    print(f"update {update.id} cancelled")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from failslow.nccl_hook.doctor import main as doctor
+
+    return doctor(as_json=args.json)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="launch a command with capture on: failslow run [options] -- CMD ...",
+        usage="failslow run [options] -- CMD [ARGS...]",
+    )
+    p.add_argument("--ring-dir", help="where the rings go (default: a new /dev/shm/failslow-*)")
+    p.add_argument("--capacity", type=int, help="records per ring, a power of two")
+    p.add_argument(
+        "--pause-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a paused rank resumes on its own after this long (default 60)",
+    )
+    p.add_argument("--no-shim", action="store_true", help="no LD_PRELOAD shim (Python hook only)")
+    p.add_argument(
+        "--python-hook",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="turn the Python hook on in every Python process of CMD (default: on)",
+    )
+    p.add_argument(
+        "--controller",
+        type=int,
+        metavar="WORLD_SIZE",
+        help="embed the controller (and this node's publisher) for a job of WORLD_SIZE ranks",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=1.1,
+        help="embedded controller: slow when > this x the peers' median (default 1.1)",
+    )
+    p.add_argument("--state-dir", help="the update history's directory (default: the ring dir)")
+    p.add_argument("--snapshot-dir", help="FAILSLOW_SNAPSHOT_DIR (default: in /dev/shm)")
+    p.add_argument("--code-dir", help="CMD's code directory (its working dir; updates replace it)")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart CMD in place after this many failures at most (default 0)",
+    )
+    p.add_argument(
+        "--probation",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="roll an update back when CMD fails this soon after it (default 600)",
+    )
+    p.add_argument(
+        "--update-window",
+        type=float,
+        default=24 * 3600.0,
+        metavar="SECONDS",
+        help="apply a lazy update at the latest this long after it was submitted (default 24 h)",
+    )
+    p.add_argument("--update-poll", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="SIGTERM CMD this long after its ranks agreed to stop for an update (default 300)",
+    )
+    p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_run, cmd=None)
+
+    p = sub.add_parser("update", help="hot updates of a running job: submit, list, rollback")
+    update = p.add_subparsers(dest="update_command", required=True, metavar="ACTION")
+    state = argparse.ArgumentParser(add_help=False)
+    state.add_argument(
+        "--state-dir",
+        help="the job's state directory (failslow run prints it; $FAILSLOW_STATE_DIR)",
+    )
+    q = update.add_parser("submit", parents=[state], help="record an update for the launcher")
+    when = q.add_mutually_exclusive_group()
+    when.add_argument("--urgent", action="store_true", help="stop the job now and restart it")
+    when.add_argument("--lazy", action="store_true", help="at the next failure (default)")
+    q.add_argument("--env", action="append", metavar="NAME=VALUE", help="set a variable")
+    q.add_argument("--unset-env", action="append", metavar="NAME", help="unset a variable")
+    q.add_argument("--command", dest="new_command", metavar="CMD", help="the new command line")
+    q.add_argument("--code-dir", metavar="DIR", help="the new code directory")
+    q.add_argument("--note", help="why (shown by failslow update list)")
+    q.add_argument(
+        "--window", type=float, metavar="SECONDS", help="lazy: apply at the latest after this"
+    )
+    q.set_defaults(func=_cmd_update_submit)
+    q = update.add_parser("list", parents=[state], help="the job's update history")
+    q.add_argument("--json", action="store_true", help="print one JSON array")
+    q.set_defaults(func=_cmd_update_list)
+    q = update.add_parser(
+        "rollback", parents=[state], help="restart with the version before update ID"
+    )
+    q.add_argument("id", type=int, nargs="?", metavar="ID", help="default: the last applied")
+    q.add_argument("--lazy", action="store_true", help="at the next failure, not now")
+    q.add_argument("--note", help="why")
+    q.set_defaults(func=_cmd_update_rollback)
+    q = update.add_parser("cancel", parents=[state], help="drop a pending update")
+    q.add_argument("id", type=int, metavar="ID")
+    q.set_defaults(func=_cmd_update_cancel)
+
+    p = sub.add_parser("doctor", help="check that capture (shim, NCCL, Python hook) works here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_doctor)

@@ -1,0 +1,23 @@
+"""Every key of the job's control store, defined once (DESIGN.md: the second channel).
+
+Prefixes own a protocol each; the module that speaks the protocol documents the keys below its
+prefix. The store backends keep their own bookkeeping keys (``failslow/k/``, ``failslow/i/``,
+...) out of this namespace.
+"""
+
+from __future__ import annotations
+
+JOB = "failslow/job"
+"""The job record rank 0's session writes once: topology, capabilities, world size."""
+STEPS = "failslow/steps"
+"""Rank 0's recent step times (``{"steps": [[step, seconds], ...], "wall": t}``)."""
+DIAGNOSES = "failslow/diagnoses"
+"""A counter of diagnoses and ``{DIAGNOSES}/{n}``: each diagnosis as JSON."""
+VALIDATE = "failslow/validate"
+"""Validation rounds: pause requests, the ranks' positions, tasks, results
+(:mod:`failslow.core.control.validator`, :mod:`failslow.runtime.agent`)."""
+NODE = "failslow/node"
+"""What node publishers write: onsets, reliefs, group summaries
+(:mod:`failslow.node.publisher`)."""
+PLANS = "failslow/plans"
+"""The two-phase plan channel (:mod:`failslow.core.control.plan_channel`)."""

@@ -1,0 +1,28 @@
+"""Stopping every rank at one step boundary for a hot update (byterobust 6.1).
+
+Not a mitigation: the launcher's update agent (:mod:`failslow.node.hot_update.agent`) sends
+:class:`StopForUpdate` through the plan channel (:mod:`failslow.core.control.plan_channel`), so
+every rank reaches the same step boundary, commits its in-memory snapshot there and exits with
+:data:`EXIT_FOR_UPDATE`; the launcher then restarts the command in place with the update and the
+ranks resume from that snapshot (:mod:`failslow.runtime.session`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from failslow.core.planner.plans import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopForUpdate(Plan):
+    """Every rank commits an in-memory snapshot at one step boundary and exits with
+    :data:`EXIT_FOR_UPDATE`, so the node agent restarts it in place with new code or config
+    (byterobust 6.1); the restarted ranks resume from that snapshot."""
+
+    update_id: int
+    reason: str = ""
+
+
+EXIT_FOR_UPDATE = 75
+"""Exit status of a rank that stopped for a hot update (EX_TEMPFAIL)."""

@@ -1,0 +1,59 @@
+"""Settings of the localization stage: detection thresholds and the validation tests.
+
+greyhound 4.3: a group or rank is slow at more than 1.1x its peers' median; validation pauses
+the job and runs GEMM and O(1) ring/tree link tests. Composed into the ``detection`` and
+``validation`` sections of :class:`failslow.config.FailslowConfig`; the controller
+(:mod:`failslow.core.control.controller`) takes them as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(kw_only=True, slots=True)
+class DetectionConfig:
+    threshold: float = 1.1
+    """A rank or group is slow at > threshold x its peers' median (greyhound 4.3)."""
+    cooldown_s: float = 30.0
+    """Onsets this soon after a diagnosis (and no relief since) belong to the same fail-slow -
+    other ranks report the job-wide slowdown a few iterations later."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ValidationConfig:
+    gemm_size: int | None = None
+    """Side of the square GEMM each rank times (greyhound 4.3); None: the device's default
+    (1024 on CPU, 8192 on GPU)."""
+    gemm_dtypes: tuple[str, ...] = ()
+    """Data types the GEMM is timed in; empty: the device's defaults."""
+    gemm_repetitions: int = 3
+    gemm_serial: bool = False
+    """Ranks take turns (for CPU ranks that share cores; GPUs measure at once)."""
+    link_mb: int = 16
+    """Bytes per O(1) ring/tree link test, in MiB."""
+    link_repetitions: int = 3
+    pause_margin_s: float = 0.3
+    """How far ahead of the ranks' extrapolated positions the pause lands (calls/s x margin);
+    must cover the agents' poll period (they see the request within one poll)."""
+    pause_attempts: int = 3
+    """A round whose target some rank had passed is released at once and retried, each time
+    with twice the margin."""
+    pause_timeout_s: float = 60.0
+    """Every rank must park and finish the round's tasks within this long (else released)."""
+    recheck_every_s: float = 60.0
+    """While a mitigation is in effect, re-validate this often to see the fail-slow end (and at
+    once on a relief: a plan that hides the slowdown also hides its end from detection)."""
+
+    def gemm_task(self) -> dict[str, object]:
+        """The GEMM validation task every rank runs (:func:`failslow.runtime.agent.run_task`)."""
+        task: dict[str, object] = {
+            "kind": "gemm",
+            "repetitions": self.gemm_repetitions,
+            "serial": self.gemm_serial,
+        }
+        if self.gemm_size:
+            task["size"] = self.gemm_size
+        if self.gemm_dtypes:
+            task["dtypes"] = list(self.gemm_dtypes)
+        return task

@@ -1,0 +1,35 @@
+"""Settings of the mitigation planner (greyhound 5: ski-rental over S1-S4).
+
+Composed into the ``planner`` section of :class:`failslow.config.FailslowConfig`; the mitigator
+(:mod:`failslow.core.control.mitigator`) turns them into the planner's
+:class:`~failslow.core.planner.planner.MitigationCosts` and plan-channel timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STRATEGIES = ("S2", "S3", "S4")
+"""The levels above S1 (ignore): micro-batch redistribution, topology swap, restart."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PlannerConfig:
+    strategies: tuple[str, ...] = STRATEGIES
+    """Mitigation levels the planner may buy (greyhound 5; the adapter's capabilities also
+    filter them)."""
+    min_gain: float = 0.05
+    """Skip a level whose estimated step time is not this much better than the observed one."""
+    microbatch_apply_s: float = 0.5
+    """Estimated cost of switching micro-batch plans (prepare, commit, one step boundary)."""
+    pause_s: float = 30.0
+    """Estimated pause of a topology swap."""
+    restart_s: float = 300.0
+    """Estimated restart from in-memory checkpoints without the evicted hosts."""
+    transfer_gbps: float = 100.0
+    """State transfer bandwidth between hosts, Gbit/s."""
+    plan_timeout_s: float = 60.0
+    """Every rank must accept a plan within this long, or it is aborted everywhere."""
+    horizon_s: float = 1.0
+    """A plan takes effect about this long after every rank accepted it (in steps at the
+    job's step rate, at least 2 steps): ranks never block while the decision travels."""

@@ -1,0 +1,143 @@
+"""The node's LocalAnalyzer (greyhound 4.1-4.2): rings -> iteration times -> onset/relief.
+
+One analyzer watches the rings of the ranks on one node. For each rank it keeps an online
+:class:`IterationTracker` (ACF period over the call sequence) and a :class:`FailSlowDetector`
+(BOCD + verification). ``poll()`` reads whatever the capture layer committed since the last
+call and returns the new iteration times and change events per rank. Its cost per call is
+proportional to the new records of the node's own ranks only - never to the world size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from failslow.core.localize.summaries import GroupSummarizer, GroupSummary
+from failslow.core.ring import RingFormatError, RingReader, find_rings
+from failslow.core.tracking import ChangeEvent, FailSlowDetector, IterationTracker
+from failslow.core.tracking.reorder import ReorderBuffer
+
+
+@dataclass
+class RankState:
+    rank: int
+    reader: RingReader
+    tracker: IterationTracker
+    detector: FailSlowDetector
+    reorder: ReorderBuffer = field(default_factory=ReorderBuffer)
+    iterations: int = 0
+    iteration_times: list[float] = field(default_factory=list)  # empty unless keep_history
+    events: list[ChangeEvent] = field(default_factory=list)
+    summarizer: GroupSummarizer | None = None  # recent records for per-group summaries
+
+
+@dataclass
+class RankUpdate:
+    """What one poll learned about one rank."""
+
+    rank: int
+    new_times: np.ndarray
+    first_iteration: int  # index of new_times[0] in the rank's iteration sequence
+    events: list[ChangeEvent]
+    reported_at: list[int]  # iteration index at which each event was reported (its latency)
+
+
+class LocalAnalyzer:
+    """Tracks every ring in a ring directory (the ranks of one node)."""
+
+    def __init__(
+        self,
+        ring_dir: str | os.PathLike[str],
+        *,
+        detector_factory: Callable[[], FailSlowDetector] = FailSlowDetector,
+        tracker_factory: Callable[[], IterationTracker] = IterationTracker,
+        keep_history: bool = True,
+        summaries: bool = True,
+    ) -> None:
+        self.ring_dir = Path(ring_dir)
+        self._detector_factory = detector_factory
+        self._tracker_factory = tracker_factory
+        self._keep_history = keep_history
+        self._summaries = summaries
+        self.ranks: dict[int, RankState] = {}
+        self._seen: set[Path] = set()
+
+    def discover(self) -> None:
+        """Open rings that appeared since the last call (a restarted rank gets a fresh state)."""
+        for path in find_rings(self.ring_dir):
+            if path in self._seen:
+                continue
+            try:
+                reader = RingReader(path)
+            except (RingFormatError, FileNotFoundError):
+                continue  # not complete yet; retried on the next poll
+            self._seen.add(path)
+            old = self.ranks.get(reader.global_rank)
+            if old is not None:
+                old.reader.close()
+            self.ranks[reader.global_rank] = RankState(
+                rank=reader.global_rank,
+                reader=reader,
+                tracker=self._tracker_factory(),
+                detector=self._detector_factory(),
+                summarizer=GroupSummarizer(reader.global_rank, path) if self._summaries else None,
+            )
+
+    def poll(self) -> list[RankUpdate]:
+        self.discover()
+        updates = []
+        for rank in sorted(self.ranks):
+            state = self.ranks[rank]
+            records = state.reorder.push(state.reader.poll())
+            if not len(records):
+                continue
+            epoch = state.tracker.epoch
+            ends, times = state.tracker.feed_with_ends(records)
+            times = np.asarray(times, dtype=np.float64)
+            if state.tracker.epoch != epoch and state.iterations:
+                # The call pattern was re-detected (more data, or a topology change): times
+                # before and after measure different things, so the baseline starts afresh.
+                state.detector = self._detector_factory()
+            if state.summarizer is not None:
+                if state.tracker.epoch != epoch:
+                    state.summarizer.reset_iterations()
+                state.summarizer.add(records, ends)
+            first = state.iterations
+            events: list[ChangeEvent] = []
+            reported_at: list[int] = []
+            for i, t in enumerate(times):
+                new = state.detector.update(float(t))
+                events.extend(new)
+                reported_at.extend([first + i] * len(new))
+            state.iterations += len(times)
+            if self._keep_history:
+                state.iteration_times.extend(times.tolist())
+            state.events.extend(events)
+            if len(times) or events:
+                updates.append(RankUpdate(rank, times, first, events, reported_at))
+        return updates
+
+    def group_summaries(self, *, iterations: int = 5, seconds: float = 10.0) -> list[GroupSummary]:
+        """Per-group summaries of every local rank over its last ``iterations`` iterations
+        (the last ``seconds`` while its iterations are not known yet): what the node publishes
+        for cross-group profiling (greyhound 4.3) instead of raw events."""
+        out: list[GroupSummary] = []
+        for rank in sorted(self.ranks):
+            summarizer = self.ranks[rank].summarizer
+            if summarizer is not None:
+                out.extend(summarizer.summaries(iterations=iterations, seconds=seconds))
+        return out
+
+    def dropped(self) -> int:
+        """Records lost: lapped by the writer, abandoned by it, or arriving too late to order."""
+        return sum(
+            s.reader.dropped + s.reader.writer_dropped + s.reorder.late for s in self.ranks.values()
+        )
+
+    def close(self) -> None:
+        for state in self.ranks.values():
+            state.reader.close()

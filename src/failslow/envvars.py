@@ -1,0 +1,48 @@
+"""Every environment variable failslow reads or sets, defined once (DESIGN.md, one definition).
+
+The launcher (``failslow run``) sets most of them for the processes it starts; the capture
+layer, the rank runtime and the node layer read them. The C shim reads four of them by the same
+names (``native/*.c``; a test checks that every ``getenv("FAILSLOW_...")`` there is listed here).
+"""
+
+from __future__ import annotations
+
+# -- capture (nccl_hook, C shim) -----------------------------------------------------------------
+RING_DIR = "FAILSLOW_RING_DIR"
+"""Where each process writes its event ring (set by ``failslow run``)."""
+RING_CAPACITY = "FAILSLOW_RING_CAPACITY"
+"""Records per ring, a power of two."""
+CAPTURE = "FAILSLOW_CAPTURE"
+"""``1``: install the Python hook in every Python process (with :data:`RING_DIR`)."""
+PAUSE_TIMEOUT_S = "FAILSLOW_PAUSE_TIMEOUT_S"
+"""A paused rank resumes on its own after this many seconds (the pause trap's timeout)."""
+NCCL_LIB = "FAILSLOW_NCCL_LIB"
+"""The libnccl the shim and ``failslow doctor`` use instead of the one torch would load."""
+CUDART_LIB = "FAILSLOW_CUDART_LIB"
+"""The libcudart the shim uses for device timing."""
+DEVICE_TIMING = "FAILSLOW_DEVICE_TIMING"
+"""The shim's device-side timing (CUDA events) on or off."""
+SKIP_NATIVE = "FAILSLOW_SKIP_NATIVE"
+"""``1`` at install time: do not build the C shim."""
+
+# -- the rank runtime ----------------------------------------------------------------------------
+STORE = "FAILSLOW_STORE"
+"""The job's control store URL; honoured as the ``store`` setting."""
+SNAPSHOT_DIR = "FAILSLOW_SNAPSHOT_DIR"
+"""Node-local directory of in-memory snapshots and peers' backups (set by ``failslow run``)."""
+CONFIG_PREFIX = "FAILSLOW__"
+"""``FAILSLOW__SECTION__KEY=value`` sets one setting (two underscores between levels)."""
+DISABLE_PLUGIN_AUTOLOAD = "FAILSLOW_DISABLE_PLUGIN_AUTOLOAD"
+"""Set: no third-party plugins from the ``failslow`` entry-point group."""
+
+# -- the node layer (launcher, hot update) -------------------------------------------------------
+STATE_DIR = "FAILSLOW_STATE_DIR"
+"""The job's update history (``failslow update --state-dir``)."""
+CODE_DIR = "FAILSLOW_CODE_DIR"
+"""The code directory of the version running now."""
+CODE_VERSION = "FAILSLOW_CODE_VERSION"
+"""The content hash of :data:`CODE_DIR`."""
+UPDATE_ID = "FAILSLOW_UPDATE_ID"
+"""The last update applied to this launch (0: none)."""
+RESTART = "FAILSLOW_RESTART"
+"""How many times the launcher relaunched the command before this launch."""

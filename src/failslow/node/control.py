@@ -1,0 +1,90 @@
+"""The job's control beside its launcher: node publisher, controller and mitigator (greyhound 4.1).
+
+:class:`JobControl` is what ``failslow run --controller N`` (and ``failslow demo``) start next to
+the training command on the node that hosts the controller: the node's
+:class:`~failslow.node.publisher.NodePublisher` (onsets, reliefs, group summaries from this
+node's rings) on a thread, and the job's
+:class:`~failslow.core.control.control_plane.ControlPlane` with the plugin hooks. It owns those
+threads and stops them in :meth:`JobControl.stop`. :func:`host_store` is the embedded control
+store (a TCPStore on 127.0.0.1, port 0) for a one-node job.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from failslow.config import FailslowConfig
+from failslow.core.control.control_plane import ControlPlane
+from failslow.core.control.store import Store, open_store
+from failslow.core.diagnosis.record import Diagnosis
+from failslow.core.tracking.analyzer import LocalAnalyzer
+from failslow.node.publisher import NodePublisher
+from failslow.plugins import plugin_manager
+
+
+def host_store() -> Store:
+    """An embedded control store in this process: a TCPStore on 127.0.0.1 and a free port
+    (its client URL is ``store.url``)."""
+    return open_store("tcp://127.0.0.1:0?master=1")
+
+
+class JobControl:
+    def __init__(
+        self,
+        store: Store,
+        config: FailslowConfig,
+        *,
+        world_size: int,
+        ring_dir: Path | None = None,
+        log_dir: Path | None = None,
+        plugins: Iterable[Any] = (),
+        on_diagnosis: Callable[[Diagnosis], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.plane = ControlPlane(
+            store,
+            config,
+            world_size=world_size,
+            log_dir=log_dir,
+            hooks=plugin_manager(plugins).hook,
+            on_diagnosis=on_diagnosis,
+        )
+        self.publisher = NodePublisher(LocalAnalyzer(ring_dir), store) if ring_dir else None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+
+    @property
+    def controller(self) -> Any:
+        return self.plane.controller
+
+    @property
+    def mitigator(self) -> Any:
+        return self.plane.mitigator
+
+    def start(self) -> JobControl:
+        """Start the threads (a second call does nothing)."""
+        if self._started:
+            return self
+        self._started = True
+        self.plane.start()
+        if self.publisher is not None:
+            self._thread = threading.Thread(
+                target=self.publisher.run, args=(self._stop.is_set,), name="failslow-node"
+            )
+            self._thread.daemon = True
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop and join the threads (safe when never started)."""
+        if not self._started:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+            self._thread = None
+        self.plane.stop()

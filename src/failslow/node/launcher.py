@@ -1,0 +1,289 @@
+"""``failslow run [options] -- CMD ...``: launch a training command with capture turned on.
+
+greyhound 4.2 asks the Monitor to be transparent (R1): no change to the training code. This
+launcher gets there from the outside. It starts CMD (``torchrun ...``, ``python train.py``,
+``deepspeed ...``) with
+
+* the LD_PRELOAD shim first in ``LD_PRELOAD`` (any existing entries kept after it), which
+  records every NCCL call of every process;
+* the Python hook turned on in every Python process of CMD (``FAILSLOW_CAPTURE=1`` and a
+  ``sitecustomize`` first on ``PYTHONPATH`` that installs it once torch is imported), which
+  records every torch.distributed call of any backend (gloo included);
+* where the rings go and how they behave: ``FAILSLOW_RING_DIR``, ``FAILSLOW_RING_CAPACITY``
+  and ``FAILSLOW_PAUSE_TIMEOUT_S`` (the pause trap's self-release, see ``trap.py``).
+
+CMD runs in its own process group; SIGINT and SIGTERM sent to the launcher are forwarded to
+that group, and the launcher returns CMD's exit status (128 + N when a signal N ended it).
+
+The launcher is also the node agent of byterobust 6.1 (in-place hot update): CMD gets a
+``FAILSLOW_SNAPSHOT_DIR`` (node-local, the same across restarts) for its in-memory snapshots, and
+``failslow update submit --state-dir DIR`` asks the launcher to restart CMD in place with a new
+command, environment or code directory (:mod:`failslow.node.hot_update.agent`); ``--max-restarts``
+lets it restart CMD after failures too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from failslow import envvars
+from failslow.errors import ConfigError, FailslowError
+from failslow.runtime import SITE_DIR
+
+if TYPE_CHECKING:
+    from failslow.node.control import JobControl
+    from failslow.node.hot_update.agent import AgentOptions
+
+SHM = Path("/dev/shm")
+
+
+@dataclass(kw_only=True, slots=True)
+class RunOptions:
+    """What ``failslow run`` was asked to do."""
+
+    command: list[str] = field(default_factory=list)
+    ring_dir: Path | None = None  # default: a fresh directory under /dev/shm (else the temp dir)
+    capacity: int | None = None  # records per ring, a power of two
+    pause_timeout_s: float | None = None
+    shim: bool = True
+    python_hook: bool = True
+    controller_world_size: int | None = None
+    """Run the controller embedded in the launcher for a job of this many ranks (one node)."""
+    threshold: float = 1.1
+    """The embedded controller's slow threshold (x the peers' median; greyhound 4.3: 1.1)."""
+    state_dir: Path | None = None
+    """Where the update history lives (default: the ring directory)."""
+    snapshot_dir: Path | None = None
+    """``FAILSLOW_SNAPSHOT_DIR`` (default: ``<ring dir>/snapshots`` when that is in /dev/shm)."""
+    code_dir: Path | None = None
+    """CMD's code directory (its working directory; hot updates may replace it)."""
+    agent: AgentOptions = field(default_factory=lambda: _agent_options())
+
+
+@dataclass(slots=True)
+class Launch:
+    """The resolved launch: the command with its executable found, and its environment."""
+
+    argv: list[str]
+    env: dict[str, str]
+    ring_dir: Path
+    shim: str | None
+    snapshot_dir: Path | None = None
+
+
+def default_ring_dir() -> Path:
+    """``/dev/shm/failslow-<time>-<pid>`` when /dev/shm is usable, else the same in $TMPDIR."""
+    base = (
+        SHM if SHM.is_dir() and os.access(SHM, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
+    )
+    return base / f"failslow-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def _shim_path() -> str:
+    try:
+        from failslow.nccl_hook.native import shim_path
+    except ImportError as exc:
+        raise FailslowError(
+            f"the LD_PRELOAD shim is not part of this install ({exc}); run with --no-shim"
+        ) from None
+    try:
+        return str(shim_path())
+    except FailslowError as exc:
+        text = str(exc)
+        raise FailslowError(
+            text if "--no-shim" in text else f"{text}; or run with --no-shim"
+        ) from None
+
+
+def _check_options(options: RunOptions) -> None:
+    if not options.command:
+        raise FailslowError("no command to run: failslow run [options] -- CMD [ARGS...]")
+    cap = options.capacity
+    if cap is not None and (cap <= 0 or cap & (cap - 1)):
+        raise ConfigError(f"--capacity must be a positive power of two, got {cap}")
+    if options.pause_timeout_s is not None and not options.pause_timeout_s > 0:
+        raise ConfigError(f"--pause-timeout must be > 0 seconds, got {options.pause_timeout_s}")
+    agent = options.agent
+    if agent.max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {agent.max_restarts}")
+    for name, value in (
+        ("--probation", agent.probation_s),
+        ("--update-window", agent.window_s),
+        ("--stop-timeout", agent.stop_timeout_s),
+    ):
+        if not value >= 0:
+            raise ConfigError(f"{name} must be >= 0 seconds, got {value}")
+    if not agent.poll_s > 0:
+        raise ConfigError(f"--update-poll must be > 0 seconds, got {agent.poll_s}")
+    if options.code_dir is not None and not options.code_dir.is_dir():
+        raise ConfigError(f"--code-dir {options.code_dir}: not a directory")
+
+
+def _find_executable(name: str, env: Mapping[str, str]) -> str:
+    if os.sep in name:
+        if os.path.isfile(name) and os.access(name, os.X_OK):
+            return name
+    else:
+        found = shutil.which(name, path=env.get("PATH", os.defpath))
+        if found:
+            return found
+    raise FailslowError(f"{name!r} is not an executable command (looked on $PATH)")
+
+
+def prepare(options: RunOptions, base_env: Mapping[str, str] | None = None) -> Launch:
+    """Resolve the command and build its environment; creates the ring directory."""
+    _check_options(options)
+    env = dict(os.environ if base_env is None else base_env)
+    executable = _find_executable(options.command[0], env)
+    shim = _shim_path() if options.shim else None
+    ring_dir = (options.ring_dir or default_ring_dir()).absolute()
+    try:
+        ring_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FailslowError(
+            f"cannot create the ring directory {ring_dir}: {exc.strerror}"
+        ) from None
+    env[envvars.RING_DIR] = str(ring_dir)
+    snapshot_dir = (options.snapshot_dir or default_snapshot_dir(ring_dir)).absolute()
+    env[envvars.SNAPSHOT_DIR] = str(snapshot_dir)
+    if options.capacity is not None:
+        env[envvars.RING_CAPACITY] = str(options.capacity)
+    if options.pause_timeout_s is not None:
+        env[envvars.PAUSE_TIMEOUT_S] = repr(float(options.pause_timeout_s))
+    if shim is not None:
+        previous = env.get("LD_PRELOAD", "").strip()
+        kept = [p for p in previous.replace(" ", ":").split(":") if p and p != shim]
+        env["LD_PRELOAD"] = ":".join([shim, *kept])
+    if options.python_hook:
+        env[envvars.CAPTURE] = "1"
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
+        env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *paths])
+    return Launch([executable, *options.command[1:]], env, ring_dir, shim, snapshot_dir)
+
+
+def default_snapshot_dir(ring_dir: Path) -> Path:
+    """``<ring dir>/snapshots`` when the ring directory is in /dev/shm; else a directory in
+    /dev/shm named after the ring directory, so a relaunch with the same rings finds it again."""
+    ring_dir = ring_dir.absolute()
+    if ring_dir.is_relative_to(SHM) or not SHM.is_dir():
+        return ring_dir / "snapshots"
+    tag = hashlib.sha256(str(ring_dir).encode()).hexdigest()[:10]
+    return SHM / f"failslow-{ring_dir.name}-{tag}" / "snapshots"
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run(options: RunOptions) -> int:
+    """Launch, wait (restarting CMD in place for hot updates), return CMD's exit status."""
+    from failslow.node.hot_update.agent import Agent
+    from failslow.node.hot_update.history import open_history
+    from failslow.node.hot_update.version import Version, code_version
+
+    launch = prepare(options)
+    say = _stderr_line
+    say(f"rings in {launch.ring_dir}")
+    say(
+        f"LD_PRELOAD shim: {launch.shim or 'off'}; Python hook: "
+        f"{'on' if options.python_hook else 'off'}"
+    )
+    state_dir = (options.state_dir or launch.ring_dir).absolute()
+    history = open_history(state_dir, create=True)
+    launch.env[envvars.STATE_DIR] = str(state_dir)
+    launcher = {"pid": os.getpid(), "started_at": time.time(), "ring_dir": str(launch.ring_dir)}
+    history.set_job("launcher", {**launcher, "snapshot_dir": str(launch.snapshot_dir)})
+    say(f"snapshots in {launch.snapshot_dir}")
+    say(f"hot updates: failslow update submit --state-dir {state_dir} ...")
+    code_dir = str(options.code_dir.absolute()) if options.code_dir else None
+    base = Version(
+        command=tuple(options.command),
+        code_dir=code_dir,
+        code_version=code_version(code_dir) if code_dir else None,
+    )
+    control = _job_control(options, launch) if options.controller_world_size else None
+    spawn_options: dict[str, Any] = (
+        {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    )
+
+    def spawn(version: Version, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        name = version.command[0]
+        if version.code_dir and os.sep in name and not os.path.isabs(name):
+            name = os.path.join(version.code_dir, name)
+        executable = _find_executable(name, env)
+        try:
+            child = subprocess.Popen(
+                [executable, *version.command[1:]], env=env, cwd=version.code_dir, **spawn_options
+            )
+        except OSError as exc:
+            raise FailslowError(f"cannot start {version.command[0]!r}: {exc.strerror}") from None
+        if control is not None:
+            control.start()  # once, with the first launch (idempotent)
+        return child
+
+    agent = Agent(
+        history,
+        base,
+        launch.env,
+        spawn,
+        options=options.agent,
+        store=control.store if control is not None else None,
+        say=say,
+    )
+    try:
+        status = agent.run()
+    finally:
+        if control is not None:
+            control.stop()
+            control.store.close()
+        history.close()
+    say(
+        f"{options.command[0]} exited with status {status}; rings kept in {launch.ring_dir} "
+        f"(failslow export {launch.ring_dir})"
+    )
+    return status
+
+
+def _agent_options() -> AgentOptions:
+    from failslow.node.hot_update.agent import AgentOptions
+
+    return AgentOptions()
+
+
+def _job_control(options: RunOptions, launch: Launch) -> JobControl:
+    """The embedded control store (its URL in CMD's ``FAILSLOW_STORE``), the node publisher and
+    the control plane for a one-node job of ``--controller N`` ranks; started with CMD."""
+    from failslow.config import load_config
+    from failslow.node.control import JobControl, host_store
+
+    assert options.controller_world_size is not None
+    options.agent.world_size = options.controller_world_size
+    store = host_store()
+    launch.env[envvars.STORE] = store.url
+    log_dir = launch.ring_dir / "diagnoses"
+    config = load_config(overrides={"detection.threshold": options.threshold})
+    say = _stderr_line
+    control = JobControl(
+        store,
+        config,
+        world_size=options.controller_world_size,
+        ring_dir=launch.ring_dir,
+        log_dir=log_dir,
+        on_diagnosis=lambda d: say(f"diagnosis {d.to_json()}"),
+    )
+    say(f"controller embedded ({options.controller_world_size} ranks); diagnoses in {log_dir}")
+    return control
+
+
+def _stderr_line(text: str) -> None:
+    print(f"failslow run: {text}", file=sys.stderr, flush=True)

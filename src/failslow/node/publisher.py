@@ -1,0 +1,92 @@
+"""The node side of the controller channel: onsets, reliefs and group summaries, never events.
+
+greyhound 4.1: a LocalAnalyzer per node tracks its ranks' iteration times and reports change
+points; the GlobalAnalyzer (the controller) asks for per-group profiles only when it profiles.
+:class:`NodePublisher` wraps a :class:`~failslow.core.tracking.analyzer.LocalAnalyzer` and writes:
+
+- ``{prefix}/onsets`` (a counter) and ``{prefix}/onsets/{n}`` (one JSON record per detected
+  onset or relief: rank, type, iteration, levels, wall time);
+- ``{prefix}/summaries/{rank}`` (the rank's :class:`~failslow.core.localize.summaries.GroupSummary`
+  list, refreshed every ``summary_every_s``; each rank's key is overwritten, so the store does
+  not grow).
+
+Per poll, store traffic is O(events + local ranks / summary period): it does not grow with the
+world size on any node, and raw events never leave the node. :meth:`NodePublisher.run` is the
+one publishing loop: ``failslow node`` runs it in the foreground, the launcher that hosts a
+controller on a thread (:mod:`failslow.node.control`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from failslow.core.control import keys
+from failslow.core.control.store import Store
+from failslow.core.tracking.analyzer import LocalAnalyzer, RankUpdate
+
+log = logging.getLogger(__name__)
+
+
+class NodePublisher:
+    def __init__(
+        self,
+        analyzer: LocalAnalyzer,
+        store: Store,
+        *,
+        prefix: str = keys.NODE,
+        summary_every_s: float = 1.0,
+        summary_iterations: int = 5,
+    ) -> None:
+        self.analyzer = analyzer
+        self.store = store
+        self.prefix = prefix
+        self.summary_every_s = summary_every_s
+        self.summary_iterations = summary_iterations
+        self._last_summary = 0.0
+        self.iterations: dict[int, int] = {}
+        """Iterations seen so far per local rank (the analyzer's count)."""
+
+    def run(self, stop: Callable[[], bool], poll_s: float = 0.05) -> None:
+        """Poll every ``poll_s`` until ``stop()``; a failing poll is logged, never raised (the
+        publisher must not take its launcher down)."""
+        while not stop():
+            try:
+                self.poll()
+            except Exception:
+                log.warning("failslow: node publisher poll failed", exc_info=True)
+            time.sleep(poll_s)
+
+    def poll(self) -> list[RankUpdate]:
+        updates = self.analyzer.poll()
+        for update in updates:
+            self.iterations[update.rank] = update.first_iteration + len(update.new_times)
+            for event, reported in zip(update.events, update.reported_at, strict=True):
+                self._publish_event(update.rank, event, reported)
+        now = time.monotonic()
+        if now - self._last_summary >= self.summary_every_s:
+            self._last_summary = now
+            self.publish_summaries()
+        return updates
+
+    def _publish_event(self, rank: int, event: Any, reported: int) -> None:
+        record = {
+            "rank": rank,
+            "type": event.type,
+            "iteration": int(event.iteration),
+            "reported_at": int(reported),
+            "before_s": float(event.before_s),
+            "after_s": float(event.after_s),
+            "wall": time.time(),
+        }
+        n = self.store.add(f"{self.prefix}/onsets", 1)
+        self.store.set_json(f"{self.prefix}/onsets/{n}", record)
+
+    def publish_summaries(self) -> None:
+        by_rank: dict[int, list[dict[str, Any]]] = {}
+        for summary in self.analyzer.group_summaries(iterations=self.summary_iterations):
+            by_rank.setdefault(summary.rank, []).append(summary.to_dict())
+        for rank, items in by_rank.items():
+            self.store.set_json(f"{self.prefix}/summaries/{rank}", items)

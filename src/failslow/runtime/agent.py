@@ -1,0 +1,180 @@
+"""The rank-side agent of a validation round: pause at one collective, validate, resume.
+
+greyhound 4.3: on a suspected fail-slow, training "is paused at the next iteration boundary",
+GEMM and O(1) link tests run on the suspects, then training resumes. The agent lives in every
+rank process (beside the capture layer) and talks to the controller only through the control
+store (DESIGN.md: the second channel):
+
+1. A thread polls ``{prefix}/pause`` (one small read per ``poll_s``; nothing per iteration).
+   A new request ``{"epoch", "group_key", "call_index"}`` arms the rank's own trap with that
+   target (ring header ``pause_group``/``pause_call``/``control``): the rank parks right before
+   the group's collective number ``call_index``, the same collective on every member.
+2. While parked, the trap calls :meth:`RankAgent.while_parked` in the training thread: the
+   agent counts itself in ``{prefix}/{epoch}/parked``, then runs the round's tasks
+   (``{prefix}/{epoch}/tasks``, executed in order by every rank, so collective tasks line up),
+   publishing each result under ``{prefix}/{epoch}/result/{i}/{rank}`` and counting
+   ``{prefix}/{epoch}/done/{i}``; validation traffic issued from the trap is never recorded.
+3. ``{prefix}/{epoch}/release`` clears the trap and training goes on exactly where it stopped.
+
+If the controller dies, the trap's own timeout releases the rank; if the store is gone, the
+:class:`~failslow.core.control.resilient.ResilientStore` answers None and nothing is armed.
+Tasks: ``{"kind": "gemm", ...}`` (:func:`failslow.core.localize.validation.gemm.gemm_seconds`; with
+``"serial": true`` the ranks take turns, for CPU ranks that share cores - GPUs measure at once) and
+``{"kind": "links", "passes": [[[src, dst], ...], ...], "nbytes": n, "repetitions": r}``
+(:func:`failslow.core.localize.validation.links.measure_links`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from failslow.core.control import keys
+from failslow.core.control.polling import PollingThread
+from failslow.core.control.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def run_task(task: Mapping[str, Any]) -> Any:
+    """Execute one validation task on this rank; returns a JSON-serialisable result."""
+    kind = task.get("kind")
+    if kind == "gemm":
+        from failslow.core.localize.validation.gemm import gemm_seconds
+
+        options = {k: v for k, v in task.items() if k in ("size", "dtypes", "repetitions")}
+        if "dtypes" in options:
+            options["dtypes"] = tuple(options["dtypes"])
+        if not task.get("serial"):
+            return gemm_seconds(**options)
+        # Ranks that share CPU cores would measure each other: take turns (barrier between)
+        import torch.distributed as dist
+
+        result: dict[str, float] = {}
+        for turn in range(dist.get_world_size()):
+            if turn == dist.get_rank():
+                result = gemm_seconds(**options)
+            dist.barrier()
+        return result
+    if kind == "links":
+        from failslow.core.localize.validation.links import measure_links
+
+        passes = [[(int(a), int(b)) for a, b in one] for one in task["passes"]]
+        measured = measure_links(
+            passes,
+            nbytes=int(task.get("nbytes", 1 << 20)),
+            repetitions=int(task.get("repetitions", 3)),
+            timeout_s=float(task.get("timeout_s", 60.0)),
+        )
+        return [[a, b, seconds] for (a, b), seconds in measured.items()]
+    raise ValueError(f"unknown validation task kind {kind!r}")
+
+
+class RankAgent:
+    """One per rank process; ``arm`` is how the trap gets its target (ring header words)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        rank: int,
+        set_header_word: Callable[[str, int], None],
+        prefix: str = keys.VALIDATE,
+        poll_s: float = 0.2,
+        check_every_s: float = 0.02,
+        position: Callable[[], tuple[int, ...] | None] | None = None,
+    ) -> None:
+        self.store = store
+        self.rank = rank
+        self.prefix = prefix
+        self._set = set_header_word
+        self._check_every_s = check_every_s
+        self.epoch = 0
+        self._counted = False
+        self._next_task = 0
+        self._last_check = 0.0
+        self._poller = PollingThread(self._poll, name="failslow-agent", poll_s=poll_s)
+        self._position = position
+
+    def start(self) -> RankAgent:
+        self._poller.start()
+        return self
+
+    def stop(self) -> None:
+        self._poller.stop()
+
+    def _poll(self) -> None:
+        self.publish_position()
+        self.check_request()
+
+    def publish_position(self) -> None:
+        """``{prefix}/progress/{rank}``: the pause group's key, the next call_index this rank
+        will issue on it and its calls per second, so the controller can pick a target no rank
+        has reached (one small write per ``poll_s``, independent of the world size)."""
+        if self._position is None:
+            return
+        where = self._position()
+        if where is not None:
+            key, next_index = where[0], where[1]
+            now = time.monotonic()
+            last = getattr(self, "_last_position", None)
+            rate = 0.0
+            if last is not None and last[0] == key and now > last[2]:
+                rate = (next_index - last[1]) / (now - last[2])
+            self._last_position = (key, next_index, now)
+            record: dict[str, Any] = {
+                "group_key": key,
+                "next": next_index,
+                "rate": rate,
+                "t": time.time(),
+            }
+            if len(where) == 4:  # (period, residue) of the iteration on this group (phase.py)
+                record["phase"] = [where[2], where[3]]
+            self.store.set_json(f"{self.prefix}/progress/{self.rank}", record)
+
+    def check_request(self) -> bool:
+        """Arm the trap when the store holds a new pause request; True if it did."""
+        request = self.store.get_json(f"{self.prefix}/pause")
+        if not request or int(request["epoch"]) <= self.epoch:
+            return False
+        self.epoch = int(request["epoch"])
+        if self.store.get(f"{self.prefix}/{self.epoch}/release") is not None:
+            return False  # a round that ended before this rank (a restarted process) joined
+        self._counted, self._next_task = False, 0
+        where = self._position() if self._position is not None else None
+        if where is not None and where[0] == int(request["group_key"]):
+            if where[1] > int(request["call_index"]):
+                # already past the target: parking later would stop this rank at another
+                # collective than its peers; tell the controller, which releases and retries
+                self.store.add(f"{self.prefix}/{self.epoch}/missed", 1)
+                return False
+        self._set("pause_group", int(request["group_key"]))
+        self._set("pause_call", int(request["call_index"]))
+        self._set("control", self.epoch)  # last: the target is in place first
+        return True
+
+    def while_parked(self) -> None:
+        """The trap's callback: count in, run the round's tasks, release on request."""
+        now = time.monotonic()
+        if now - self._last_check < self._check_every_s or not self.epoch:
+            return
+        self._last_check = now
+        base = f"{self.prefix}/{self.epoch}"
+        store = self.store
+        if not self._counted:
+            store.add(f"{base}/parked", 1)
+            self._counted = True
+        tasks = store.get_json(f"{base}/tasks") or []
+        while self._next_task < len(tasks):
+            i = self._next_task
+            self._next_task += 1
+            try:
+                result: Any = {"ok": run_task(tasks[i])}
+            except Exception as exc:
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            store.set_json(f"{base}/result/{i}/{self.rank}", result)
+            store.add(f"{base}/done/{i}", 1)
+        if store.get(f"{base}/release") is not None:
+            self._set("control", 0)

@@ -1,0 +1,293 @@
+"""The rank runtime every adapter drives (DESIGN.md: adapters translate, core decides).
+
+One :class:`Session` per training process. An adapter registers itself as a plugin (its
+``@failslow.hookimpl`` methods report the topology and apply plans), calls :meth:`Session.start`
+once the process group exists, and :meth:`Session.step_boundary` at the start of every global
+step - that is all an adapter does. The session is the lifecycle and the step boundary; the
+concerns behind it each have their module:
+
+- capture (greyhound 4.2) and, with a control store configured, the rank's control agent that
+  pauses for validation (greyhound 4.3; :mod:`.rank_control`);
+- rank 0's job record and recent step times for the controller (:mod:`.job_report`);
+- plans received over the plan channel (:mod:`failslow.core.control.plan_channel`) and applied
+  at the step boundary every rank agreed on, all ranks or none (:mod:`.plan_application`);
+- in-memory snapshots, backups on peers and resume (byterobust 6.3; :mod:`.snapshot_service`),
+  and the stop for a hot update (byterobust 6.1; :meth:`Session._stop_for_update`).
+
+Per step the session does O(1) local work: no store access, no collective (except the one
+all-reduce on the step a plan takes effect). It owns every thread it starts (plan receiver, job
+report, snapshot and backup threads, the rank agent it attached) and stops them in
+:meth:`Session.close`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from failslow import envvars
+from failslow import plugins as _plugins
+from failslow.capabilities import Capabilities, Unsupported
+from failslow.config import FailslowConfig, load_config
+from failslow.core.control.plan_channel import PlanResult
+from failslow.core.control.stop import EXIT_FOR_UPDATE, StopForUpdate
+from failslow.core.planner.allocation import even_plan
+from failslow.core.planner.plans import Plan
+from failslow.core.topology import Topology
+from failslow.runtime import rank_control
+from failslow.runtime.plan_application import PlanApplication
+from failslow.runtime.snapshot_service import SnapshotService
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    def __init__(
+        self,
+        config: FailslowConfig | Mapping[str, Any] | None = None,
+        *,
+        source: str = "failslow config",
+        plugins: Iterable[Any] = (),
+    ) -> None:
+        if not isinstance(config, FailslowConfig):
+            config = load_config(config, source=source)
+        self.config = config
+        self.pm = _plugins.plugin_manager(plugins)
+        self.rank = 0
+        self.world_size = 1
+        self.store: Any = None
+        self.receiver: Any = None
+        self.step = -1
+        """The last step boundary passed (-1 before the first)."""
+        self.step_times: collections.deque[tuple[int, float]] = collections.deque(maxlen=64)
+        self.plans = PlanApplication(
+            self.pm.hook,
+            rank=0,
+            capabilities=lambda: self.capabilities,
+            even_plan=lambda: even_plan(self.topology),
+            all_ranks_ok=self._all_ranks_ok,
+        )
+        self.snapshot_service: SnapshotService | None = None
+        self._job_report: Any = None
+        self._last_boundary: float | None = None
+        self._outcomes_seen = 0
+        self.started = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def register(self, plugin: Any, name: str | None = None) -> None:
+        _plugins.register(self.pm, plugin, name)
+
+    def start(self) -> Session:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.plans.rank = self.rank
+        if self.config.enabled:
+            self._start_capture_and_store()
+            if self.config.checkpoint.every_steps:
+                self.snapshot_service = SnapshotService(
+                    self.config.checkpoint,
+                    self.pm.hook,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    topology=lambda: self.topology,
+                    capabilities=lambda: self.capabilities,
+                    wait_timeout_s=self.config.planner.plan_timeout_s,
+                ).start()
+        self.pm.hook.failslow_session_start(
+            config=self.config, rank=self.rank, world_size=self.world_size
+        )
+        self.started = True
+        return self
+
+    def _start_capture_and_store(self) -> None:
+        capture = self._install_capture() if self.config.capture else None
+        if not self.config.store:
+            return
+        from failslow.core.control.plan_channel import PlanReceiver
+        from failslow.core.control.resilient import ResilientStore
+        from failslow.runtime.job_report import JobReport
+
+        self.store = ResilientStore(self.config.store)
+        if capture is not None and rank_control.current() is None:
+            rank_control.attach(capture, self.store)
+        if self.rank == 0:
+            self._job_report = JobReport(self.store, self.job_record(), self.step_times).start()
+        self.receiver = PlanReceiver(
+            self.store,
+            rank=self.rank,
+            prepare=self.prepare,
+            step=lambda: self.step,
+            decision_timeout_s=self.config.planner.plan_timeout_s,
+        ).start()
+
+    def _install_capture(self) -> Any:
+        """The collective hook into ``$FAILSLOW_RING_DIR`` (``failslow run`` sets it), else
+        ``<log_dir>/rings``; with neither, capture stays off (one warning)."""
+        from failslow import nccl_hook
+
+        ring_dir = os.environ.get(envvars.RING_DIR)
+        if not ring_dir and self.config.log_dir:
+            ring_dir = os.path.join(self.config.log_dir, "rings")
+            os.makedirs(ring_dir, exist_ok=True)
+        if not ring_dir and nccl_hook.current() is None:
+            log.warning(
+                "failslow: capture off - no ring directory (run under `failslow run`, set "
+                "$%s or the log_dir setting)",
+                envvars.RING_DIR,
+            )
+            return None
+        return nccl_hook.install(ring_dir)
+
+    def close(self) -> None:
+        """Stop everything the session started; no control thread outlives it (nothing is
+        inside a store call at interpreter exit)."""
+        if self.snapshot_service is not None:
+            self.snapshot_service.close()
+        if self.receiver is not None:
+            self.receiver.stop()
+            self.receiver = None
+        if self._job_report is not None:
+            self._job_report.stop()
+            self._job_report = None
+        rank_control.detach()  # also an agent the environment attached: it used this trap
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.started:
+            self.pm.hook.failslow_session_end(rank=self.rank)
+            self.started = False
+
+    # ---- what the adapter reports ------------------------------------------------------------
+    @property
+    def topology(self) -> Topology:
+        topology = self.pm.hook.failslow_report_topology()
+        if topology is None:
+            raise RuntimeError("failslow: no plugin reports the topology (no adapter registered)")
+        return topology
+
+    @property
+    def capabilities(self) -> Capabilities:
+        caps = self.pm.hook.failslow_capabilities()
+        if caps is None:
+            reason = "no adapter registered"
+            return Capabilities(
+                microbatch_plans=reason, topology_plans=reason, snapshots=reason, hot_update=reason
+            )
+        return caps
+
+    def job_record(self) -> dict[str, Any]:
+        return {
+            "topology": self.topology.to_dict(),
+            "capabilities": self.capabilities.to_dict(),
+            "world_size": self.world_size,
+        }
+
+    # ---- snapshots ---------------------------------------------------------------------------
+    @property
+    def snapshots(self) -> Any:
+        """The rank's :class:`~failslow.core.checkpoint.snapshot.Snapshotter` (checkpoint on)."""
+        service = self.snapshot_service
+        return service.snapshots if service is not None else None
+
+    @property
+    def resumed_step(self) -> int | None:
+        """The step this process resumed at from a snapshot (None: a fresh start)."""
+        service = self.snapshot_service
+        return service.resumed_step if service is not None else None
+
+    def before_optimizer_step(self) -> None:
+        """The adapter calls this right before the optimizer mutates the state: the pending
+        snapshot's copy must be complete (byterobust 6.3)."""
+        if self.snapshot_service is not None:
+            self.snapshot_service.before_optimizer_step()
+
+    # ---- plans -------------------------------------------------------------------------------
+    @property
+    def current(self) -> Plan | None:
+        """The plan in effect (None: the framework's own even split)."""
+        return self.plans.current
+
+    def prepare(self, plan: Plan) -> None:
+        """Check ``plan`` on this rank without changing anything; raise if it cannot apply."""
+        if isinstance(plan, StopForUpdate):
+            self.capabilities.require("hot_update")
+            if self.snapshot_service is None:
+                raise Unsupported("hot_update", "needs snapshots (checkpoint.every_steps >= 1)")
+            return
+        self.plans.prepare(plan)
+
+    def schedule(self, plan: Plan, step: int) -> None:
+        """Apply ``plan`` at step boundary ``step``; every rank must call this with the same
+        arguments (tests, offline use). Checks the plan at once."""
+        self.plans.schedule(plan, step, now=self.step)
+
+    def step_boundary(self, step: int) -> None:
+        """The adapter is about to start global step ``step``: apply what is due here."""
+        now = time.perf_counter()
+        if self._last_boundary is not None and self.step >= 0:
+            elapsed = now - self._last_boundary
+            self.step_times.append((self.step, elapsed))
+            self.pm.hook.failslow_on_step(step=self.step, step_time_s=elapsed)
+        self._last_boundary = now
+        self.step = step
+        plan = self.plans.scheduled(step)
+        if self.receiver is not None:
+            plan = self.receiver.due(step) or plan
+            self._report_outcomes()
+        if isinstance(plan, StopForUpdate):
+            self._stop_for_update(plan, step)
+        elif plan is not None:
+            self.plans.apply(plan, step)
+        service = self.snapshot_service
+        if service is not None and service.due(step):
+            service.snapshot(step)
+
+    def _stop_for_update(self, plan: StopForUpdate, step: int) -> None:
+        """Commit a snapshot of this step on every rank, then exit for the node agent to
+        restart this process in place with the update (byterobust 6.1)."""
+        import torch.distributed as dist
+
+        assert self.snapshot_service is not None  # prepare refused the stop otherwise
+        self.snapshot_service.commit(step)
+        self.pm.hook.failslow_hot_update(code={"update_id": plan.update_id}, step=step)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank's snapshot is committed before any process goes
+        self.pm.hook.failslow_on_plan_result(
+            plan=plan, step=step, outcome=PlanResult.APPLIED, detail="stopping for the update"
+        )
+        log.warning(
+            "failslow: rank %d stops at step %d for update %d", self.rank, step, plan.update_id
+        )
+        self.close()
+        # no interpreter teardown: framework threads blocked in collectives can abort it, and
+        # everything that must survive is in the committed snapshot
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FOR_UPDATE)
+
+    def _all_ranks_ok(self, ok: bool) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def _report_outcomes(self) -> None:
+        outcomes = self.receiver.outcomes
+        while self._outcomes_seen < len(outcomes):
+            _, plan, step, reason = outcomes[self._outcomes_seen]
+            self._outcomes_seen += 1
+            if step is None:
+                self.pm.hook.failslow_on_plan_result(
+                    plan=plan, step=None, outcome=PlanResult.ABORTED, detail=reason
+                )
