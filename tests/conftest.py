@@ -1,7 +1,9 @@
 """Shared test helpers: a real ``redis-server`` on 127.0.0.1 on a free port.
 
 The Redis backend of the control store (greyhound section 6; DESIGN.md channel 2) is tested
-against the real server from the Debian package ``redis-server`` (``./dev test`` installs it).
+against the real server from the Debian package ``redis-server`` (``./dev test`` installs it),
+also with a password and over TLS (a CA and a server certificate made with ``openssl`` per
+test).
 When it is missing the Redis tests fail with a message saying so, unless
 ``FAILSLOW_SKIP_REDIS=1`` is set, which skips them.
 """
@@ -14,6 +16,10 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -44,16 +50,84 @@ def _ping(port: int, timeout_s: float = 0.2) -> bool:
         return False
 
 
-class RedisServer:
-    """One ``redis-server`` process on 127.0.0.1; ``stop`` kills it, ``start`` reuses the port."""
+@dataclass(frozen=True)
+class Tls:
+    """A test CA and a server certificate signed by it (EC P-256, one day)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def make_tls(directory: Path, ips: tuple[str, ...] = ("127.0.0.1",)) -> Tls:
+    """A CA and a server certificate for ``ips`` and ``localhost`` in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+        "-subj", "/CN=failslow-test-ca")  # fmt: skip
+    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=server")
+    san = ",".join([*(f"IP:{ip}" for ip in ips), "DNS:localhost"])
+    (directory / "server.ext").write_text(
+        f"subjectAltName={san}\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n"
+    )
+    sign = ["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1"]
+    run("x509", "-req", "-in", "server.csr", *sign, "-out", "server.crt", "-extfile", "server.ext")
+    return Tls(directory / "ca.crt", directory / "server.crt", directory / "server.key")
+
+
+class RedisServer:
+    """One ``redis-server`` process; ``stop`` kills it, ``start`` reuses the port. Optionally
+    with a password (``requirepass``) and TLS only (``tls``: the plain port is off)."""
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        password: str | None = None,
+        tls: Tls | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.port = port or free_port()
+        self.password = password
+        self.tls = tls
+        self.host = host
         self.process: subprocess.Popen[bytes] | None = None
+        self.argv_prefix: list[str] = []
+        """Prepended to the server's command line (``ip netns exec NS`` for another host)."""
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        if self.tls is None:
+            return f"redis://{auth}{self.host}:{self.port}/0"
+        return f"rediss://{auth}{self.host}:{self.port}/0?ssl_ca_certs={quote(str(self.tls.ca))}"
+
+    def _args(self) -> list[str]:
+        args = ["--bind", self.host, "--save", "", "--appendonly", "no", "--daemonize", "no"]
+        args += ["--loglevel", "warning"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        if self.tls is None:
+            return ["--port", str(self.port), *args]
+        return [
+            "--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.tls.cert),
+            "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca),
+            "--tls-auth-clients", "no", *args,
+        ]  # fmt: skip
+
+    def _ready(self) -> bool:
+        if self.password is None and self.tls is None and self.host == "127.0.0.1":
+            return _ping(self.port)
+        import redis
+
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_timeout=0.5).ping())
+        except (redis.exceptions.RedisError, OSError):
+            return False
 
     @property
     def pid(self) -> int | None:
@@ -66,26 +140,12 @@ class RedisServer:
                 pytest.skip("FAILSLOW_SKIP_REDIS=1 and redis-server is not installed")
             pytest.fail(REDIS_MISSING)
         self.process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--loglevel",
-                "warning",
-            ],
+            [*self.argv_prefix, binary, *self._args()],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + timeout_s
-        while not _ping(self.port):
+        while not self._ready():
             if self.process.poll() is not None:
                 err = (
                     self.process.stderr.read().decode(errors="replace")
@@ -119,3 +179,30 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def make_redis(tmp_path: Path) -> Iterator[Any]:
+    """``make_redis(password=..., tls=True, host=..., argv_prefix=[...])``: a started
+    redis-server (TLS with a CA made for this test), all killed at teardown."""
+    servers: list[RedisServer] = []
+
+    def make(
+        *,
+        password: str | None = None,
+        tls: bool = False,
+        host: str = "127.0.0.1",
+        argv_prefix: list[str] | None = None,
+        port: int | None = None,
+    ) -> RedisServer:
+        cert = make_tls(tmp_path / f"tls{len(servers)}", (host,)) if tls else None
+        server = RedisServer(port, password=password, tls=cert, host=host)
+        server.argv_prefix = list(argv_prefix or [])
+        servers.append(server)
+        return server.start()
+
+    try:
+        yield make
+    finally:
+        for server in servers:
+            server.stop()

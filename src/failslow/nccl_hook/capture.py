@@ -23,6 +23,7 @@ is not a recorded op; a call whose work never completes (a hang) leaves no recor
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
 import inspect
@@ -83,6 +84,10 @@ class Capture:
         """Recent ``(call_index, token, t_start_ns)`` of the pause group's calls (read-only for
         others: the rank runtime finds the iteration's phase in them, control/phase.py)."""
         self._ring_listeners: list[Callable[[Capture], None]] = []
+        self.inflight = 0
+        """Completion callbacks handed to torch and not yet released by it (:class:`_Callback`)."""
+        self._inflight_lock = threading.Lock()
+        self._exit_registered = False
         if global_rank is not None:
             self._open(global_rank)
 
@@ -160,6 +165,9 @@ class Capture:
                 continue
             lib.impl(spec.name, self._make_kernel(spec, packet.default), "Autograd")
         self._lib = lib
+        if not self._exit_registered:  # after torch's import: runs before torch tears down
+            atexit.register(self.quiesce)
+            self._exit_registered = True
         self._orig_helper = c10d._new_process_group_helper
         c10d._new_process_group_helper = self._wrap_helper(self._orig_helper)
         self.active = True
@@ -180,6 +188,18 @@ class Capture:
         if self._lib is not None:
             self._lib._destroy()
             self._lib = None
+
+    def quiesce(self, timeout_s: float = 2.0) -> bool:
+        """Stop capturing and wait (up to ``timeout_s``) until torch released every completion
+        callback; stop the work watcher. Run at interpreter exit (registered by
+        :meth:`activate`), before the process group goes: afterwards no backend thread needs
+        the GIL for failslow. True when every callback was released in time."""
+        self.deactivate()
+        self._watcher.stop()
+        deadline = time.monotonic() + timeout_s
+        while self.inflight > 0 and time.monotonic() < deadline:
+            time.sleep(0.001)  # releases the GIL: the backend threads drop their references
+        return self.inflight <= 0
 
     def close(self) -> None:
         self.deactivate()
@@ -335,7 +355,12 @@ class Capture:
                 self._watcher.watch(work, fields, flags, entry, anysource)
             return
         fut.add_done_callback(
-            functools.partial(self._complete, fields, flags, work if anysource else None, entry)
+            _Callback(
+                self,
+                functools.partial(
+                    self._complete, fields, flags, work if anysource else None, entry
+                ),
+            )
         )
 
     def _complete(
@@ -361,6 +386,31 @@ class Capture:
             writer.write(t_end_ns=t_end, flags=int(flags), **fields)
 
 
+class _Callback:
+    """A completion callback on a work's future, counted from creation until torch drops it.
+
+    torch releases the callback on the backend's worker thread, which takes the GIL to do it;
+    a worker that does so after interpreter finalization began is killed mid C++ frame and the
+    process aborts ("terminate called without an active exception"). :meth:`Capture.quiesce`
+    waits at exit until every callback is gone (``Capture.inflight`` back to 0)."""
+
+    __slots__ = ("_capture", "_fn")
+
+    def __init__(self, capture: Capture, fn: Callable[[Any], None]) -> None:
+        self._capture = capture
+        self._fn = fn
+        with capture._inflight_lock:
+            capture.inflight += 1
+
+    def __call__(self, fut: Any) -> None:
+        self._fn(fut)
+
+    def __del__(self) -> None:
+        capture = self._capture
+        with capture._inflight_lock:
+            capture.inflight -= 1
+
+
 class _Watcher:
     """Polls works that have no future (gloo send/recv/reduce_scatter) on one daemon thread.
 
@@ -376,6 +426,7 @@ class _Watcher:
         self._pending: list[tuple[Any, dict[str, Any], Flags, GroupEntry, bool]] = []
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._stopped = False
 
     def watch(
         self, work: Any, fields: dict[str, Any], flags: Flags, entry: GroupEntry, anysource: bool
@@ -389,11 +440,25 @@ class _Watcher:
                 self._thread.start()
             self._cond.notify()
 
+    def stop(self) -> None:
+        """Stop the thread and join it (works still pending wait for the next one)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5.0)
+        with self._cond:  # a later watch starts a new thread (capture turned on again)
+            self._thread = None
+            self._stopped = False
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending:
+                while not self._pending and not self._stopped:
                     self._cond.wait()
+                if self._stopped:
+                    return
                 items = list(self._pending)
             done = []
             for item in items:
@@ -488,6 +553,11 @@ def uninstall() -> None:
     with _lock:
         if _capture is not None:
             _capture.deactivate()
+
+
+def installed() -> Capture | None:
+    """The capture of this process, active or not (None before :func:`install`)."""
+    return _capture
 
 
 def current() -> Capture | None:

@@ -7,7 +7,10 @@ puts a ``sitecustomize`` first on ``PYTHONPATH`` that imports this module right 
   is set (:mod:`failslow.nccl_hook.auto`), and
 - with ``$FAILSLOW_STORE`` set, attaches the rank's control agent once the ring exists (the
   default process group is up): the rank can then be paused for validation
-  (:mod:`failslow.runtime.rank_control`).
+  (:mod:`failslow.runtime.rank_control`);
+- registers the runtime's exit handler (:mod:`failslow.runtime.teardown`): failslow's threads
+  stop and the default process group is destroyed before interpreter teardown, so a job that
+  finished is not reported failed.
 
 ``python -m failslow.runtime.auto script.py args...`` does the same, then runs the script.
 """
@@ -18,10 +21,11 @@ import runpy
 import sys
 
 from failslow.nccl_hook.auto import autoinstall
-from failslow.runtime import rank_control
+from failslow.runtime import rank_control, teardown
 
 capture = autoinstall()
 if capture is not None:
+    teardown.install()
     capture.on_ring(rank_control.attach_from_environment)
 
 if __name__ == "__main__":

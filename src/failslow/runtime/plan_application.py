@@ -72,6 +72,10 @@ class PlanApplication:
         self.prepare(plan)
         self._scheduled[step] = plan
 
+    def scheduled_until(self, step: int) -> list[tuple[int, Plan]]:
+        """The scheduled plans due at ``step`` or earlier, as ``(step, plan)`` (not taken)."""
+        return [(s, plan) for s, plan in sorted(self._scheduled.items()) if s <= step]
+
     def scheduled(self, step: int) -> Plan | None:
         """The plan scheduled for ``step``, taken off the schedule."""
         return self._scheduled.pop(step, None)
@@ -90,7 +94,12 @@ class PlanApplication:
             if previous is None or type(previous) is not type(plan):
                 previous = self._even_plan() if isinstance(plan, MicroBatchPlan) else None
             if previous is not None:
-                self._call("apply", previous, step)
+                try:
+                    self._call("apply", previous, step)
+                except Exception:  # never into training; the plan in effect is then unknown
+                    log.exception(
+                        "failslow: rank %d could not roll back at step %d", self.rank, step
+                    )
             detail = f"rank {self.rank}: {error}" if error else "another rank failed to apply it"
             log.warning("failslow: plan at step %d rolled back: %s", step, detail)
             self.hooks.failslow_on_plan_result(

@@ -39,7 +39,7 @@ from failslow.core.control.stop import EXIT_FOR_UPDATE, StopForUpdate
 from failslow.core.planner.allocation import even_plan
 from failslow.core.planner.plans import Plan
 from failslow.core.topology import Topology
-from failslow.runtime import rank_control
+from failslow.runtime import rank_control, teardown
 from failslow.runtime.plan_application import PlanApplication
 from failslow.runtime.snapshot_service import SnapshotService
 
@@ -104,6 +104,8 @@ class Session:
             config=self.config, rank=self.rank, world_size=self.world_size
         )
         self.started = True
+        teardown.install()
+        teardown.track(self)  # closed at exit if the script does not close it
         return self
 
     def _start_capture_and_store(self) -> None:
@@ -227,6 +229,16 @@ class Session:
         """Apply ``plan`` at step boundary ``step``; every rank must call this with the same
         arguments (tests, offline use). Checks the plan at once."""
         self.plans.schedule(plan, step, now=self.step)
+
+    def plans_for_data(self, step: int) -> list[tuple[int, Plan]]:
+        """Before the data loading reads global step ``step`` (a loader may read ahead of
+        training): every plan decided to take effect at ``step`` or earlier that has not taken
+        effect yet, as ``(apply_step, plan)`` in step order - scheduled ones and the one the
+        plan channel committed (waiting for its decision where it could be due)."""
+        found = self.plans.scheduled_until(step)
+        if self.receiver is not None:
+            found += self.receiver.before_data(step)
+        return sorted(found, key=lambda item: item[0])
 
     def step_boundary(self, step: int) -> None:
         """The adapter is about to start global step ``step``: apply what is due here."""

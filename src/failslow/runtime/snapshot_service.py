@@ -184,7 +184,7 @@ class SnapshotService:
             return
         self.snapshots.wait_sealed(timeout_s=self.wait_timeout_s)
         if self.backup is not None:
-            self.backup.close(last_step=self.last_snapshot)
+            self.backup.close(last_step=self.last_snapshot, timeout_s=self.wait_timeout_s)
             self.backup = None
         self.snapshots.close()
         self.snapshots = None

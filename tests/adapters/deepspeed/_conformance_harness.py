@@ -7,7 +7,9 @@ regression set, in five layouts:
 
 - ``zero0``, ``zero1``, ``zero2``, ``zero3``: DP = 4, 2 micro-batches of 2 samples per replica;
 - ``pipeline``, ``pipeline_zero1``: ``deepspeed.pipe.PipelineModule``, 2 stages x DP 2 (ZeRO 0
-  and 1; DeepSpeed rejects ZeRO 2/3 with a pipeline), 4 micro-batches per replica.
+  and 1; DeepSpeed rejects ZeRO 2/3 with a pipeline), 4 micro-batches per replica;
+- ``zero1_loop``, ``zero1_loop_workers``: ZeRO 1 trained by the user's own forward/backward/step
+  loop over the loader from ``adapter.dataloader`` (no workers; 2 prefetching workers).
 
 Every layout has M = 8 micro-batches of 2 samples per global step. The expected collectives of
 a step (invariant 1) are derived here from the model's parameter sizes and DeepSpeed's group
@@ -36,8 +38,14 @@ LAYOUTS: dict[str, tuple[int, bool]] = {
     "pipeline_zero1": (1, True),
     "zero2": (2, False),
     "zero3": (3, False),
+    "zero1_loop": (1, False),
+    "zero1_loop_workers": (1, False),
 }
 """Layout name -> (ZeRO stage, pipeline engine)."""
+LOOP_WORKERS: dict[str, int] = {"zero1_loop": 0, "zero1_loop_workers": 2}
+"""Layouts trained by the loop DeepSpeed's tutorials teach (``loss = engine(x, y);
+engine.backward(loss); engine.step()`` over the share-aware loader) instead of
+``engine.train_batch()``, with this many DataLoader workers (2: a loader that prefetches)."""
 IN, HIDDEN, OUT = 16, 32, 8
 MICRO_BATCH_SIZE = 2
 MICRO_BATCHES = 8
@@ -123,13 +131,17 @@ class DeepSpeedJob(AdapterJob):
             "steps_per_print": 10**9,
             "failslow": {**(settings or {}), "capture": True},
         }
+        self.workers = LOOP_WORKERS.get(layout)
         self.engine, _, _, _ = failslow.deepspeed.initialize(
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=config,
-            training_data=dataset,
+            training_data=dataset if self.workers is None else None,
         )
         self.session = self.engine.failslow.session
+        self._batches: Any = None
+        if self.workers is not None:
+            self.loader = self.engine.failslow.dataloader(dataset, num_workers=self.workers)
 
     def _count_forward(self, module: Any, args: Any) -> None:
         self.forwards += 1
@@ -138,7 +150,21 @@ class DeepSpeedJob(AdapterJob):
     def run_step(self, step: int) -> None:
         if self.engine.global_steps != step:
             raise AssertionError(f"engine at global step {self.engine.global_steps}, not {step}")
-        self.engine.train_batch()
+        if self.workers is None:
+            self.engine.train_batch()
+            return
+        # the user's loop: micro-batches from the loader until the engine took its step
+        if self._batches is None:
+            self._batches = iter(self._repeat())
+        while self.engine.global_steps == step:
+            x, y = next(self._batches)
+            loss = self.engine(x, y)
+            self.engine.backward(loss)
+            self.engine.step()
+
+    def _repeat(self) -> Any:
+        while True:
+            yield from self.loader
 
     def micro_batches_run(self) -> int:
         return self.forwards
@@ -236,7 +262,7 @@ class DeepSpeedJob(AdapterJob):
 
 class DeepSpeedHarness(AdapterHarness):
     world_size = 4
-    world_timeout_s = 200.0
+    world_timeout_s = 280.0
 
     def layouts(self) -> Sequence[str]:
         return list(LAYOUTS)

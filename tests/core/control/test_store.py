@@ -397,3 +397,53 @@ def test_resilient_store_starts_without_a_server(caplog, unused_port: int) -> No
         assert re.search("unmonitored", warnings[0])
     finally:
         resilient.close()
+
+
+# -- credentials and TLS (several machines share a Redis server) ---------------------------
+
+
+def test_redis_with_a_password(make_redis) -> None:
+    server = make_redis(password="s3cr/t@pw")
+    with open_store(server.url, timeout_s=CONNECT_S) as store:
+        store.set_json("k", {"v": 1})
+        assert store.get_json("k") == {"v": 1}
+    wrong = server.url.replace("s3cr", "nope")
+    with pytest.raises(StoreUnavailable) as info:
+        open_store(wrong, timeout_s=CONNECT_S)
+    message = str(info.value)
+    assert "***" in message and "nope" not in message and "\n" not in message, message
+    no_password = f"redis://127.0.0.1:{server.port}/0"
+    with pytest.raises(StoreUnavailable):
+        open_store(no_password, timeout_s=CONNECT_S)
+
+
+def test_rediss_with_a_password_over_tls(make_redis) -> None:
+    server = make_redis(password="pw", tls=True)
+    assert server.url.startswith("rediss://")
+    with open_store(server.url, timeout_s=CONNECT_S) as store:
+        assert store.add("n", 2) == 2
+        assert store.compare_set("c", None, b"x")
+    # the server's certificate is checked: without its CA the connection is refused
+    without_ca = server.url.split("?")[0]
+    with pytest.raises(StoreUnavailable) as info:
+        open_store(without_ca, timeout_s=CONNECT_S)
+    assert "pw" not in str(info.value)
+    # a plain client on the TLS port gets no answer it can use
+    with pytest.raises(StoreUnavailable):
+        open_store(without_ca.replace("rediss://", "redis://"), timeout_s=2.0)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "tcp://user:pw@127.0.0.1:1234",
+        "rediss://127.0.0.1:6379/0?ssl_bogus=1",
+        "rediss://127.0.0.1:6379/0?ssl_ca_certs=/no/such/ca.pem",
+        "rediss://127.0.0.1:6379/0?ssl_cert_reqs=maybe",
+        "redis://:pw@127.0.0.1:6379/0?ssl_ca_certs=/etc/hosts",
+    ],
+)
+def test_bad_credential_and_tls_urls(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        open_store(url)
+    assert "pw@" not in str(info.value)

@@ -19,9 +19,12 @@ shares:
 :class:`ShareSampler` is a batch sampler (one micro-batch of indices per item) for
 ``DataLoader(dataset, batch_sampler=...)``; :func:`share_loader` builds that loader. A new
 ``counts`` takes effect at a step boundary (:meth:`ShareSampler.set_counts`). The sampler hands
-out indices lazily, step by step, so use it with ``num_workers=0`` (the default here) or make
-sure plans are scheduled before the workers prefetch past their step; a plan for a step whose
-indices were already handed out raises instead of silently reading the wrong share.
+out indices lazily, step by step; a DataLoader with workers reads it ahead of training (each
+worker prefetches). So before it hands out the first indices of a step, the sampler asks
+``before_step(step)`` (set by the adapter kit: the plans decided for that step and earlier, from
+the plan channel - every plan carries its apply step) and registers their counts; a plan for a
+step whose indices were already handed out still raises instead of silently reading the wrong
+share.
 """
 
 from __future__ import annotations
@@ -115,6 +118,9 @@ class ShareSampler(Sampler[list[int]]):
         """Micro-batches of ``step`` already handed out."""
         self._perm_epoch = -1
         self._perm = torch.empty(0, dtype=torch.long)
+        self.before_step: Callable[[int], None] | None = None
+        """Called with a step before its first indices are handed out (the kit registers the
+        plans decided for it there, :class:`failslow.adapters.common.microbatch.ReplicaSplit`)."""
 
     def _check(self, counts: Sequence[int]) -> tuple[int, ...]:
         return check_counts(counts, replicas=self.replicas, micro_batches=self.micro_batches)
@@ -126,6 +132,8 @@ class ShareSampler(Sampler[list[int]]):
         counts = self._check(counts)
         if step is None:
             step = self.step + (1 if self.offset else 0)
+        if step in self._plan_steps and self._plan_counts[self._plan_steps.index(step)] == counts:
+            return  # registered already (ahead of a loader that reads ahead)
         if step < self.step or (step == self.step and self.offset):
             raise FailslowError(
                 f"ShareSampler: cannot change micro-batch counts from step {step}: replica "
@@ -179,6 +187,8 @@ class ShareSampler(Sampler[list[int]]):
         self._skip_finished_step()
         end = (self.step // self.steps_per_epoch + 1) * self.steps_per_epoch
         while self.step < end:
+            if self.offset == 0 and self.before_step is not None:
+                self.before_step(self.step)
             mine = self.share(self.step)
             while self.offset < len(mine):
                 batch = mine[self.offset]
@@ -192,14 +202,17 @@ class ShareSampler(Sampler[list[int]]):
         return self.steps_per_epoch * self.counts_at(self.step)[self.replica]
 
     # -- resume ----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "offset": self.offset,
-            "plans": [
-                [s, list(c)] for s, c in zip(self._plan_steps, self._plan_counts, strict=True)
-            ],
-        }
+    def state_dict(self, at_step: int | None = None) -> dict[str, Any]:
+        """The position and the plans. ``at_step``: as of the start of that step instead (a
+        snapshot at a step boundary: a loader that read ahead of training resumes where training
+        stood, without the plans registered for later steps)."""
+        plans = zip(self._plan_steps, self._plan_counts, strict=True)
+        if at_step is None:
+            step, offset = self.step, self.offset
+        else:
+            step, offset = at_step, 0
+            plans = ((s, c) for s, c in plans if s <= at_step)  # type: ignore[assignment]
+        return {"step": step, "offset": offset, "plans": [[s, list(c)] for s, c in plans]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.offset = int(state["step"]), int(state["offset"])

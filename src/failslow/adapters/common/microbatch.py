@@ -13,7 +13,10 @@ the same bookkeeping, whatever its framework's loop looks like:
 - :meth:`ReplicaSplit.step_batches` walks a data iterator through this replica's micro-batches
   of one step, saying which one is last (where frameworks put their accumulation boundary);
 - its state (counts, loader positions) goes into snapshots and comes back on resume, also when
-  the loader is built after the restore.
+  the loader is built after the restore;
+- a loader that reads ahead of training (DataLoader workers prefetch; the ordinary loop fetches
+  a step's first micro-batch before the step boundary) learns of each plan before it reads the
+  plan's apply step (:meth:`ReplicaSplit.bind`): every plan carries the step it takes effect.
 
 Where the framework scales each micro-loss by ``1 / G`` with ``G = M / D`` (DeepSpeed's
 ``engine.backward``, Accelerate's ``accumulate``), summing ``m_r`` such losses already is the
@@ -59,6 +62,12 @@ class ReplicaSplit:
         self.counts: tuple[int, ...] = (micro_batches // replicas,) * replicas
         self.samplers: list[ShareSampler] = []
         self._pending_samplers: list[dict[str, Any]] = []
+        self._plans_for_data: Callable[[int], list[tuple[int, Any]]] | None = None
+
+    def bind(self, plans_for_data: Callable[[int], list[tuple[int, Any]]]) -> None:
+        """Ask ``plans_for_data(step)`` (the session's) before a tracked loader reads a step:
+        plans decided for that step reach the loader first, even one that reads ahead."""
+        self._plans_for_data = plans_for_data
 
     # ---- what this replica runs --------------------------------------------------------------
     @property
@@ -105,7 +114,18 @@ class ReplicaSplit:
         when this rank resumed from a snapshot before the loader existed)."""
         if self._pending_samplers:
             sampler.load_state_dict(self._pending_samplers.pop(0))
+        sampler.before_step = self._before_data
         self.samplers.append(sampler)
+
+    def _before_data(self, step: int) -> None:
+        """A tracked loader is about to read ``step``: register the plans decided for it."""
+        if self._plans_for_data is None:
+            return
+        for apply_step, plan in self._plans_for_data(step):
+            if isinstance(plan, MicroBatchPlan):
+                counts = self.check(plan)
+                for sampler in self.samplers:
+                    sampler.set_counts(counts, step=apply_step)
 
     def loader(
         self,
@@ -150,10 +170,12 @@ class ReplicaSplit:
             yield batch, i == count - 1
 
     # ---- snapshots ---------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """Counts and loader positions as of the start of global step ``step`` (a snapshot at
+        that step boundary; loaders may have read ahead)."""
         return {
             "counts": list(self.counts),
-            "samplers": [sampler.state_dict() for sampler in self.samplers],
+            "samplers": [sampler.state_dict(at_step=step) for sampler in self.samplers],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

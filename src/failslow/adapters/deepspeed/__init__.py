@@ -10,7 +10,8 @@ The engine stays the real DeepSpeed engine (``isinstance``, ``engine.module``, c
 every other attribute work unchanged). Attaching adds two attributes to it: ``engine.failslow``
 (the :class:`DeepSpeedAdapter`) and ``engine.train_batch`` - for non-pipeline engines the
 adapter's per-replica loop, for the pipeline engine ``PipelineEngine.train_batch`` preceded by
-the session's step boundary. Plans only take effect through ``engine.train_batch``.
+the session's step boundary - and a forward pre-hook: plans take effect in the ordinary
+forward/backward/step loop over the returned loader as well as in ``engine.train_batch``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def attach(
     session = Session(cfg)
     session.register(adapter, name="deepspeed")
     adapter.session = session.start()
+    adapter.follow_loop()
     adapter.guard_optimizer_step()
     engine.failslow = adapter
     engine.train_batch = adapter.train_batch

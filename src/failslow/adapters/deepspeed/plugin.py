@@ -3,12 +3,17 @@
 Translates only; the bookkeeping is the adapter kit's (:mod:`failslow.adapters.common`).
 Per-replica micro-batch counts (greyhound 5.2) map onto DeepSpeed as:
 
-- non-pipeline engines, ZeRO 0/1: :meth:`DeepSpeedAdapter.train_batch` runs this replica's
-  count of micro-steps and drives ``set_gradient_accumulation_boundary`` so the gradient
-  all-reduce and the optimizer step happen after its last one. ``engine.backward`` divides
-  every micro-loss by the configured G = M / D, so replica r contributes
-  ``sum(its losses) / G`` and the DP mean is ``sum(all M losses) / (D * G)``: the even split's
-  gradient, i.e. weight ``m_r * D / M`` on the replica's mean, with no extra scaling;
+- non-pipeline engines, ZeRO 0/1: in the loop DeepSpeed's tutorials teach (``loss =
+  engine(batch); engine.backward(loss); engine.step()`` over the loader) and in
+  :meth:`DeepSpeedAdapter.train_batch` alike, a forward pre-hook on the engine follows the
+  engine's own counters (:class:`~failslow.adapters.common.loop.StepTracker`): the session's
+  step boundary runs before a step's first micro-batch, and
+  ``set_gradient_accumulation_boundary`` makes the gradient all-reduce and the optimizer step
+  happen after this replica's last one. The share-aware loader hands this replica exactly its
+  micro-batches of each step. ``engine.backward`` divides every micro-loss by the configured G =
+  M / D, so replica r contributes ``sum(its losses) / G`` and the DP mean is ``sum(all M losses)
+  / (D * G)``: the even split's gradient, i.e. weight ``m_r * D / M`` on the replica's mean,
+  with no extra scaling;
 - pipeline engine: ``engine.micro_batches`` is the count of this replica (all its stages);
   DeepSpeed scales by 1/G the same way.
 
@@ -25,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from failslow import hookimpl
+from failslow.adapters.common.loop import StepTracker, call_model, is_training_forward
 from failslow.adapters.common.microbatch import ReplicaSplit
 from failslow.adapters.common.state import (
     counters,
@@ -73,7 +79,15 @@ class DeepSpeedAdapter:
         self.split = ReplicaSplit(
             replica=coord[1], replicas=dp, micro_batches=micro_batches, framework="DeepSpeed"
         )
+        self._loader: Any = None
         self._data_iter: Iterator[Any] | None = None
+        self._hook: Any = None
+        self.tracker = StepTracker(
+            global_step=lambda: engine.global_steps,
+            micro_steps=lambda: engine.micro_steps,
+            count=lambda: self.split.count,
+            begin_step=self._begin_step,
+        )
         self.topology = gather_topology(
             coord,
             dp=dp,
@@ -130,7 +144,7 @@ class DeepSpeedAdapter:
             "optimizer": e.optimizer.state_dict() if e.optimizer is not None else None,
             "lr_scheduler": e.lr_scheduler.state_dict() if e.lr_scheduler is not None else None,
             "counters": counters(e, COUNTERS),
-            "split": self.split.state_dict(),
+            "split": self.split.state_dict(step),
             "rng": rng_state(),
             "step": step,
         }
@@ -161,6 +175,24 @@ class DeepSpeedAdapter:
     def failslow_hot_update(self, code: dict[str, Any], step: int) -> bool:
         self.failslow_capabilities().require("hot_update")
         return True  # the process restarts outside; its state is in the committed snapshot
+
+    def _begin_step(self, step: int) -> None:
+        if self.session is not None:
+            self.session.step_boundary(step)
+
+    def follow_loop(self) -> None:
+        """Follow the user's own loop: before every training forward, begin the step if one
+        began and set the engine's accumulation boundary on this replica's last micro-batch."""
+        if self.session is not None:
+            self.split.bind(self.session.plans_for_data)
+        if self.pipeline:
+            return  # PipelineEngine runs only through train_batch
+
+        def before_forward(module: Any, args: Any) -> None:
+            if is_training_forward(module):
+                self.engine.set_gradient_accumulation_boundary(self.tracker.before_micro_batch())
+
+        self._hook = self.engine.register_forward_pre_hook(before_forward)
 
     def guard_optimizer_step(self) -> None:
         """Before DeepSpeed's optimizer mutates the state (``_take_model_step``, used by both
@@ -201,7 +233,8 @@ class DeepSpeedAdapter:
             self.engine.set_dataloader(RepeatingLoader(loader))
         else:
             self.engine.training_dataloader = loader
-            self._data_iter = iter(RepeatingLoader(loader))
+            self._loader = loader  # iterated by train_batch only when it is used (lazily:
+            # a loader with workers starts reading ahead the moment it is iterated)
         return loader
 
     def track(self, sampler: Any) -> None:
@@ -221,34 +254,31 @@ class DeepSpeedAdapter:
         (default: the loader from :meth:`dataloader`) is one micro-batch; the model returns
         the loss (called with ``*batch`` for a tuple/list, ``**batch`` for a dict), or with
         ``loss_fn`` the loss is ``loss_fn(engine(batch[0]), batch[1])``. Returns the mean of
-        this replica's micro-batch losses (no collective). It sets the engine's gradient
-        accumulation boundary itself: do not mix it with a hand-written backward/step loop.
+        this replica's micro-batch losses (no collective).
         """
         engine = self.engine
-        if self.session is not None:
-            self.session.step_boundary(engine.global_steps)
+        self.tracker.sync()  # the step boundary (plans due now apply before the count is read)
         if self.pipeline:
             return type(engine).train_batch(engine, data_iter)
+        if data_iter is None and self._data_iter is None and self._loader is not None:
+            from deepspeed.utils import RepeatingLoader
+
+            self._data_iter = iter(RepeatingLoader(self._loader))
         it = data_iter if data_iter is not None else self._data_iter
         if it is None:
             raise ConfigError("train_batch: pass data_iter, or build the engine with training_data")
         total = torch.zeros(())
-        for batch, last in self.split.step_batches(it):
-            engine.set_gradient_accumulation_boundary(last)
-            if loss_fn is not None:
-                loss = loss_fn(engine(batch[0]), batch[1])
-            elif isinstance(batch, dict):
-                loss = engine(**batch)
-            elif isinstance(batch, tuple | list):
-                loss = engine(*batch)
-            else:
-                loss = engine(batch)
+        for batch, _ in self.split.step_batches(it):
+            loss = call_model(engine, batch, loss_fn)  # the pre-hook sets the boundary
             engine.backward(loss)
             engine.step()
             total += loss.detach().float()
         return total / self.split.count
 
     def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         if self.session is not None:
             self.session.close()
             self.session = None

@@ -175,6 +175,7 @@ class BackupService:
         self.window = window
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._own_group = group is None
         self.group = group if group is not None else dist.new_group(backend="gloo")
         self.slots = {
             w: [BackupSlot(backup_path(self.directory, w, k)) for k in range(SLOTS)]
@@ -241,6 +242,14 @@ class BackupService:
         for slots in self.slots.values():
             for slot in slots:
                 slot.close()
+        if self._own_group and not self._thread.is_alive():
+            # the group this service made goes with it: its gloo threads are joined now, not
+            # at interpreter teardown (where they abort the process)
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group(self.group)
+            self.group = None
         self._raise()
 
     def backups(self) -> dict[int, list[int]]:

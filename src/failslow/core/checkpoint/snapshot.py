@@ -270,6 +270,23 @@ class _LayoutCache:
         return layout, cls(key, values, _refs(pickle.loads(layout.manifest)), layout)
 
 
+_LOCK_FDS: set[int] = set()
+"""Lock files this process holds. A forked child (a DataLoader worker) would keep a flock
+alive after the owner closed it; children close their copies at once."""
+
+
+def _close_locks_in_child() -> None:
+    for fd in list(_LOCK_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_locks_in_child)
+
+
 class Snapshotter:
     """Every-step snapshots of one rank's state into ``slots`` alternating buffers."""
 
@@ -429,6 +446,7 @@ class Snapshotter:
         for slot in self._slots:
             slot.close()
         if self._lock_fd is not None:
+            _LOCK_FDS.discard(self._lock_fd)
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 
@@ -446,7 +464,7 @@ class Snapshotter:
 
     @staticmethod
     def _take_lock(path: Path) -> int:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -454,6 +472,7 @@ class Snapshotter:
             raise SnapshotError(
                 f"{path}: another live process (or an unclosed Snapshotter) owns these slots"
             ) from None
+        _LOCK_FDS.add(fd)
         return fd
 
     @staticmethod

@@ -176,6 +176,8 @@ class PlanReceiver:
         self._poller = PollingThread(self.poll, name="failslow-plans", poll_s=poll_s)
         self.outcomes: list[tuple[int, Plan, int | None, str]] = []
         """(epoch, plan, apply step or None, abort reason) of every plan this rank decided."""
+        self._data_step = 0
+        """The first step whose data this rank has not read yet (loaders read ahead)."""
 
     def start(self) -> PlanReceiver:
         self._poller.start()
@@ -212,8 +214,9 @@ class PlanReceiver:
             self.store.add(f"{base}/nacks", 1)
             log.warning("failslow: refused plan %d: %s", epoch, why)
             return
-        block_at = self._step() + int(record.get("horizon_steps", 2))
         with self._lock:
+            # past the horizon, and past every step whose data this rank already read ahead
+            block_at = max(self._step() + int(record.get("horizon_steps", 2)), self._data_step)
             self._pending = _Pending(epoch, plan, block_at)
         raise_max(self.store, f"{base}/latest", block_at)
         self.store.add(f"{base}/acks", 1)
@@ -229,6 +232,33 @@ class PlanReceiver:
                 pending.aborted = str(decision.get("abort", "aborted"))
         return True
 
+    def _wait_decision(self, pending: _Pending) -> None:
+        deadline = time.monotonic() + self.decision_timeout_s
+        while not self._read_decision(pending):
+            if time.monotonic() > deadline:
+                pending.aborted = (
+                    f"no decision within {self.decision_timeout_s:g} s (controller gone?)"
+                )
+                return
+            time.sleep(0.01)
+
+    def before_data(self, step: int) -> list[tuple[int, Plan]]:
+        """Before this rank's data loading reads step ``step`` (it may run ahead of training):
+        the committed plan that takes effect at ``step`` or earlier, as ``[(apply_step,
+        plan)]``. A plan this rank accepted could take effect from its horizon on, so reading
+        that far waits for the decision, as :meth:`due` does; a plan accepted later starts
+        after the data read so far."""
+        with self._lock:
+            self._data_step = max(self._data_step, step + 1)
+            pending = self._pending
+        if pending is None:
+            return []
+        if pending.apply_step is None and not pending.aborted and step >= pending.block_at:
+            self._wait_decision(pending)
+        if pending.apply_step is not None and pending.apply_step <= step:
+            return [(pending.apply_step, pending.plan)]
+        return []
+
     def due(self, step: int) -> Plan | None:
         """At step boundary ``step`` (training thread): the plan to apply now, if any. Waits
         here only when this rank reached its horizon before the decision arrived."""
@@ -237,14 +267,7 @@ class PlanReceiver:
         if pending is None:
             return None
         if pending.apply_step is None and not pending.aborted and step >= pending.block_at:
-            deadline = time.monotonic() + self.decision_timeout_s
-            while not self._read_decision(pending):
-                if time.monotonic() > deadline:
-                    pending.aborted = (
-                        f"no decision within {self.decision_timeout_s:g} s (controller gone?)"
-                    )
-                    break
-                time.sleep(0.01)
+            self._wait_decision(pending)
         if pending.aborted:
             self._finish(pending, None, pending.aborted)
             return None

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from failslow.core.control.store import Store, StoreUnavailable, open_store
+from failslow.core.control.store import Store, StoreUnavailable, open_store, redacted
 
 T = TypeVar("T")
 
@@ -41,7 +41,9 @@ class ResilientStore(Store):
         backoff_max_s: float = 5.0,
         opener: Callable[[str, float], Store] | None = None,
     ) -> None:
-        self.url = url
+        self.url = redacted(url)
+        """The URL as messages show it (password replaced)."""
+        self._url = url
         self.timeout_s = timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -81,7 +83,7 @@ class ResilientStore(Store):
         delay = self.backoff_initial_s
         while not self._closed:
             try:
-                store = self._open(self.url, self.timeout_s)
+                store = self._open(self._url, self.timeout_s)
             except StoreUnavailable as exc:
                 self._warn(exc)
                 self._wake.wait(delay)
@@ -154,3 +156,8 @@ class ResilientStore(Store):
         self._wake.set()
         if store is not None:
             store.close()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            # a connect in progress is bounded by the timeout; nothing of ours stays inside a
+            # store call (at interpreter exit that aborts the process)
+            thread.join(timeout=self.timeout_s + 1.0)

@@ -12,7 +12,14 @@ URLs accepted by :func:`open_store`:
   failslow's keys live under their own namespace, so they never collide with torch's);
 - ``tcp://HOST:PORT?master=1`` - host an embedded TCPStore in this process (``PORT`` may be 0;
   the bound port is ``store.port`` and a client URL is ``store.url``);
-- ``redis://HOST:PORT/DB`` - a Redis server (``PORT`` defaults to 6379, ``DB`` to 0).
+- ``redis://HOST:PORT/DB`` - a Redis server (``PORT`` defaults to 6379, ``DB`` to 0), with a
+  password ``redis://:PASSWORD@HOST:PORT/DB`` or an ACL user ``redis://USER:PASSWORD@...``
+  (percent-encode ``@ : / # %`` in a password);
+- ``rediss://...`` - the same over TLS; options ``ssl_ca_certs=CA.pem`` (the server's CA),
+  ``ssl_certfile=`` / ``ssl_keyfile=`` (a client certificate), ``ssl_cert_reqs=required|none``,
+  ``ssl_check_hostname=true|false``.
+
+Error messages name the URL with its password replaced by ``***``.
 
 Every operation is bounded by a timeout; a server that cannot be reached or dies raises
 :class:`StoreUnavailable` naming the URL. Training processes use
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import abc
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,13 +40,33 @@ from urllib.parse import parse_qsl, urlsplit
 
 from failslow.errors import ConfigError, FailslowError
 
-ACCEPTED_URLS = "tcp://HOST:PORT, tcp://HOST:PORT?master=1 or redis://HOST:PORT/DB"
+ACCEPTED_URLS = (
+    "tcp://HOST:PORT, tcp://HOST:PORT?master=1, redis://HOST:PORT/DB (with a password: "
+    "redis://[USER]:PASSWORD@HOST:PORT/DB) or rediss://... (TLS)"
+)
+TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+"""The options a ``rediss://`` URL may carry (redis-py's names)."""
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***`` (for messages and logs)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except (ValueError, TypeError):
+        return str(url)
+    if not password:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 class StoreUnavailable(FailslowError):
     """The control store server cannot be reached, timed out or died; names the URL."""
 
     def __init__(self, url: str, action: str, reason: object) -> None:
+        url = redacted(url)
         self.url = url
         self.action = action
         self.reason = first_line(reason)
@@ -136,7 +164,7 @@ def poll_until(all_exist: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def _bad_url(url: str, why: str) -> ConfigError:
-    return ConfigError(f"control store URL {url!r}: {why}; expected {ACCEPTED_URLS}")
+    return ConfigError(f"control store URL {redacted(url)!r}: {why}; expected {ACCEPTED_URLS}")
 
 
 def parse_store_url(url: str) -> tuple[str, str, int, dict[str, str], int]:
@@ -150,12 +178,14 @@ def parse_store_url(url: str) -> tuple[str, str, int, dict[str, str], int]:
         raise _bad_url(url, str(exc)) from None
     scheme = parts.scheme.lower()
     host = parts.hostname or ""
-    if scheme not in ("tcp", "redis"):
+    if scheme not in ("tcp", "redis", "rediss"):
         raise _bad_url(url, f"unknown scheme {parts.scheme!r}")
     if not host:
         raise _bad_url(url, "no host")
-    if parts.username or parts.password or parts.fragment:
-        raise _bad_url(url, "user, password and fragment are not supported")
+    if parts.fragment:
+        raise _bad_url(url, "a fragment is not supported")
+    if scheme == "tcp" and (parts.username or parts.password):
+        raise _bad_url(url, "a tcp URL has no user or password")
     try:
         options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True))
     except ValueError:
@@ -176,8 +206,18 @@ def parse_store_url(url: str) -> tuple[str, str, int, dict[str, str], int]:
         if port == 0 and options.get("master") != "1":
             raise _bad_url(url, "port 0 only makes sense with master=1")
     else:
-        if options:
-            raise _bad_url(url, "a redis URL takes no options")
+        allowed = TLS_OPTIONS if scheme == "rediss" else ()
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            where = f"allowed: {', '.join(allowed)}" if allowed else "a redis URL takes none"
+            raise _bad_url(url, f"unknown option {unknown[0]!r} ({where})")
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            if name in options and not os.path.isfile(options[name]):
+                raise _bad_url(url, f"{name} {options[name]!r} is not a file")
+        if options.get("ssl_cert_reqs", "required") not in ("required", "optional", "none"):
+            raise _bad_url(url, "ssl_cert_reqs must be required, optional or none")
+        if options.get("ssl_check_hostname", "true").lower() not in ("true", "false"):
+            raise _bad_url(url, "ssl_check_hostname must be true or false")
         port = 6379 if port is None else port
         path = parts.path.strip("/")
         if path:
@@ -204,4 +244,4 @@ def open_store(url: str, *, timeout_s: float = 5.0) -> Store:
         )
     from failslow.core.control.store_redis import RedisStore
 
-    return RedisStore(url, host, port, db, timeout_s=timeout_s)
+    return RedisStore(url, timeout_s=timeout_s)

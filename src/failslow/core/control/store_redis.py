@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from failslow.core.control.store import Store, StoreUnavailable, poll_until
+from failslow.core.control.store import Store, StoreUnavailable, poll_until, redacted
 
 T = TypeVar("T")
 
@@ -40,8 +40,10 @@ def _glob_escape(text: str) -> str:
 class RedisStore(Store):
     """A :class:`Store` on a Redis server."""
 
-    def __init__(self, url: str, host: str, port: int, db: int, *, timeout_s: float) -> None:
-        self.url = url
+    def __init__(self, url: str, *, timeout_s: float) -> None:
+        """``url`` as :func:`failslow.core.control.store.parse_store_url` accepted it: redis-py
+        reads the host, port, database, user, password and (``rediss://``) TLS options."""
+        self.url = redacted(url)
         self.timeout_s = timeout_s
         try:
             import redis
@@ -49,16 +51,14 @@ class RedisStore(Store):
             from redis.retry import Retry
         except ImportError as exc:
             raise StoreUnavailable(
-                url, "import redis", f"{exc} (install failslow[redis])"
+                self.url, "import redis", f"{exc} (install failslow[redis])"
             ) from None
         self._errors: tuple[type[BaseException], ...] = (
             redis.exceptions.ConnectionError,
             redis.exceptions.TimeoutError,
         )
-        self._client: Any = redis.Redis(
-            host=host,
-            port=port,
-            db=db,
+        self._client: Any = redis.Redis.from_url(
+            url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
