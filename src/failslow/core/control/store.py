@@ -233,7 +233,7 @@ def open_store(url: str, *, timeout_s: float = 5.0) -> Store:
     """Open the store at ``url`` (forms in the module docstring); every operation, including
     connecting, is bounded by ``timeout_s``. ConfigError for a bad URL, StoreUnavailable when the
     server cannot be reached."""
-    scheme, host, port, options, db = parse_store_url(url)
+    scheme, host, port, options, _db = parse_store_url(url)
     if not timeout_s > 0:
         raise ConfigError(f"control store timeout_s must be > 0, got {timeout_s!r}")
     if scheme == "tcp":
