@@ -16,9 +16,9 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
