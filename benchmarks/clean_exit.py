@@ -3,8 +3,8 @@
 A job that finished must not be reported failed. Each case runs a 2-rank gloo DDP script (60
 steps of a small MLP; the validation cases train longer, with rank 1 duty-cycled 75% from step
 40 until the launcher wrote a diagnosis (at most 4 minutes), so a pause + GEMM + link
-validation round happens during the run) many times with two busy loops beside it (a loaded 2-core machine, as CI is),
-and counts the runs whose every process exited 0:
+validation round happens during the run) many times with two busy loops beside it (a loaded
+2-core machine, as CI is), and counts the runs whose every process exited 0:
 
 - ``torchrun``: plain ``torchrun`` (no failslow) - the control;
 - ``failslow``: ``failslow run --controller 2 -- torchrun ...``;

@@ -90,8 +90,11 @@ class RedisServer:
         password: str | None = None,
         tls: Tls | None = None,
         host: str = "127.0.0.1",
+        unixsocket: Path | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.unixsocket = unixsocket
+        """Also listen here (a test reaches a server in another network namespace by it)."""
         self.password = password
         self.tls = tls
         self.host = host
@@ -109,6 +112,8 @@ class RedisServer:
     def _args(self) -> list[str]:
         args = ["--bind", self.host, "--save", "", "--appendonly", "no", "--daemonize", "no"]
         args += ["--loglevel", "warning"]
+        if self.unixsocket is not None:
+            args += ["--unixsocket", str(self.unixsocket), "--unixsocketperm", "700"]
         if self.password:
             args += ["--requirepass", self.password]
         if self.tls is None:
@@ -124,8 +129,12 @@ class RedisServer:
             return _ping(self.port)
         import redis
 
+        url = self.url
+        if self.unixsocket is not None:
+            auth = f":{quote(self.password, safe='')}@" if self.password else ""
+            url = f"unix://{auth}{self.unixsocket}?db=0"
         try:
-            return bool(redis.Redis.from_url(self.url, socket_timeout=0.5).ping())
+            return bool(redis.Redis.from_url(url, socket_timeout=0.5).ping())
         except (redis.exceptions.RedisError, OSError):
             return False
 
@@ -194,9 +203,10 @@ def make_redis(tmp_path: Path) -> Iterator[Any]:
         host: str = "127.0.0.1",
         argv_prefix: list[str] | None = None,
         port: int | None = None,
+        unixsocket: Path | None = None,
     ) -> RedisServer:
         cert = make_tls(tmp_path / f"tls{len(servers)}", (host,)) if tls else None
-        server = RedisServer(port, password=password, tls=cert, host=host)
+        server = RedisServer(port, password=password, tls=cert, host=host, unixsocket=unixsocket)
         server.argv_prefix = list(argv_prefix or [])
         servers.append(server)
         return server.start()

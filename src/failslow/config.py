@@ -42,6 +42,10 @@ class FailslowConfig:
     store: str | None = None
     """Control store URL (``tcp://HOST:PORT``, ``redis://HOST:PORT/DB``); None: no controller."""
     log_dir: str | None = None
+    job_token: str | None = None
+    """The job's shared secret (``failslow run`` generates one; every launcher of a job on
+    several machines passes the same ``--job-token``): ranks act only on pause requests and
+    plans that carry it. ``$FAILSLOW_JOB_TOKEN`` sets it."""
     capture: bool = True
     """Install the Python collective hook (``failslow run`` adds the NCCL shim)."""
     detection: DetectionConfig = field(default_factory=DetectionConfig)
@@ -86,6 +90,8 @@ def load_config(
         origin[key] = f"environment variable {name}"
     if envvars.STORE in env and "store" not in merged:
         merged["store"] = env[envvars.STORE]
+    if envvars.JOB_TOKEN in env and "job_token" not in merged:
+        merged["job_token"] = env[envvars.JOB_TOKEN]
     for key, value in (overrides or {}).items():
         _set_dotted(merged, key, value)
         origin[key] = f"override {key}"

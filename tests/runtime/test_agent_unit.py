@@ -69,3 +69,17 @@ def test_a_restarted_rank_ignores_a_round_that_already_ended(store):
     assert not agent.check_request() and words == {}
     store.set_json("failslow/validate/pause", {"epoch": 4, "group_key": 7, "call_index": 45})
     assert agent.check_request() and words["control"] == 4  # a new round still arms it
+
+
+def test_an_agent_with_a_job_token_ignores_pause_requests_without_it(store):
+    words: dict[str, int] = {}
+    agent = RankAgent(
+        store, rank=0, set_header_word=words.__setitem__, position=lambda: (7, 40), token="tok"
+    )
+    store.set_json("failslow/validate/pause", {"epoch": 1, "group_key": 7, "call_index": 45})
+    assert not agent.check_request() and words == {}
+    request = {"epoch": 2, "group_key": 7, "call_index": 45, "token": "nope"}
+    store.set_json("failslow/validate/pause", request)
+    assert not agent.check_request() and words == {}
+    store.set_json("failslow/validate/pause", {**request, "epoch": 3, "token": "tok"})
+    assert agent.check_request() and words["control"] == 3

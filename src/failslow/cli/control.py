@@ -44,10 +44,15 @@ def _cmd_controller(args: argparse.Namespace) -> int:
     from failslow.plugins import plugin_manager
 
     config = _config_from_args(
-        args, **{"detection.threshold": args.threshold, "validation.link_mb": args.link_mb}
+        args,
+        **{
+            "detection.threshold": args.threshold,
+            "validation.link_mb": args.link_mb,
+            "job_token": args.job_token,
+        },
     )
     store = open_store(args.store)  # unreachable: StoreUnavailable -> one line, exit 2
-    print(f"failslow controller: {args.world_size} ranks, store {args.store}", flush=True)
+    print(f"failslow controller: {args.world_size} ranks, store {store.url}", flush=True)
     plane = ControlPlane(
         store,
         config,
@@ -71,7 +76,10 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    print(json.dumps(_config_from_args(args).to_dict(), indent=2))
+    settings = _config_from_args(args).to_dict()
+    if settings.get("job_token"):
+        settings["job_token"] = "***"  # a secret
+    print(json.dumps(settings, indent=2))
     return 0
 
 
@@ -95,6 +103,9 @@ def register(sub: Any) -> None:
     p.add_argument("--log-dir", help="where diagnosis-<n>.json files go")
     p.add_argument("--threshold", type=float, help="slow when > x peers' median (1.1)")
     p.add_argument("--link-mb", type=int, help="link-test message size (MB, 16)")
+    p.add_argument(
+        "--job-token", help="the job's token the ranks hold (default: $FAILSLOW_JOB_TOKEN)"
+    )
     _config_args(p)
     p.set_defaults(func=_cmd_controller)
 

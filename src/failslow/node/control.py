@@ -1,9 +1,9 @@
 """The job's control beside its launcher: node publisher, controller and mitigator (greyhound 4.1).
 
-:class:`JobControl` is what ``failslow run --controller N`` (and ``failslow demo``) start next to
-the training command on the node that hosts the controller: the node's
+:class:`JobControl` is what ``failslow run`` (and ``failslow demo``) start next to the training
+command: on every node the node's
 :class:`~failslow.node.publisher.NodePublisher` (onsets, reliefs, group summaries from this
-node's rings) on a thread, and the job's
+node's rings) on a thread, and on the node that hosts the controller (``--controller N``) the job's
 :class:`~failslow.core.control.control_plane.ControlPlane` with the plugin hooks. It owns those
 threads and stops them in :meth:`JobControl.stop`. :func:`host_store` is the embedded control
 store (a TCPStore on 127.0.0.1, port 0) for a one-node job.
@@ -37,21 +37,24 @@ class JobControl:
         store: Store,
         config: FailslowConfig,
         *,
-        world_size: int,
+        world_size: int | None,
         ring_dir: Path | None = None,
         log_dir: Path | None = None,
         plugins: Iterable[Any] = (),
         on_diagnosis: Callable[[Diagnosis], None] | None = None,
     ) -> None:
         self.store = store
-        self.plane = ControlPlane(
-            store,
-            config,
-            world_size=world_size,
-            log_dir=log_dir,
-            hooks=plugin_manager(plugins).hook,
-            on_diagnosis=on_diagnosis,
-        )
+        self.plane: ControlPlane | None = None
+        """The job's controller and mitigator, on the node that hosts them (``world_size``)."""
+        if world_size:
+            self.plane = ControlPlane(
+                store,
+                config,
+                world_size=world_size,
+                log_dir=log_dir,
+                hooks=plugin_manager(plugins).hook,
+                on_diagnosis=on_diagnosis,
+            )
         self.publisher = NodePublisher(LocalAnalyzer(ring_dir), store) if ring_dir else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -59,18 +62,19 @@ class JobControl:
 
     @property
     def controller(self) -> Any:
-        return self.plane.controller
+        return self.plane.controller if self.plane is not None else None
 
     @property
     def mitigator(self) -> Any:
-        return self.plane.mitigator
+        return self.plane.mitigator if self.plane is not None else None
 
     def start(self) -> JobControl:
         """Start the threads (a second call does nothing)."""
         if self._started:
             return self
         self._started = True
-        self.plane.start()
+        if self.plane is not None:
+            self.plane.start()
         if self.publisher is not None:
             self._thread = threading.Thread(
                 target=self.publisher.run, args=(self._stop.is_set,), name="failslow-node"
@@ -87,4 +91,5 @@ class JobControl:
         if self._thread is not None:
             self._thread.join(timeout=10.0)
             self._thread = None
-        self.plane.stop()
+        if self.plane is not None:
+            self.plane.stop()

@@ -58,7 +58,14 @@ class RunOptions:
     shim: bool = True
     python_hook: bool = True
     controller_world_size: int | None = None
-    """Run the controller embedded in the launcher for a job of this many ranks (one node)."""
+    """Run the job's controller in this launcher, for a job of this many ranks."""
+    store_url: str | None = None
+    """The job's control store, the same on every node (``redis://``, ``rediss://``,
+    ``tcp://HOST:PORT``; ``tcp://HOST:PORT?master=1`` hosts it here). None: with
+    ``--controller``, an embedded TCPStore on 127.0.0.1 (one node)."""
+    job_token: str | None = None
+    """The job's shared secret for pause requests and plans (generated when this launcher
+    hosts the controller and none is given)."""
     threshold: float = 1.1
     """The embedded controller's slow threshold (x the peers' median; greyhound 4.3: 1.1)."""
     state_dir: Path | None = None
@@ -108,6 +115,15 @@ def _shim_path() -> str:
 def _check_options(options: RunOptions) -> None:
     if not options.command:
         raise FailslowError("no command to run: failslow run [options] -- CMD [ARGS...]")
+    if options.store_url is not None:
+        from failslow.core.control.store import parse_store_url
+
+        parse_store_url(options.store_url)  # a malformed URL is one line, before anything starts
+        if not options.controller_world_size and not options.job_token:
+            raise ConfigError(
+                "failslow run --store without --controller: pass the job's token with "
+                "--job-token (or $FAILSLOW_JOB_TOKEN), the same on every node's launcher"
+            )
     cap = options.capacity
     if cap is not None and (cap <= 0 or cap & (cap - 1)):
         raise ConfigError(f"--capacity must be a positive power of two, got {cap}")
@@ -211,7 +227,11 @@ def run(options: RunOptions) -> int:
         code_dir=code_dir,
         code_version=code_version(code_dir) if code_dir else None,
     )
-    control = _job_control(options, launch) if options.controller_world_size else None
+    control = (
+        _job_control(options, launch)
+        if options.controller_world_size or options.store_url
+        else None
+    )
     spawn_options: dict[str, Any] = (
         {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     )
@@ -237,7 +257,7 @@ def run(options: RunOptions) -> int:
         launch.env,
         spawn,
         options=options.agent,
-        store=control.store if control is not None else None,
+        store=control.store if control is not None and options.controller_world_size else None,
         say=say,
     )
     try:
@@ -261,27 +281,51 @@ def _agent_options() -> AgentOptions:
 
 
 def _job_control(options: RunOptions, launch: Launch) -> JobControl:
-    """The embedded control store (its URL in CMD's ``FAILSLOW_STORE``), the node publisher and
-    the control plane for a one-node job of ``--controller N`` ranks; started with CMD."""
+    """This node's part of the job's control, started with CMD: the node publisher over this
+    node's rings and, with ``--controller N``, the job's controller and mitigator. The store is
+    ``--store`` (every node the same) or, without it, an embedded TCPStore on 127.0.0.1; CMD's
+    ranks get its URL (``FAILSLOW_STORE``) and the job's token (``FAILSLOW_JOB_TOKEN``)."""
+    import secrets
+
     from failslow.config import load_config
+    from failslow.core.control.resilient import ResilientStore
+    from failslow.core.control.store import open_store, parse_store_url, redacted
     from failslow.node.control import JobControl, host_store
 
-    assert options.controller_world_size is not None
-    options.agent.world_size = options.controller_world_size
-    store = host_store()
-    launch.env[envvars.STORE] = store.url
-    log_dir = launch.ring_dir / "diagnoses"
-    config = load_config(overrides={"detection.threshold": options.threshold})
     say = _stderr_line
+    world_size = options.controller_world_size
+    token = options.job_token
+    if not token:  # _check_options made sure this launcher hosts the controller
+        token = secrets.token_hex(16)
+        if options.store_url:
+            say(f"job token {token}: pass --job-token {token} to every other node's launcher")
+    url = options.store_url
+    if url is None:
+        store: Any = host_store()
+    elif parse_store_url(url)[3].get("master") == "1":
+        store = open_store(url)  # this launcher hosts the TCPStore every node uses
+    else:
+        store = ResilientStore(url)  # a store that dies never takes the launcher down
+    launch.env[envvars.STORE] = store.url if url is None or "master=1" in url else url
+    launch.env[envvars.JOB_TOKEN] = token
+    options.agent.job_token = token
+    if world_size:
+        options.agent.world_size = world_size
+    log_dir = launch.ring_dir / "diagnoses"
+    overrides = {"detection.threshold": options.threshold, "job_token": token}
     control = JobControl(
         store,
-        config,
-        world_size=options.controller_world_size,
+        load_config(overrides=overrides),
+        world_size=world_size,
         ring_dir=launch.ring_dir,
         log_dir=log_dir,
         on_diagnosis=lambda d: say(f"diagnosis {d.to_json()}"),
     )
-    say(f"controller embedded ({options.controller_world_size} ranks); diagnoses in {log_dir}")
+    where = redacted(url) if url else "embedded, 127.0.0.1"
+    if world_size:
+        say(f"controller ({world_size} ranks), store {where}; diagnoses in {log_dir}")
+    else:
+        say(f"node publisher, store {where}")
     return control
 
 

@@ -85,6 +85,7 @@ class RankAgent:
         poll_s: float = 0.2,
         check_every_s: float = 0.02,
         position: Callable[[], tuple[int, ...] | None] | None = None,
+        token: str | None = None,
     ) -> None:
         self.store = store
         self.rank = rank
@@ -97,6 +98,9 @@ class RankAgent:
         self._last_check = 0.0
         self._poller = PollingThread(self._poll, name="failslow-agent", poll_s=poll_s)
         self._position = position
+        self.token = token
+        """The job's token: pause requests without it are ignored (:func:`keys.authorized`)."""
+        self._ignored = 0
 
     def start(self) -> RankAgent:
         self._poller.start()
@@ -138,6 +142,11 @@ class RankAgent:
         """Arm the trap when the store holds a new pause request; True if it did."""
         request = self.store.get_json(f"{self.prefix}/pause")
         if not request or int(request["epoch"]) <= self.epoch:
+            return False
+        if not keys.authorized(request, self.token):
+            if int(request["epoch"]) != self._ignored:
+                self._ignored = int(request["epoch"])
+                log.warning("failslow: ignored pause request %s: no valid job token", self._ignored)
             return False
         self.epoch = int(request["epoch"])
         if self.store.get(f"{self.prefix}/{self.epoch}/release") is not None:

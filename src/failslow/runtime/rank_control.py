@@ -100,7 +100,8 @@ def attach_from_environment(capture: Any) -> RankAgent | None:
     from failslow.core.control.resilient import ResilientStore
 
     try:
-        return attach(capture, ResilientStore(url), owns_store=True)
+        token = os.environ.get(envvars.JOB_TOKEN) or None
+        return attach(capture, ResilientStore(url), owns_store=True, token=token)
     except Exception:
         log.warning("failslow: no control agent (store %s)", url, exc_info=True)
         return None

@@ -118,7 +118,7 @@ class Session:
 
         self.store = ResilientStore(self.config.store)
         if capture is not None and rank_control.current() is None:
-            rank_control.attach(capture, self.store)
+            rank_control.attach(capture, self.store, token=self.config.job_token)
         if self.rank == 0:
             self._job_report = JobReport(self.store, self.job_record(), self.step_times).start()
         self.receiver = PlanReceiver(
@@ -127,6 +127,7 @@ class Session:
             prepare=self.prepare,
             step=lambda: self.step,
             decision_timeout_s=self.config.planner.plan_timeout_s,
+            token=self.config.job_token,
         ).start()
 
     def _install_capture(self) -> Any:

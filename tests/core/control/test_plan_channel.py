@@ -39,7 +39,15 @@ def url(request: pytest.FixtureRequest) -> Iterator[str]:
 class Rank(threading.Thread):
     """Steps of ``step_s``; records the step at which each plan arrived."""
 
-    def __init__(self, url: str, rank: int, *, refuse: str = "", step_s: float = 0.005) -> None:
+    def __init__(
+        self,
+        url: str,
+        rank: int,
+        *,
+        refuse: str = "",
+        step_s: float = 0.005,
+        token: str | None = None,
+    ) -> None:
         super().__init__(daemon=True)
         self.store = open_store(url, timeout_s=CONNECT_S)
         self.applied: list[tuple[int, MicroBatchPlan]] = []
@@ -58,6 +66,7 @@ class Rank(threading.Thread):
             step=lambda: self.step,
             poll_s=0.02,
             decision_timeout_s=2.0,
+            token=token,
         )
 
     def run(self) -> None:
@@ -202,3 +211,46 @@ def test_a_restarted_rank_ignores_a_plan_decided_before_it_joined(url: str) -> N
         assert rank.receiver.pending() is None
         assert store.add("failslow/plans/1/acks", 0) == 0
         rank.store.close()
+
+
+def test_ranks_with_a_job_token_act_only_on_plans_that_carry_it(url: str) -> None:
+    """Anyone who can reach the store could otherwise restart or reshape the job."""
+    ranks = _ranks(url, 2, token="s3cret")
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        forged = dispatch(store, PLAN, world_size=2, horizon_steps=3, timeout_s=1.0)
+        wrong = dispatch(store, PLAN, world_size=2, horizon_steps=3, timeout_s=1.0, token="guess")
+        assert not forged.committed and not wrong.committed
+        assert "only 0 of 2 ranks accepted" in forged.reason
+        outcome = dispatch(store, PLAN, world_size=2, horizon_steps=3, timeout_s=20, token="s3cret")
+        assert outcome.committed, outcome.reason
+        deadline = time.monotonic() + 20
+        while any(not r.applied for r in ranks) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        _stop(ranks)
+    assert all(r.applied == [(outcome.apply_step, PLAN)] for r in ranks)
+
+
+def test_data_read_ahead_learns_the_plan_before_its_step(url: str) -> None:
+    """A loader that reads ahead (before_data) gets a committed plan for the steps it reads,
+    and a plan accepted later never takes effect at a step whose data was read already."""
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        step = [3]
+        receiver = PlanReceiver(store, rank=0, prepare=lambda plan: None, step=lambda: step[0])
+        assert receiver.before_data(9) == []  # data read up to step 9, no plan yet
+        result: list = []
+        thread = threading.Thread(
+            target=lambda: result.append(
+                dispatch(store, PLAN, world_size=1, horizon_steps=2, timeout_s=20)
+            )
+        )
+        thread.start()
+        while receiver.pending() is None:
+            receiver.poll()
+            time.sleep(0.01)
+        assert receiver.pending()["block_at"] == 10  # past the data read, not step 3 + 2
+        thread.join(timeout=20)
+        outcome = result[0]
+        assert outcome.committed and outcome.apply_step == 10
+        assert receiver.before_data(10) == [(10, PLAN)]  # the decision is read before step 10
+        step[0] = 10
+        assert receiver.due(10) == PLAN

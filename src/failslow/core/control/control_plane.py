@@ -31,6 +31,7 @@ class Settings(Protocol):
     """The sections the control plane reads (:class:`failslow.config.FailslowConfig` has them)."""
 
     log_dir: str | None
+    job_token: str | None
     detection: DetectionConfig
     validation: ValidationConfig
     planner: PlannerConfig
@@ -55,7 +56,10 @@ class ControlPlane:
     ) -> None:
         self.store = store
         self.hooks = hooks
-        self.mitigator = Mitigator(store, settings.planner, world_size=world_size, hooks=hooks)
+        token = settings.job_token
+        self.mitigator = Mitigator(
+            store, settings.planner, world_size=world_size, hooks=hooks, token=token
+        )
         self._extra = on_diagnosis
         if log_dir is None and settings.log_dir:
             log_dir = Path(settings.log_dir)
@@ -65,6 +69,7 @@ class ControlPlane:
             detection=settings.detection,
             validation=settings.validation,
             log_dir=log_dir,
+            token=token,
             on_diagnosis=self._diagnosed,
             mitigation_active=lambda: self.mitigator.active,
             on_healthy=self.mitigator.on_healthy,

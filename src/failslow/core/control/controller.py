@@ -74,6 +74,7 @@ class Controller:
         log_dir: Path | None = None,
         node_prefix: str = keys.NODE,
         agent_prefix: str = keys.VALIDATE,
+        token: str | None = None,
         on_diagnosis: Callable[[Diagnosis], None] | None = None,
         mitigation_active: Callable[[], bool] | None = None,
         on_healthy: Callable[[], None] | None = None,
@@ -85,6 +86,7 @@ class Controller:
         self.log_dir = log_dir
         self.node_prefix = node_prefix
         self.agent_prefix = agent_prefix
+        self.token = token
         self.on_diagnosis = on_diagnosis
         self.mitigation_active = mitigation_active
         self.on_healthy = on_healthy
@@ -233,6 +235,7 @@ class Controller:
                     tasks=tasks,
                     timeout_s=self.validation.pause_timeout_s,
                     prefix=self.agent_prefix,
+                    token=self.token,
                 )
                 break
             except PauseMissed as exc:  # released at once; aim further ahead

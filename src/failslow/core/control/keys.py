@@ -7,6 +7,8 @@ prefix. The store backends keep their own bookkeeping keys (``failslow/k/``, ``f
 
 from __future__ import annotations
 
+import hmac
+
 JOB = "failslow/job"
 """The job record rank 0's session writes once: topology, capabilities, world size."""
 STEPS = "failslow/steps"
@@ -21,3 +23,13 @@ NODE = "failslow/node"
 (:mod:`failslow.node.publisher`)."""
 PLANS = "failslow/plans"
 """The two-phase plan channel (:mod:`failslow.core.control.plan_channel`)."""
+
+
+def authorized(record: dict[str, object], token: str | None) -> bool:
+    """Whether a request (a pause request, a plan) may act on a rank that holds ``token``: a
+    rank without a token takes every request; one with a token only requests that carry it
+    (anyone who can reach the store could otherwise stall or restart the job)."""
+    if not token:
+        return True
+    sent = record.get("token")
+    return isinstance(sent, str) and hmac.compare_digest(sent.encode(), token.encode())

@@ -68,11 +68,13 @@ class Mitigator:
         world_size: int,
         hooks: Any = None,
         clock: Callable[[], float] = time.time,
+        token: str | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.world_size = world_size
         self.hooks = hooks
+        self.token = token
         self._clock = clock
         self.planner: Planner | None = None
         self.topology: Topology | None = None
@@ -253,6 +255,7 @@ class Mitigator:
             world_size=self.world_size,
             horizon_steps=horizon_steps(step_time, self.config.horizon_s),
             timeout_s=self.config.plan_timeout_s,
+            token=self.token,
         )
         log.info("failslow: plan %d %s", outcome.epoch, outcome)
         return outcome

@@ -88,12 +88,17 @@ def dispatch(
     timeout_s: float = 60.0,
     prefix: str = keys.PLANS,
     poll_s: float = 0.02,
+    token: str | None = None,
 ) -> PlanOutcome:
-    """Prepare ``plan`` on every rank and commit it, or abort; returns the outcome."""
+    """Prepare ``plan`` on every rank and commit it, or abort; returns the outcome. ``token``:
+    the job's token (ranks that hold one ignore plans without it)."""
     started = time.monotonic()
     n = store.add(f"{prefix}/count", 1)
     base = f"{prefix}/{n}"
-    store.set_json(f"{base}/plan", {"plan": plan_to_dict(plan), "horizon_steps": horizon_steps})
+    record: dict[str, Any] = {"plan": plan_to_dict(plan), "horizon_steps": horizon_steps}
+    if token:
+        record["token"] = token
+    store.set_json(f"{base}/plan", record)
     store.set_json(f"{prefix}/current", {"epoch": n})
     reason = ""
     while True:
@@ -161,8 +166,10 @@ class PlanReceiver:
         prefix: str = keys.PLANS,
         decision_timeout_s: float = 60.0,
         poll_s: float = 0.2,
+        token: str | None = None,
     ) -> None:
         self.store = store
+        self.token = token
         self.rank = rank
         self._prepare = prepare
         self._step = step
@@ -205,6 +212,9 @@ class PlanReceiver:
             return
         if self.store.get(f"{base}/decision") is not None:
             return  # decided before this rank joined (a restarted process): not for it
+        if not keys.authorized(record, self.token):
+            log.warning("failslow: ignored plan %d: no valid job token", epoch)
+            return
         try:
             plan = plan_from_dict(record["plan"], CHANNEL_TYPES)
             self._prepare(plan)

@@ -56,6 +56,7 @@ def validation_round(
     tasks: Sequence[Mapping[str, Any]],
     timeout_s: float = 30.0,
     prefix: str = keys.VALIDATE,
+    token: str | None = None,
 ) -> RoundResult:
     """Pause all ``world_size`` ranks at ``(group_key, call_index)``, run ``tasks``, release.
 
@@ -65,9 +66,10 @@ def validation_round(
     epoch = store.add(f"{prefix}/epoch", 1)
     base = f"{prefix}/{epoch}"
     deadline = time.monotonic() + timeout_s
-    store.set_json(
-        f"{prefix}/pause", {"epoch": epoch, "group_key": group_key, "call_index": call_index}
-    )
+    request: dict[str, Any] = {"epoch": epoch, "group_key": group_key, "call_index": call_index}
+    if token:
+        request["token"] = token  # ranks holding the job's token act on nothing else
+    store.set_json(f"{prefix}/pause", request)
     try:
         if not _wait_count(store, f"{base}/parked", world_size, deadline, f"{base}/missed"):
             parked = store.add(f"{base}/parked", 0)

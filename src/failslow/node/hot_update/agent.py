@@ -55,6 +55,8 @@ class AgentOptions:
     horizon_steps: int = 4
     world_size: int | None = None
     """Ranks answering the plan channel (``--controller N``); None: stop CMD with SIGTERM."""
+    job_token: str | None = None
+    """The job's token: ranks that hold one act only on plans that carry it."""
 
 
 Spawn = Callable[[Version, dict[str, str]], "subprocess.Popen[bytes]"]
@@ -260,6 +262,7 @@ class Agent:
                 world_size=int(self.options.world_size or 0),
                 horizon_steps=self.options.horizon_steps,
                 timeout_s=self.options.dispatch_timeout_s,
+                token=self.options.job_token,
             )
 
         stop.thread = threading.Thread(target=dispatch, name="failslow-update", daemon=True)

@@ -1,0 +1,170 @@
+"""Two machines, one flag each: ``failslow run --store`` on every node, a straggler on the second.
+
+Two network namespaces are the two nodes (:mod:`netns`: ``10.77.0.1`` and ``10.77.0.2`` on one
+bridge); a real ``redis-server`` with a password and TLS only (a CA and a server certificate
+made for this test) listens on the bridge's own address, ``10.77.0.254``. On each node a
+launcher runs the same command a user would, with torchrun's own two-node rendezvous::
+
+    failslow run --store rediss://:PW@10.77.0.254:PORT/0?ssl_ca_certs=CA --job-token T \
+        [--controller 4] -- torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d ...
+
+Node 0's launcher also hosts the job's controller (the ranks, four CPU processes on two shared
+cores, take turns for the GEMM and time it in fp32: ``FAILSLOW__VALIDATION__*`` settings). The training script knows nothing of
+failslow: the second node's local rank 1 duty-cycles itself (a forked helper SIGSTOPs it 75% of
+every 10 ms) from step 60 until a diagnosis exists; every rank stops at one step (a one-float
+all-reduce per step agrees on it). The controller must name exactly that rank, kind compute,
+with evidence gathered across both nodes through the store; both launchers must exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from netns import BRIDGE, NetnsUnavailable, _must, netns_network
+
+pytestmark = [pytest.mark.timeout(420), pytest.mark.multiprocess, pytest.mark.slow]
+
+REDIS_ADDRESS = "10.77.0.254"
+RDZV_PORT = 29400  # node 0's namespace is brand new: nothing else listens there
+TOKEN = "two-node-e2e-token"
+
+TRAIN = textwrap.dedent(
+    """\
+    import os, signal, sys, time
+    import torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    slow = os.environ["GROUP_RANK"] == "1" and os.environ["LOCAL_RANK"] == "1"
+    out, diagnoses = sys.argv[1], sys.argv[2]
+    if slow:
+        with open(os.path.join(out, "slow-rank"), "w") as f:
+            f.write(str(rank))
+    w = torch.randn(256, 256) / 16
+    x = torch.randn(64, 256)
+    helper, step, started = None, 0, time.time()
+    while True:
+        if slow and step == 60:
+            parent = os.getpid()
+            helper = os.fork()
+            if helper == 0:  # throttle the parent: 75% of every 10 ms stopped
+                while True:
+                    try:
+                        os.kill(parent, signal.SIGSTOP); time.sleep(0.0075)
+                        os.kill(parent, signal.SIGCONT); time.sleep(0.0025)
+                    except ProcessLookupError:
+                        os._exit(0)
+        for _ in range(10):
+            y = torch.tanh(x @ w)
+        grad = (y.T @ x) / 64
+        dist.all_reduce(grad)
+        w -= 1e-3 * grad / dist.get_world_size()
+        time.sleep(0.01)
+        step += 1
+        done = step >= 80 and (time.time() - started > 240 or (
+            os.path.isdir(diagnoses) and bool(os.listdir(diagnoses))))
+        flag = torch.tensor([1.0 if done else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item():
+            break
+    if helper:
+        os.kill(helper, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGCONT)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _launcher(node: int, store_url: str, work: Path, ring_dir: Path) -> list[str]:
+    address = f"10.77.0.{node + 1}"
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+        "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.77.0.1:{RDZV_PORT}",
+        "--rdzv-id", "two-nodes", "--rdzv-conf", f"is_host={int(node == 0)},join_timeout=120",
+        "--local-addr", address, "--max-restarts", "0",
+        str(work / "train.py"), str(work), str(work / "node0-rings" / "diagnoses"),
+    ]  # fmt: skip
+    launcher = [
+        sys.executable, "-m", "failslow.cli", "run", "--no-shim", "--store", store_url,
+        "--job-token", TOKEN, "--ring-dir", str(ring_dir),
+    ]  # fmt: skip
+    if node == 0:
+        launcher += ["--controller", "4", "--threshold", "2.0"]
+    return [*launcher, "--", *torchrun]
+
+
+def test_a_straggler_on_the_second_node_is_diagnosed_through_a_shared_store(make_redis) -> None:
+    work = Path(tempfile.mkdtemp(prefix="failslow-2n-", dir="/tmp"))  # short: unix socket path
+    (work / "train.py").write_text(TRAIN)
+    try:
+        network = netns_network(2)
+        net = network.__enter__()
+    except NetnsUnavailable as exc:
+        pytest.skip(f"no network namespaces here: {exc}")
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        br = net.bridge_netns
+        _must(["ip", "-n", br, "addr", "add", f"{REDIS_ADDRESS}/24", "dev", BRIDGE])
+        _must(["ip", "-n", br, "link", "set", "lo", "up"])
+        redis = make_redis(
+            password="pw:with@odd/chars",
+            tls=True,
+            host=REDIS_ADDRESS,
+            argv_prefix=["ip", "netns", "exec", br],
+            unixsocket=work / "redis.sock",
+        )
+        assert redis.url.startswith("rediss://:pw%3Awith%40odd%2Fchars@10.77.0.254:")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
+        env["OMP_NUM_THREADS"] = "1"
+        # CPU ranks share 2 cores: they time the GEMM in turns, in fp32 only (bf16 matmuls on
+        # this CPU take ~10 s each and scatter with the load); set the way users set them
+        env["FAILSLOW__VALIDATION__GEMM_SERIAL"] = "true"
+        env["FAILSLOW__VALIDATION__GEMM_DTYPES"] = "float32"
+        for node in (1, 0):  # the second node first: the rendezvous waits for its host
+            node_env = {**env, "GLOO_SOCKET_IFNAME": net.ranks[node].veth}
+            argv = _launcher(node, redis.url, work, work / f"node{node}-rings")
+            log = open(work / f"node{node}.log", "w")
+            procs.append(net.popen(node, argv, env=node_env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 360
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if os.environ.get("FAILSLOW_TEST_KEEP"):
+            import redis as redis_py
+
+            client = redis_py.Redis(
+                unix_socket_path=str(work / "redis.sock"), password=redis.password
+            )
+            dump = {
+                k.decode(): client.get(k) for k in client.keys("*") if client.type(k) == b"string"
+            }
+            (work / "redis-keys.txt").write_text(
+                "\n".join(f"{k} {v[:300]!r}" for k, v in sorted(dump.items()))
+            )
+        logs = {n: (work / f"node{n}.log").read_text() for n in (0, 1)}
+        tail = "\n".join(f"--- node {n}\n{text[-3000:]}" for n, text in logs.items())
+        assert all(p.poll() == 0 for p in procs), tail
+        lines = [ln for ln in logs[0].splitlines() if "failslow run: diagnosis " in ln]
+        assert lines, tail
+        first = json.loads(lines[0].split("diagnosis ", 1)[1])
+        slow = int((work / "slow-rank").read_text())
+        assert first["kind"] == "compute", first
+        assert [r for r, _ in first["slow_ranks"]] == [slow], (slow, first)
+        assert "controller (4 ranks), store rediss://:***@10.77.0.254" in logs[0], tail
+        assert "node publisher, store rediss://:***@10.77.0.254" in logs[1], tail
+        assert "with@odd" not in logs[0] + logs[1]  # the password never printed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+        network.__exit__(None, None, None)
+        if not os.environ.get("FAILSLOW_TEST_KEEP"):
+            subprocess.run(["rm", "-rf", str(work)], check=False)
