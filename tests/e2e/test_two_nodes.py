@@ -9,11 +9,12 @@ launcher runs the same command a user would, with torchrun's own two-node rendez
         [--controller 4] -- torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d ...
 
 Node 0's launcher also hosts the job's controller (the ranks, four CPU processes on two shared
-cores, take turns for the GEMM and time it in fp32: ``FAILSLOW__VALIDATION__*`` settings).
-The training script knows nothing of failslow: the second node's local rank 1 duty-cycles itself (a forked helper SIGSTOPs it 75% of
-every 10 ms) from step 60 until a diagnosis exists; every rank stops at one step (a one-float
-all-reduce per step agrees on it). The controller must name exactly that rank, kind compute,
-with evidence gathered across both nodes through the store; both launchers must exit 0.
+cores, take turns for the GEMM and time it in fp32: ``FAILSLOW__VALIDATION__*`` settings). The
+training script knows nothing of failslow: the second node's local rank 1 duty-cycles itself (a
+forked helper SIGSTOPs it 75% of every 10 ms) from step 60 until a diagnosis exists; every rank
+stops at one step (a one-float all-reduce per step agrees on it). The controller must name
+exactly that rank, kind compute, with evidence gathered across both nodes through the store;
+both launchers must exit 0.
 """
 
 from __future__ import annotations
