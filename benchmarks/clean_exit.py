@@ -109,6 +109,9 @@ def run_once(case: str, work: Path) -> tuple[str, str]:
         CLEAN_EXIT_DESTROY="1" if destroy else "0",
         CLEAN_EXIT_VALIDATION="1" if kind == "validation" else "0",
         CLEAN_EXIT_DIAGNOSES=str(ring_dir / "diagnoses"),
+        # CPU ranks on shared cores: GEMMs in turns, fp32 (bf16 matmuls here take seconds)
+        FAILSLOW__VALIDATION__GEMM_SERIAL="true",
+        FAILSLOW__VALIDATION__GEMM_DTYPES="float32",
     )
     try:
         out = subprocess.run(
@@ -159,6 +162,10 @@ def main() -> None:
                         if detail:
                             row["details"].append(f"run {i}: {outcome} {detail}")
                         progress.advance(task)
+                    summary = ", ".join(f"{c} {r['clean']}/{r['runs']}" for c, r in counts.items())
+                    console.print(f"round {i + 1}: clean {summary}")
+                    if args.json:  # as it goes: a long run can be read before it ends
+                        Path(args.json).write_text(json.dumps(counts, indent=1))
     finally:
         for hog in hogs:
             hog.kill()

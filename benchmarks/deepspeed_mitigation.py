@@ -3,17 +3,19 @@
 Usage::
 
     python benchmarks/deepspeed_mitigation.py [--steps 200] [--slow-start 60] [--repeat 1]
+        [--loop user|train_batch]
 
 The job is ``failslow demo --framework deepspeed``'s: 4 ranks, ZeRO-1, CPU/gloo, 4 micro-batches
-of 16 per replica per step. Rank 2 is SIGSTOP/SIGCONT-cycled from outside (75% stopped, ~4x
-slower) from ``--slow-start`` to the end. Both runs train on the same data; the unmitigated run
-has no control plane, the failslow run detects, validates, plans and applies S2 by itself.
-Printed (ratios, since the machine is shared): the healthy step (steps 10 to slow-start, both
-runs), the slowed step without mitigation, the failslow step once the plan is in effect (steady)
-and over the whole slowed window (detection, validation pauses and re-checks included), the
-share of the slowdown removed - ``(unmitigated - failslow) / (unmitigated - healthy)``;
-falcon: 60.1%, greyhound Fig. 14: up to 1.59x - and the largest parameter difference between
-the two runs (invariant 2; fp32).
+of 128 per replica per step, trained by the loop DeepSpeed's tutorials teach (``--loop user``:
+forward, backward, step over the loader) or by ``engine.train_batch()``. Rank 2 is
+SIGSTOP/SIGCONT-cycled from outside (75% stopped, ~4x slower) from ``--slow-start`` to the end.
+Both runs train on the same data; the unmitigated run has no control plane, the failslow run
+detects, validates, plans and applies S2 by itself. Printed (ratios, since the machine is
+shared): the healthy step (steps 10 to slow-start, both runs), the slowed step without
+mitigation, the failslow step once the plan is in effect (steady) and over the whole slowed
+window (detection, validation pauses and re-checks included), the share of the slowdown removed
+- ``(unmitigated - failslow) / (unmitigated - healthy)``; falcon: 60.1%, greyhound Fig. 14: up
+to 1.59x - and the largest parameter difference between the two runs (invariant 2; fp32).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from rich.table import Table
 from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo, step_times_of
 
 
-def one_pair(base: Path, steps: int, start: int) -> dict[str, float]:
+def one_pair(base: Path, steps: int, start: int, loop: str) -> dict[str, float]:
     runs = {}
     for name, mitigate in (("unmitigated", False), ("failslow", True)):
         out = base / name
@@ -42,6 +44,7 @@ def one_pair(base: Path, steps: int, start: int) -> dict[str, float]:
                 mitigate=mitigate,
                 out_dir=out,
                 live=False,
+                loop=loop,
             )
         )
         runs[name] = (summary, step_times_of(out, 4))
@@ -80,9 +83,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--slow-start", type=int, default=60)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--loop", choices=("user", "train_batch"), default="user")
     args = parser.parse_args()
     console = Console(width=190)
-    table = Table(title="DeepSpeed ZeRO-1, 4 ranks, rank 2 stopped 75% (CPU/gloo)")
+    table = Table(
+        title=f"DeepSpeed ZeRO-1, 4 ranks, rank 2 stopped 75% (CPU/gloo), loop: {args.loop}"
+    )
     for col in (
         "run",
         "healthy",
@@ -100,7 +106,7 @@ def main() -> None:
     for i in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="failslow-dsbench-") as tmp:
             console.print(f"run {i + 1}/{args.repeat}: unmitigated, then failslow ...")
-            r = one_pair(Path(tmp), args.steps, args.slow_start)
+            r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop)
         table.add_row(
             str(i + 1),
             f"{r['healthy_s']:.3f} s",

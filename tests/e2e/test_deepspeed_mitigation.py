@@ -1,9 +1,14 @@
 """End to end, no human step: a DeepSpeed job's straggler found, diagnosed and mitigated (S2).
 
-A 4-rank DeepSpeed ZeRO-1 job on CPU/gloo (``failslow demo --framework deepspeed``'s job) runs
-with failslow enabled by its config block; rank 2 is SIGSTOP/SIGCONT-cycled from outside
-(75% stopped, ~4x slower) from step 50 to step 110; 130 more steps (~25 s) leave room for the
-periodic re-validation (every 8 s here) that finds the fail-slow over. The control plane beside
+A 4-rank DeepSpeed ZeRO-1 job on CPU/gloo (``failslow demo --framework deepspeed``'s job),
+trained by the loop DeepSpeed's tutorials teach (``loss = loss_fn(engine(x), y);
+engine.backward(loss); engine.step()`` over the loader ``failslow.deepspeed.initialize``
+returns), runs with failslow enabled by its config block; rank 2 is SIGSTOP/SIGCONT-cycled from
+outside (75% stopped, ~4x slower) from step 50 until the plan has been in effect 30 steps (at
+step 110 at the earliest), and the job runs until the revert has been in effect 30 steps (240
+steps at least): on a loaded machine detection, validation and the periodic re-validation
+(every 8 s here) that finds the fail-slow over take longer, and the job waits for them instead of
+ending first. The control plane beside
 it must, by itself: detect the onset, pause and validate, name rank 2, buy S2 through the
 ski-rental planner and have every rank switch to fewer micro-batches on replica 2 at one step
 boundary; after the release, find every rank healthy again and switch every rank back to the
@@ -32,21 +37,26 @@ STEPS, START, END, SLOW = 240, 50, 110, 2
 
 
 def _options(out: Path, **kw: object) -> MitigationDemoOptions:
+    kw.setdefault("steps", STEPS)
     return MitigationDemoOptions(
-        steps=STEPS,
         slow_start=START,
         slow_end=END,
         slow_rank=SLOW,
         out_dir=out,
         live=False,
         failslow={"validation": {"recheck_every_s": 8.0}, "detection": {"cooldown_s": 8.0}},
+        loop="user",
         **kw,  # type: ignore[arg-type]
     )
 
 
 def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path: Path) -> None:
-    summary = run_mitigation_demo(_options(tmp_path / "mitigated"))
-    reference = run_mitigation_demo(_options(tmp_path / "reference", mitigate=False, inject=False))
+    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=30))
+    steps_run = summary["steps_run"]
+    reference = run_mitigation_demo(
+        _options(tmp_path / "reference", mitigate=False, inject=False, steps=steps_run)
+    )
+    injected_start, injected_end = summary["injected"]
 
     # diagnosed: rank 2 is the slow one
     slow = {r for d in summary["diagnoses"] for r, _ in d["slow_ranks"]}
@@ -58,11 +68,11 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
     assert first["strategy"] == "S2 micro-batches"
     counts = first["counts"]
     assert sum(counts) == 16 and counts[SLOW] == min(counts) < 4
-    assert START < first["apply_step"] < END
+    assert START <= injected_start < first["apply_step"] < injected_end
     # reverted after the release, to the even split
     reverts = [a for a in summary["actions"] if a["action"] == "revert"]
     assert reverts and reverts[-1]["counts"] == [4, 4, 4, 4]
-    assert END <= reverts[-1]["apply_step"] < STEPS
+    assert END <= injected_end <= reverts[-1]["apply_step"] < steps_run
     # every rank switched at the same steps, and ends on the even split
     records = [
         json.loads((tmp_path / "mitigated" / f"steps-rank{r}.json").read_text()) for r in range(4)

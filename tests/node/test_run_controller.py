@@ -2,11 +2,15 @@
 controller all wired by the launcher, an unmodified training script, a real straggler.
 
 The script knows nothing of failslow. From step ``SLOW_FROM`` on, rank 1 forks a helper that
-duty-cycles its parent with SIGSTOP/SIGCONT (a straggler slowed from outside its own code). The
-launcher's embedded controller must print a diagnosis naming rank 1, kind compute, and leave a
-``diagnosis-<n>.json`` beside the rings. Threshold 2.0, not greyhound's 1.1: with two ranks on
-two shared cores a healthy rank's GEMM scatters by up to ~1.5x against its peer; the throttled
-rank (75% stopped) measures ~3-4x.
+duty-cycles its parent with SIGSTOP/SIGCONT (a straggler slowed from outside its own code), and
+the job trains on until a diagnosis file exists (at most 180 s; every rank stops at the same
+step, agreed by a one-float all-reduce per step), so a loaded machine that detects and validates
+slowly is waited for rather than outrun. The launcher's embedded controller must print a
+diagnosis naming rank 1, kind compute, and leave a ``diagnosis-<n>.json`` beside the rings. The
+ranks time the validation GEMM in turns and in fp32 (``FAILSLOW__VALIDATION__*``: CPU ranks on
+shared cores; bf16 matmuls on this CPU take seconds and scatter with load). Threshold 2.0, not
+greyhound's 1.1: with two ranks on two shared cores a healthy rank's GEMM scatters by up to
+~1.5x against its peer; the throttled rank (75% stopped) measures ~3-4x.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(330), pytest.mark.multiprocess, pytest.mark.slow]
 
 TRAIN = (
     textwrap.dedent(
@@ -33,8 +37,9 @@ TRAIN = (
     w = torch.randn(256, 256) / 16
     x = torch.randn(64, 256)
     bias = torch.zeros(1024)
-    helper = None
-    for step in range(STEPS):
+    helper, step, started = None, 0, time.time()
+    diagnoses = sys.argv[1]
+    while True:
         if rank == 1 and step == SLOW_FROM:
             parent = os.getpid()
             helper = os.fork()
@@ -54,6 +59,13 @@ TRAIN = (
         dist.all_reduce(bias)
         w -= 1e-3 * grad / dist.get_world_size()
         time.sleep(0.01)
+        step += 1
+        done = step >= STEPS and (time.time() - started > 180 or (
+            os.path.isdir(diagnoses) and bool(os.listdir(diagnoses))))
+        flag = torch.tensor([1.0 if done else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item():
+            break
     if helper:
         os.kill(helper, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGCONT)
@@ -61,7 +73,7 @@ TRAIN = (
     dist.destroy_process_group()
     """
     )
-    .replace("STEPS", "320")
+    .replace("STEPS", "200")
     .replace("SLOW_FROM", "130")
 )
 
@@ -71,7 +83,11 @@ def test_run_with_embedded_controller_diagnoses_the_straggler(tmp_path: Path) ->
     script.write_text(TRAIN)
     ring_dir = tmp_path / "rings"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
-    env.update(OMP_NUM_THREADS="1")
+    env.update(
+        OMP_NUM_THREADS="1",
+        FAILSLOW__VALIDATION__GEMM_SERIAL="true",
+        FAILSLOW__VALIDATION__GEMM_DTYPES="float32",
+    )
     out = subprocess.run(
         [
             sys.executable,
@@ -93,11 +109,12 @@ def test_run_with_embedded_controller_diagnoses_the_straggler(tmp_path: Path) ->
             "--nproc-per-node",
             "2",
             str(script),
+            str(ring_dir / "diagnoses"),
         ],
         env=env,
         capture_output=True,
         text=True,
-        timeout=220,
+        timeout=300,
     )
     log = out.stdout[-3000:] + out.stderr[-3000:]
     assert out.returncode == 0, log

@@ -36,6 +36,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 stopped_fraction=stopped,
                 out_dir=out_dir,
                 live=not args.no_live,
+                loop=args.loop,
             )
         )
         return 0
@@ -75,4 +76,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--out", help="run directory (default: runs/demo-<time>)")
     p.add_argument("--no-live", action="store_true", help="no live display (plain log lines)")
+    p.add_argument(
+        "--loop",
+        choices=("user", "train_batch"),
+        default="user",
+        help="deepspeed: the job's training loop - the one DeepSpeed's tutorials teach "
+        "(forward, backward, step over the loader; default) or engine.train_batch()",
+    )
     p.set_defaults(func=_cmd_demo)

@@ -2,8 +2,10 @@
 
 Run by :mod:`failslow.demo.mitigation` as ``python -m failslow.demo.ds_worker``. This is what a
 user's training script looks like with failslow: a ``"failslow"`` block in the DeepSpeed config,
-``failslow.deepspeed.initialize`` instead of ``deepspeed.initialize``, ``engine.train_batch`` per
-step. The control store comes from ``$FAILSLOW_STORE``, the rings from ``$FAILSLOW_RING_DIR``
+``failslow.deepspeed.initialize`` instead of ``deepspeed.initialize``, and the loop of DeepSpeed's
+tutorials over the loader it returns (``loss = loss_fn(engine(x), y); engine.backward(loss);
+engine.step()``; ``FAILSLOW_DEMO_LOOP=train_batch``: ``engine.train_batch`` per step instead).
+The control store comes from ``$FAILSLOW_STORE``, the rings from ``$FAILSLOW_RING_DIR``
 (both set by the launcher, as ``failslow run --controller`` does). The slowdown is injected from
 outside; the worker only records its step times and, at the end, rank 0's parameters.
 
@@ -11,7 +13,8 @@ Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (torch.distributed rende
 FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica),
 FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH; for the hot-update benchmark's conventional
 baseline FAILSLOW_DEMO_DISK_CHECKPOINT (load it at start if present) and FAILSLOW_DEMO_STOP_FILE
-(when every rank sees it: ``engine.save_checkpoint`` there and end), FAILSLOW_DEMO_CRASH_AT_START
+(when every rank sees it: ``engine.save_checkpoint`` there and end; without a disk checkpoint
+the demo launcher ends the job with it), FAILSLOW_DEMO_CRASH_AT_START
 and FAILSLOW_DEMO_LOG_TAG for the hot-update tests.
 """
 
@@ -22,6 +25,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -43,6 +47,12 @@ def _all_ranks_see(path: str) -> bool:
     flag = torch.tensor([int(os.path.exists(path))])
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
+
+
+def _repeat(loader: Any) -> Any:
+    """The loader's micro-batches epoch after epoch (``for batch in loader`` in a while loop)."""
+    while True:
+        yield from loader
 
 
 def main() -> None:
@@ -98,7 +108,7 @@ def main() -> None:
         "steps_per_print": 10**9,
         "failslow": json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}")),
     }
-    engine, *_ = failslow.deepspeed.initialize(
+    engine, _, loader, _ = failslow.deepspeed.initialize(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
         config=ds_config,
@@ -117,14 +127,25 @@ def main() -> None:
     step_end: list[float] = [time.time()]
     progress = out / f"progress-rank{rank}.json"
     first = engine.global_steps
+    user_loop = os.environ.get("FAILSLOW_DEMO_LOOP", "user") == "user"
+    batches = _repeat(loader) if user_loop else None
     for step in range(first, steps):
-        if disk and stop_file and _all_ranks_see(stop_file):  # save to disk and end the job
-            engine.save_checkpoint(disk)
+        if stop_file and _all_ranks_see(stop_file):
+            if not disk:
+                break  # the launcher ends the job here (every rank at the same step)
+            engine.save_checkpoint(disk)  # save to disk and end the job
             print(f"rank {rank}: saved a disk checkpoint at step {step}", flush=True)
             dist.barrier()
             dist.destroy_process_group()
             return
-        engine.train_batch(loss_fn=loss_fn)
+        if batches is None:
+            engine.train_batch(loss_fn=loss_fn)
+        else:  # the loop of DeepSpeed's tutorials: micro-batches until the engine stepped
+            while engine.global_steps == step:
+                x, y = next(batches)
+                loss = loss_fn(engine(x), y)
+                engine.backward(loss)
+                engine.step()
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
             tmp = progress.with_suffix(".tmp")

@@ -58,8 +58,19 @@ class MitigationDemoOptions:
     failslow: dict[str, Any] = field(default_factory=dict)
     """Extra settings for the job's failslow block (and the control plane)."""
     timeout_s: float = 900.0
+    loop: str = "user"
+    """``user``: the loop DeepSpeed's tutorials teach (forward, backward, step over the
+    loader); ``train_batch``: ``engine.train_batch()`` per step."""
+    until_mitigated: int | None = None
+    """Robust to a loaded machine (tests, benchmarks): the slowdown lasts at least until this
+    many steps after the first plan took effect (``slow_end`` is then the earliest release),
+    and the job runs until this many steps after the last revert took effect (``steps`` is
+    then the earliest end); ``max_steps`` bounds both."""
+    max_steps: int = 1500
 
     def validate(self) -> None:
+        if self.loop not in ("user", "train_batch"):
+            raise FailslowError(f"demo: --loop must be user or train_batch, got {self.loop!r}")
         if self.world_size < 2 or not 0 <= self.slow_rank < self.world_size:
             raise FailslowError(
                 f"demo: need --world-size >= 2 and 0 <= --slow-rank < world size, got "
@@ -74,11 +85,13 @@ class MitigationDemoOptions:
 
 
 DEMO_SETTINGS: dict[str, Any] = {
-    # CPU ranks share 2 cores: GEMMs take turns and healthy ranks scatter up to ~1.5x, so a
-    # rank is slow at > 2x its peers; small link tests; plans decided within ~1 s
+    # CPU ranks share 2 cores: GEMMs take turns, in fp32 (bf16 matmuls on a CPU without bf16
+    # units take seconds and scatter with the load), and healthy ranks scatter up to ~1.5x, so
+    # a rank is slow at > 2x its peers; small link tests; plans decided within ~1 s
     "detection": {"threshold": 2.0, "cooldown_s": 20.0},
     "validation": {
         "gemm_serial": True,
+        "gemm_dtypes": ["float32"],
         "link_mb": 2,
         "recheck_every_s": 20.0,
         "pause_timeout_s": 20.0,
@@ -152,10 +165,11 @@ def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
                     )
                     throttle.start()
                     run.injected = (run.step, None)
-                end = opts.slow_end
-                if throttle is not None and throttle.active and end is not None and run.step >= end:
+                if throttle is not None and throttle.active and _release_due(run):
                     throttle.stop()
                     run.injected = (run.injected[0], run.step)
+                if opts.until_mitigated is not None and _end_due(run, throttle):
+                    (out / "stop").touch()  # every rank ends at one step (ds_worker)
                 refresh()
                 time.sleep(0.2)
             _observe(run, out, plane)
@@ -180,6 +194,42 @@ def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
     return summarize(run, out)
 
 
+def _applied(run: Run, action: str) -> list[int]:
+    return [a["apply_step"] for a in run.actions if a["action"] == action and a["apply_step"]]
+
+
+def _release_due(run: Run) -> bool:
+    """End the slowdown: at ``slow_end``; with ``until_mitigated``, not before the first plan
+    has been in effect that many steps (at the latest at ``max_steps / 2``)."""
+    opts = run.options
+    if opts.slow_end is None or run.step < opts.slow_end:
+        return False
+    if opts.until_mitigated is None or run.step >= opts.max_steps // 2:
+        return True
+    applied = _applied(run, "apply")
+    return bool(applied) and run.step >= applied[0] + opts.until_mitigated
+
+
+def _end_due(run: Run, throttle: DutyCycleThrottle | None) -> bool:
+    """With ``until_mitigated``: end the job once the slowdown is over and the last revert has
+    been in effect that many steps (or without mitigation: ``steps``), at most ``max_steps``."""
+    opts = run.options
+    if run.step >= opts.max_steps - 5:
+        return True
+    if run.step < opts.steps or (throttle is not None and throttle.active):
+        return False
+    if not opts.mitigate or not opts.inject:
+        return True
+    reverts = _applied(run, "revert")
+    released = run.injected[1]
+    return (
+        bool(reverts)
+        and released is not None
+        and reverts[-1] >= released
+        and (run.step >= reverts[-1] + opts.until_mitigated)
+    )
+
+
 def _spawn(
     opts: MitigationDemoOptions,
     settings: dict[str, Any],
@@ -198,7 +248,8 @@ def _spawn(
             OMP_NUM_THREADS="1",
             DS_ACCELERATOR="cpu",
             FAILSLOW_DEMO_STORE_PORT=str(port),
-            FAILSLOW_DEMO_STEPS=str(opts.steps),
+            FAILSLOW_DEMO_STEPS=str(opts.steps if opts.until_mitigated is None else opts.max_steps),
+            FAILSLOW_DEMO_LOOP=opts.loop,
             FAILSLOW_DEMO_OUT=str(out),
             FAILSLOW_DEMO_MICRO_BATCHES=str(opts.micro_batches_per_replica),
             FAILSLOW_DEMO_MICRO_BATCH_SIZE=str(opts.micro_batch_size),
@@ -208,6 +259,8 @@ def _spawn(
         )
         if opts.mitigate:
             env["FAILSLOW_STORE"] = store_url
+        if opts.until_mitigated is not None:
+            env["FAILSLOW_DEMO_STOP_FILE"] = str(out / "stop")
         with open(out / f"rank-{rank}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(

@@ -97,6 +97,7 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
         "slow_rank": opts.slow_rank,
         "stopped_fraction": opts.stopped_fraction,
         "injected": list(run.injected),
+        "steps_run": len(times),
         "phases": rows,
         "actions": run.actions,
         "diagnoses": [json.loads(d) for d in run.diagnoses],

@@ -11,16 +11,17 @@ framework's own counters, seen before every training forward:
   the step's first micro-batch runs;
 - the micro-batch about to run is this replica's last of the step when the micro-batches the
   framework already counted in this step, plus one, reach the replica's count under the plan in
-  effect: the adapter sets its framework's accumulation boundary from that.
+  effect: the adapter sets its framework's accumulation boundary from that
+  (:meth:`StepTracker.follow` installs it as a forward pre-hook).
 
 Forwards without gradients or in eval mode (evaluation inside the loop) are not micro-batches
-of a training step and change nothing. :func:`call_model` is the batch convention of the
-adapters' own ``train_batch`` loops.
+of a training step and change nothing. :func:`call_model` is the batch convention and
+:func:`run_step` the micro-batch loop of the adapters' own ``train_batch``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -54,6 +55,17 @@ class StepTracker:
             self._begin_step(step)
         return step
 
+    def follow(self, module: Any, set_boundary: Callable[[bool], None]) -> Any:
+        """Follow the user's own loop: before every training forward of ``module``, begin the
+        step if one began and ``set_boundary(is this replica's last micro-batch)``. Returns
+        the hook handle (``.remove()`` it to stop)."""
+
+        def before_forward(mod: Any, args: Any) -> None:
+            if is_training_forward(mod):
+                set_boundary(self.before_micro_batch())
+
+        return module.register_forward_pre_hook(before_forward)
+
     def before_micro_batch(self) -> bool:
         """Before a training forward: begin a new step if one began; True when this micro-batch
         is this replica's last of the step (its accumulation boundary)."""
@@ -82,3 +94,25 @@ def call_model(
     if isinstance(batch, tuple | list):
         return model(*batch)
     return model(batch)
+
+
+def run_step(
+    split: Any,
+    data: Iterator[Any],
+    *,
+    forward: Callable[[Any], Any],
+    backward: Callable[[Any], Any],
+    step: Callable[[], Any],
+) -> Any:
+    """This replica's micro-batches of one global step (``split.count`` of them from ``data``):
+    ``loss = forward(batch); backward(loss); step()`` each, the framework's own accumulation
+    (its boundary set by :meth:`StepTracker.follow`); returns the mean loss (no collective)."""
+    import torch
+
+    total = torch.zeros(())
+    for batch, _ in split.step_batches(data):
+        loss = forward(batch)
+        backward(loss)
+        step()
+        total += loss.detach().float()
+    return total / split.count

@@ -5,13 +5,14 @@ the scheduler, that takes every random generator the step draws from (dropout, d
 the framework's own step counters. :func:`rng_state` / :func:`restore_rng_state` cover Python's
 ``random``, NumPy's global generator, torch's CPU generator and, where CUDA is initialized, every
 device's generator; :func:`counters` / :func:`restore_counters` copy named integer attributes of
-a framework object (an engine's ``global_steps``, say).
+a framework object (an engine's ``global_steps``, say); :func:`training_state` /
+:func:`restore_training_state` the model, optimizer and scheduler.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,3 +49,27 @@ def restore_counters(obj: Any, values: dict[str, int]) -> None:
     """Set the attributes :func:`counters` read."""
     for name, value in values.items():
         setattr(obj, name, int(value))
+
+
+def training_state(module: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """Model, optimizer and scheduler state by reference (None for what a job does not have)."""
+    return {
+        "module": module.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
+    }
+
+
+def restore_training_state(
+    state: dict[str, Any],
+    module: Any,
+    scheduler: Any,
+    load_optimizer: Callable[[Any], None],
+) -> None:
+    """Put back what :func:`training_state` returned; ``load_optimizer(state)`` loads the
+    optimizer's part the framework's way (a sharded optimizer loads its own shard)."""
+    module.load_state_dict(state["module"])
+    if state["optimizer"] is not None:
+        load_optimizer(state["optimizer"])
+    if state["lr_scheduler"] is not None:
+        scheduler.load_state_dict(state["lr_scheduler"])

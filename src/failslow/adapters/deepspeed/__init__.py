@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from failslow.adapters.common.session import start_session
 from failslow.adapters.deepspeed.plugin import DeepSpeedAdapter
 from failslow.config import FailslowConfig, as_config, block_of
 
@@ -30,17 +31,13 @@ def attach(
 ) -> DeepSpeedAdapter:
     """Start a failslow session for an existing engine (every rank calls it, after
     ``deepspeed.initialize``); ``config`` defaults to the engine config's ``"failslow"`` block."""
-    from failslow.runtime.session import Session
-
     source = "failslow.deepspeed.attach(config=...)"
     if config is None:
         params = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
         config, source = block_of(params, where="the DeepSpeed config")
-    cfg = as_config(config, source)
+    cfg = as_config(config, source)  # a bad block fails here, before any collective
     adapter = DeepSpeedAdapter(engine)
-    session = Session(cfg)
-    session.register(adapter, name="deepspeed")
-    adapter.session = session.start()
+    start_session(adapter, cfg, source=source, name="deepspeed")
     adapter.follow_loop()
     adapter.guard_optimizer_step()
     engine.failslow = adapter

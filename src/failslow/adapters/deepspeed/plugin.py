@@ -30,13 +30,15 @@ import torch
 import torch.distributed as dist
 
 from failslow import hookimpl
-from failslow.adapters.common.loop import StepTracker, call_model, is_training_forward
+from failslow.adapters.common.loop import StepTracker, call_model, run_step
 from failslow.adapters.common.microbatch import ReplicaSplit
 from failslow.adapters.common.state import (
     counters,
     restore_counters,
     restore_rng_state,
+    restore_training_state,
     rng_state,
+    training_state,
 )
 from failslow.adapters.common.topology import gather_topology
 from failslow.capabilities import SUPPORTED, Capabilities
@@ -140,9 +142,7 @@ class DeepSpeedAdapter:
         self.failslow_capabilities().require("snapshots")
         e = self.engine
         return {
-            "module": e.module.state_dict(),
-            "optimizer": e.optimizer.state_dict() if e.optimizer is not None else None,
-            "lr_scheduler": e.lr_scheduler.state_dict() if e.lr_scheduler is not None else None,
+            **training_state(e.module, e.optimizer, e.lr_scheduler),
             "counters": counters(e, COUNTERS),
             "split": self.split.state_dict(step),
             "rng": rng_state(),
@@ -153,23 +153,22 @@ class DeepSpeedAdapter:
     def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
         self.failslow_capabilities().require("snapshots")
         e = self.engine
-        e.module.load_state_dict(state["module"])
-        if state["optimizer"] is not None:
-            if e.zero_optimization_stage() in (1, 2):  # this rank's own partition
-                group = e.optimizer.dp_process_group
-                partitions = [None] * dist.get_world_size(group=group)
-                partitions[dist.get_rank(group=group)] = state["optimizer"]
-                e.optimizer.load_state_dict(partitions, load_from_fp32_weights=True)
-            else:
-                e.optimizer.load_state_dict(state["optimizer"])
-        if state["lr_scheduler"] is not None:
-            e.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        restore_training_state(state, e.module, e.lr_scheduler, self._load_optimizer)
         restore_counters(e, state["counters"])
         self.split.load_state_dict(state["split"])
         if self.pipeline:
             e.micro_batches = self.split.count
         restore_rng_state(state["rng"])
         return True
+
+    def _load_optimizer(self, state: Any) -> None:
+        optimizer = self.engine.optimizer
+        if self.engine.zero_optimization_stage() in (1, 2):  # this rank's own partition
+            partitions = [None] * dist.get_world_size(group=optimizer.dp_process_group)
+            partitions[dist.get_rank(group=optimizer.dp_process_group)] = state
+            optimizer.load_state_dict(partitions, load_from_fp32_weights=True)
+        else:
+            optimizer.load_state_dict(state)
 
     @hookimpl
     def failslow_hot_update(self, code: dict[str, Any], step: int) -> bool:
@@ -181,18 +180,10 @@ class DeepSpeedAdapter:
             self.session.step_boundary(step)
 
     def follow_loop(self) -> None:
-        """Follow the user's own loop: before every training forward, begin the step if one
-        began and set the engine's accumulation boundary on this replica's last micro-batch."""
-        if self.session is not None:
-            self.split.bind(self.session.plans_for_data)
-        if self.pipeline:
-            return  # PipelineEngine runs only through train_batch
-
-        def before_forward(module: Any, args: Any) -> None:
-            if is_training_forward(module):
-                self.engine.set_gradient_accumulation_boundary(self.tracker.before_micro_batch())
-
-        self._hook = self.engine.register_forward_pre_hook(before_forward)
+        """Follow the user's own loop (PipelineEngine runs only through train_batch)."""
+        if not self.pipeline:
+            engine = self.engine
+            self._hook = self.tracker.follow(engine, engine.set_gradient_accumulation_boundary)
 
     def guard_optimizer_step(self) -> None:
         """Before DeepSpeed's optimizer mutates the state (``_take_model_step``, used by both
@@ -267,13 +258,13 @@ class DeepSpeedAdapter:
         it = data_iter if data_iter is not None else self._data_iter
         if it is None:
             raise ConfigError("train_batch: pass data_iter, or build the engine with training_data")
-        total = torch.zeros(())
-        for batch, _ in self.split.step_batches(it):
-            loss = call_model(engine, batch, loss_fn)  # the pre-hook sets the boundary
-            engine.backward(loss)
-            engine.step()
-            total += loss.detach().float()
-        return total / self.split.count
+        return run_step(
+            self.split,
+            it,
+            forward=lambda batch: call_model(engine, batch, loss_fn),
+            backward=engine.backward,
+            step=engine.step,
+        )
 
     def close(self) -> None:
         if self._hook is not None:
