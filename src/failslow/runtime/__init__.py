@@ -3,9 +3,11 @@
 DESIGN.md, "Packages": :mod:`.session` (lifecycle and the step boundary an adapter drives),
 :mod:`.plan_application` (plans in two phases, all ranks switch or all roll back),
 :mod:`.snapshot_service` (in-memory snapshots, backups on peers, resume; byterobust 6.3),
-:mod:`.rank_control` (the agent that pauses the rank for validation, greyhound 4.3) and
-:mod:`.auto` (the same from the environment, for unmodified scripts under ``failslow run``).
-The runtime owns every thread it starts and stops them all at exit.
+:mod:`.job_report` (rank 0's job record and step times for the controller),
+:mod:`.rank_control` and :mod:`.agent` (the agent that pauses the rank for validation,
+greyhound 4.3), :mod:`.auto` (the same from the environment, for unmodified scripts under
+``failslow run``) and :mod:`.teardown` (clean exits). The runtime owns every thread it starts and
+stops them all at exit.
 """
 
 from __future__ import annotations

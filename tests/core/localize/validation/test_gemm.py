@@ -1,6 +1,6 @@
 """GEMM computation validation (greyhound 4.3): per-dtype times and the peers'-median rule.
 
-Run as a script (``python test_gemm.py worker SIZE REPS``) this file is one rank of the
+Run as a script (``python test_gemm.py worker REPS``) this file is one rank of the
 multi-process test: it prints ``ready``, waits for a line on stdin, times GEMMs and prints JSON.
 """
 
@@ -23,11 +23,12 @@ def test_gemm_seconds_times_each_cpu_dtype() -> None:
     from failslow.core.localize.validation.gemm import CPU_DTYPES, default_dtypes, gemm_seconds
 
     assert default_dtypes("cpu") == CPU_DTYPES == ("float32", "bfloat16")
-    times = gemm_seconds(size=256, device="cpu")
+    times = gemm_seconds(size=128, repetitions=5, device="cpu")
     assert set(times) == {"float32", "bfloat16"}
     assert all(t > 0 for t in times.values())
-    # A bigger GEMM takes longer (8x the flops).
-    big = gemm_seconds(size=512, dtypes=("float32",), repetitions=3, device="cpu")
+    # A bigger GEMM takes longer: 512x the flops, so a median of 5 small ones would need 3
+    # preemptions of ~25 ms each on a loaded machine to flip it (8x flops did flip under load).
+    big = gemm_seconds(size=1024, dtypes=("float32",), repetitions=3, device="cpu")
     assert big["float32"] > times["float32"]
 
 
@@ -104,13 +105,21 @@ def test_slow_ranks_threshold_and_edges() -> None:
 # -- a rank slowed from outside ----------------------------------------------------------------
 
 
-def _worker(size: int, repetitions: int) -> None:
+# Sizes that take ~0.1-0.2 s per GEMM on one CPU core. bfloat16 matmul on a CPU without
+# bf16 units is ~80x slower than float32 (1536: 0.10 s float32, 8.6 s bfloat16), so it gets a
+# smaller matrix; the rule under test compares ranks per dtype, not dtypes with each other.
+WORKER_SIZES = {"float32": 1536, "bfloat16": 512}
+
+
+def _worker(repetitions: int) -> None:
     from failslow.core.localize.validation.gemm import gemm_seconds
 
     gemm_seconds(size=64, device="cpu")  # import and first-call costs before "ready"
     print("ready", flush=True)
     sys.stdin.readline()
-    times = gemm_seconds(size=size, repetitions=repetitions, device="cpu")
+    times: dict[str, float] = {}
+    for dtype, size in WORKER_SIZES.items():
+        times |= gemm_seconds(size=size, dtypes=(dtype,), repetitions=repetitions, device="cpu")
     print(json.dumps(times), flush=True)
 
 
@@ -121,7 +130,7 @@ def test_duty_cycled_rank_is_flagged() -> None:
     from failslow.faults import DutyCycleThrottle
 
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [sys.executable, str(HERE), "worker", "1536", "5"]
+    cmd = [sys.executable, str(HERE), "worker", "5"]
     procs = [
         subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for _ in range(2)
@@ -146,7 +155,7 @@ def test_duty_cycled_rank_is_flagged() -> None:
                 p.kill()
             p.wait()
     print("gemm seconds by rank:", results)
-    for dtype in ("float32", "bfloat16"):
+    for dtype in WORKER_SIZES:
         flagged = slow_ranks({rank: r[dtype] for rank, r in enumerate(results)})
         assert set(flagged) == {1}, (dtype, results)
         assert flagged[1] > 1.1, (dtype, results)
@@ -154,5 +163,5 @@ def test_duty_cycled_rank_is_flagged() -> None:
     assert set(slow_ranks(total)) == {1}
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "worker":
-    _worker(int(sys.argv[2]), int(sys.argv[3]))
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "worker":
+    _worker(int(sys.argv[2]))
