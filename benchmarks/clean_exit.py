@@ -145,7 +145,10 @@ def main() -> None:
     cases = list(CASES) if args.cases == "all" else args.cases.split(",")
     console = Console()
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
-    counts = {c: {"runs": 0, "clean": 0, "abort": 0, "failed": 0, "details": []} for c in cases}
+    counts = {
+        c: {"runs": 0, "clean": 0, "abort": 0, "failed": 0, "seconds": 0.0, "details": []}
+        for c in cases
+    }
     started = time.time()
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -155,8 +158,10 @@ def main() -> None:
                 task = progress.add_task("runs", total=args.runs * len(cases))
                 for i in range(args.runs):  # interleaved: the machine's load hits every case
                     for case in cases:
+                        begun = time.time()
                         outcome, detail = run_once(case, work)
                         row = counts[case]
+                        row["seconds"] += time.time() - begun
                         row["runs"] += 1
                         row[outcome] += 1
                         if detail:
@@ -171,7 +176,7 @@ def main() -> None:
             hog.kill()
             hog.wait()
     table = Table(title=f"clean exits, {args.hogs} busy loops beside every run")
-    for col in ("case", "runs", "clean", "aborts", "other failures"):
+    for col in ("case", "runs", "clean", "aborts", "other failures", "s per run"):
         table.add_column(col)
     for case, row in counts.items():
         table.add_row(
@@ -180,6 +185,7 @@ def main() -> None:
             str(row["clean"]),
             str(row["abort"]),
             str(row["failed"]),
+            f"{row['seconds'] / max(row['runs'], 1):.0f}",
         )
     console.print(table)
     console.print(f"{(time.time() - started) / 60:.1f} min")

@@ -7,8 +7,10 @@ millisecond (so it is inside a store call nearly always) in a 1-rank gloo job th
 user scripts, ends without ``destroy_process_group()``. With the runtime's exit handler
 installed every such process exits 0 and says in one line that failslow destroyed the default
 group; without it (the same script, handler not installed) the same process aborted 5 of 5
-times when this was written (the pre-fix measurement, kept as the script's ``--no-teardown``
-for the benchmark, benchmarks/clean_exit.py, not asserted here: it is torch's behaviour).
+times when this was written (the pre-fix measurement; the script keeps a ``--no-teardown`` flag
+to repeat it by hand, not asserted here: it is torch's behaviour). Whole jobs under ``failslow
+run``, with and without the group destroyed and with a validation round, beside plain torchrun:
+``benchmarks/clean_exit.py``.
 """
 
 from __future__ import annotations
