@@ -128,7 +128,7 @@ def test_run_with_embedded_controller_diagnoses_the_straggler(tmp_path: Path, en
     lines = [ln for ln in out.stderr.splitlines() if "failslow run: diagnosis " in ln]
     assert lines, log
     first = json.loads(lines[0].split("diagnosis ", 1)[1])
-    assert first["kind"] == "compute" and [r for r, _ in first["slow_ranks"]] == [1], first
+    assert first["kind"] == "compute" and [r for r, _ in first["slow_ranks"]] == [1], (first, log)
     assert list((ring_dir / "diagnoses").glob("diagnosis-*.json")), log
     # The job finished, so it ends clean (a validation round ran during it): a script that did
     # not destroy its group gets it destroyed at exit, one line per rank saying so.
