@@ -38,7 +38,7 @@ from rich.table import Table
 
 TRAIN = textwrap.dedent(
     """\
-    import os, signal, sys, time
+    import os, sys, time
     import torch, torch.distributed as dist
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -51,16 +51,9 @@ TRAIN = textwrap.dedent(
     diagnoses = os.environ.get("CLEAN_EXIT_DIAGNOSES", "")
     helper, step, started = None, 0, time.time()
     while True:
-        if validation and rank == 1 and step == 40:
-            parent = os.getpid()
-            helper = os.fork()
-            if helper == 0:  # throttle the parent: 75% of every 10 ms stopped
-                while True:
-                    try:
-                        os.kill(parent, signal.SIGSTOP); time.sleep(0.0075)
-                        os.kill(parent, signal.SIGCONT); time.sleep(0.0025)
-                    except ProcessLookupError:
-                        os._exit(0)
+        if validation and rank == 1 and step == 40:  # only under failslow run: the control
+            from failslow.faults import throttle_self  # (plain torchrun) never imports failslow
+            helper = throttle_self(0.75, 0.01)  # 75% of every 10 ms stopped
         x = torch.randn(64, 256)
         loss = model(x).pow(2).mean()
         opt.zero_grad(); loss.backward(); opt.step()
@@ -73,7 +66,7 @@ TRAIN = textwrap.dedent(
         if flag.item():
             break
     if helper:
-        os.kill(helper, signal.SIGKILL); os.kill(os.getpid(), signal.SIGCONT)
+        helper.stop()
     if os.environ.get("CLEAN_EXIT_DESTROY") == "1":
         dist.destroy_process_group()
     """

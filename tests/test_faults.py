@@ -48,3 +48,29 @@ def test_throttle_of_a_vanished_process_ends_quietly() -> None:
 def test_bad_settings(fraction: float, period: float) -> None:
     with pytest.raises(ValueError, match="must be"):
         DutyCycleThrottle(1, stopped_fraction=fraction, period_s=period)
+
+
+SELF = r"""
+import sys, time
+from failslow.faults import throttle_self
+def spin(seconds):
+    n, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        n += 1
+    return n
+before = spin(0.5)
+throttle = throttle_self(0.75, 0.01)
+during = spin(0.5)
+throttle.stop()
+after = spin(0.5)
+print(before, during, after)
+"""
+
+
+def test_throttle_self_slows_the_caller_until_stopped() -> None:
+    out = subprocess.run([sys.executable, "-c", SELF], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    before, during, after = map(int, out.stdout.split())
+    # 75% stopped: about a quarter of the work per wall second (loaded machine: only < 0.6x).
+    assert during < 0.6 * before, (before, during, after)
+    assert after > 1.5 * during, (before, during, after)

@@ -77,3 +77,43 @@ class DutyCycleThrottle:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class SelfThrottle:
+    """The calling process duty-cycled by a forked helper (:func:`throttle_self`).
+
+    A process cannot SIGSTOP itself and continue itself, so a child does it: it stops its parent
+    for ``stopped_fraction`` of every ``period_s`` until :meth:`stop` (or until the parent is
+    gone). For scripts that slow one of their own ranks from a given step on.
+    """
+
+    def __init__(self, stopped_fraction: float, period_s: float = 0.01) -> None:
+        if not 0.0 < stopped_fraction < 1.0:
+            raise ValueError(f"stopped_fraction must be in (0, 1), got {stopped_fraction}")
+        if period_s <= 0:
+            raise ValueError(f"period_s must be positive, got {period_s}")
+        parent = os.getpid()
+        off = stopped_fraction * period_s
+        self.helper = os.fork()
+        if self.helper == 0:  # the helper: only os and time, then _exit (no parent state runs)
+            try:
+                while True:
+                    os.kill(parent, signal.SIGSTOP)
+                    time.sleep(off)
+                    os.kill(parent, signal.SIGCONT)
+                    time.sleep(period_s - off)
+            finally:
+                os._exit(0)
+
+    def stop(self) -> None:
+        """End the helper and leave this process running."""
+        if self.helper > 0:
+            os.kill(self.helper, signal.SIGKILL)
+            os.waitpid(self.helper, 0)
+            self.helper = 0
+        os.kill(os.getpid(), signal.SIGCONT)
+
+
+def throttle_self(stopped_fraction: float, period_s: float = 0.01) -> SelfThrottle:
+    """Slow this process from now on: stopped ``stopped_fraction`` of every ``period_s``."""
+    return SelfThrottle(stopped_fraction, period_s)

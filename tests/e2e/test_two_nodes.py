@@ -10,8 +10,9 @@ launcher runs the same command a user would, with torchrun's own two-node rendez
 
 Node 0's launcher also hosts the job's controller (the ranks, four CPU processes on two shared
 cores, take turns for the GEMM and time it in fp32: ``FAILSLOW__VALIDATION__*`` settings). The
-training script knows nothing of failslow: the second node's local rank 1 duty-cycles itself (a
-forked helper SIGSTOPs it 75% of every 10 ms) from step 60 until a diagnosis exists; every rank
+training script uses nothing of failslow but its fault injector: the second node's local rank 1
+is duty-cycled (``failslow.faults.throttle_self``: a forked helper SIGSTOPs it 75% of every
+10 ms) from step 60 until a diagnosis exists; every rank
 stops at one step (a one-float all-reduce per step agrees on it). The controller must name
 exactly that rank, kind compute, with evidence gathered across both nodes through the store;
 both launchers must exit 0.
@@ -39,8 +40,9 @@ TOKEN = "two-node-e2e-token"
 
 TRAIN = textwrap.dedent(
     """\
-    import os, signal, sys, time
+    import os, sys, time
     import torch, torch.distributed as dist
+    from failslow.faults import throttle_self
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -54,15 +56,7 @@ TRAIN = textwrap.dedent(
     helper, step, started = None, 0, time.time()
     while True:
         if slow and step == 60:
-            parent = os.getpid()
-            helper = os.fork()
-            if helper == 0:  # throttle the parent: 75% of every 10 ms stopped
-                while True:
-                    try:
-                        os.kill(parent, signal.SIGSTOP); time.sleep(0.0075)
-                        os.kill(parent, signal.SIGCONT); time.sleep(0.0025)
-                    except ProcessLookupError:
-                        os._exit(0)
+            helper = throttle_self(0.75, 0.01)  # 75% of every 10 ms stopped
         for _ in range(10):
             y = torch.tanh(x @ w)
         grad = (y.T @ x) / 64
@@ -77,8 +71,7 @@ TRAIN = textwrap.dedent(
         if flag.item():
             break
     if helper:
-        os.kill(helper, signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGCONT)
+        helper.stop()
     dist.destroy_process_group()
     """
 )
@@ -109,7 +102,10 @@ def test_a_straggler_on_the_second_node_is_diagnosed_through_a_shared_store(make
         network = netns_network(2)
         net = network.__enter__()
     except NetnsUnavailable as exc:
-        pytest.skip(f"no network namespaces here: {exc}")
+        pytest.skip(
+            "two nodes are two network namespaces, which need root (CAP_NET_ADMIN) and "
+            f"iproute2: {exc}"
+        )
     procs: list[subprocess.Popen[str]] = []
     try:
         br = net.bridge_netns

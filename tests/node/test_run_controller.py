@@ -1,8 +1,9 @@
 """``failslow run --controller N -- torchrun ...``: capture, agents, node publisher and
 controller all wired by the launcher, an unmodified training script, a real straggler.
 
-The script knows nothing of failslow. From step ``SLOW_FROM`` on, rank 1 forks a helper that
-duty-cycles its parent with SIGSTOP/SIGCONT (a straggler slowed from outside its own code), and
+The script uses nothing of failslow but its fault injector. From step ``SLOW_FROM`` on, rank 1
+is duty-cycled with SIGSTOP/SIGCONT by a forked helper (``failslow.faults.throttle_self``: a
+straggler slowed from outside its own code), and
 the job trains on until a diagnosis file exists (at most 180 s; every rank stops at the same
 step, agreed by a one-float all-reduce per step), so a loaded machine that detects and validates
 slowly is waited for rather than outrun. The launcher's embedded controller must print a
@@ -33,8 +34,9 @@ pytestmark = [pytest.mark.timeout(330), pytest.mark.multiprocess, pytest.mark.sl
 TRAIN = (
     textwrap.dedent(
         """\
-    import os, signal, sys, time
+    import os, sys, time
     import torch, torch.distributed as dist
+    from failslow.faults import throttle_self
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -45,17 +47,7 @@ TRAIN = (
     diagnoses = sys.argv[1]
     while True:
         if rank == 1 and step == SLOW_FROM:
-            parent = os.getpid()
-            helper = os.fork()
-            if helper == 0:  # throttle the parent: 75% of every 10 ms stopped
-                while True:
-                    try:
-                        os.kill(parent, signal.SIGSTOP)
-                        time.sleep(0.0075)
-                        os.kill(parent, signal.SIGCONT)
-                        time.sleep(0.0025)
-                    except ProcessLookupError:
-                        os._exit(0)
+            helper = throttle_self(0.75, 0.01)  # 75% of every 10 ms stopped
         for _ in range(10):
             y = torch.tanh(x @ w)
         grad = (y.T @ x) / 64
@@ -71,8 +63,7 @@ TRAIN = (
         if flag.item():
             break
     if helper:
-        os.kill(helper, signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGCONT)
+        helper.stop()
     dist.barrier()
     if sys.argv[2] == "destroy":
         dist.destroy_process_group()
