@@ -1,7 +1,7 @@
 """Megatron-core 1F1B with PP=2 on CPU/gloo for the hook test (runs inside ``_worker.py``).
 
 The pipeline schedule and its p2p calls are Megatron's own; only "cuda" allocations are
-redirected to the CPU by the test-only :mod:`frameworks.megatron_cpu`.
+redirected to the CPU by :mod:`failslow.demo.megatron_cpu` (demo and tests only).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def scenario_megatron(ctx: dict[str, Any]) -> dict[str, Any]:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from frameworks.megatron_cpu import redirect_cuda_to_cpu
+    from failslow.demo.megatron_cpu import redirect_cuda_to_cpu
 
     ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
     redirect_cuda_to_cpu()

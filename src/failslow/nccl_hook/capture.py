@@ -174,7 +174,8 @@ class Capture:
         if c10d.is_initialized():
             self.ensure_ring()
             for pg in list(c10d._world.pg_group_ranks):
-                self._entry_for(pg)
+                if hasattr(pg, "group_name"):  # Megatron-core files some under other keys
+                    self._entry_for(pg)
 
     def deactivate(self) -> None:
         import torch.distributed.distributed_c10d as c10d

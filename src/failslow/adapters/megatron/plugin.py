@@ -1,0 +1,344 @@
+"""Megatron-core as a failslow plugin: topology, capabilities, micro-batch plans (S2), snapshots.
+
+Translates only; the bookkeeping is the adapter kit's (:mod:`failslow.adapters.common`).
+Per-replica micro-batch counts (greyhound 5.2) map onto Megatron-core 0.16 as:
+
+- the schedule: ``num_microbatches`` is an ordinary argument of the forward-backward function,
+  so :meth:`MegatronAdapter.forward_backward` passes this replica's count ``m_r`` (every stage
+  and TP rank of one replica runs the same count; the num-microbatches calculator stays at
+  ``M / D``). 1F1B and the no-pipelining schedule run any count >= 1; the interleaved schedule
+  needs ``microbatch_group_size_per_vp_stage <= m_r`` and a remainder of 0 or >= PP;
+- the weight: the schedule divides each micro-loss by ``m_r`` and DDP averages over the ``D``
+  replicas, so replica ``r`` is scaled by ``w_r = m_r * D / M`` through the config's
+  ``grad_scale_func`` for the duration of the call (wrapping the optimizer's loss scale; the
+  schedule applies it to the last stage's loss and to the MoE/MTP auxiliary-loss scales). In
+  per-token loss mode (``calculate_per_token_loss``) ``finalize_model_grads`` divides by the
+  tokens of all replicas, which is already the even split's gradient: the weight is 1;
+- data: :meth:`MegatronAdapter.data_iterator` reads this replica's exact share of every global
+  batch (first and last stages read it; TP ranks of a replica read the same indices).
+
+Snapshots are per rank and issue no collective (byterobust 6.3): model chunks, the optimizer
+(a distributed optimizer's own shard in its dp-reshardable form plus its common state), the
+scheduler, the CPU/CUDA RNGs and the tensor-parallel RNG tracker's states, the iteration and
+the num-microbatches calculator. The optimizer step waits for the pending snapshot's copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from failslow import hookimpl
+from failslow.adapters.common.microbatch import ReplicaSplit
+from failslow.adapters.common.state import restore_rng_state, rng_state
+from failslow.adapters.common.topology import gather_topology
+from failslow.capabilities import SUPPORTED, Capabilities
+from failslow.core.planner.plans import MicroBatchPlan
+from failslow.core.topology import Topology
+from failslow.errors import ConfigError, FailslowError
+
+NO_SWAP = (
+    "an in-place topology swap for Megatron-core (rebuilding its process groups, model, DDP "
+    "and optimizer through model_provider) is not implemented yet"
+)
+NO_MODEL_PROVIDER = (
+    "a topology swap rebuilds the model through model_provider; "
+    "pass failslow.megatron.attach(..., model_provider=...)"
+)
+
+
+class MegatronAdapter:
+    """One Megatron-core job's plugin on a :class:`~failslow.runtime.session.Session`."""
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any = None,
+        *,
+        model_provider: Callable[..., Any] | None = None,
+        num_microbatches: int | None = None,
+        micro_batch_size: int | None = None,
+        iteration: int = 0,
+    ) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.utils import get_model_config
+
+        self.model = list(model) if isinstance(model, list | tuple) else [model]
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.model_provider = model_provider
+        self.config = get_model_config(self.model[0])
+        self.session: Any = None
+        self.iteration = iteration
+        """Training iterations run (``forward_backward`` calls with gradients): the step the
+        session's boundary numbers, carried by snapshots."""
+        self.ep = ps.get_expert_model_parallel_world_size()
+        dp, pp = ps.get_data_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+        coord = (
+            ps.get_tensor_model_parallel_rank(),
+            ps.get_data_parallel_rank(),
+            ps.get_pipeline_model_parallel_rank(),
+        )
+        num_microbatches, micro_batch_size = _batch_shape(num_microbatches, micro_batch_size)
+        self.split = ReplicaSplit(
+            replica=coord[1], replicas=dp, micro_batches=num_microbatches * dp,
+            framework="Megatron-core",
+        )  # fmt: skip
+        self.micro_batch_size = micro_batch_size
+        self.topology = gather_topology(
+            coord,
+            dp=dp,
+            pp=pp,
+            micro_batches=num_microbatches * dp,
+            micro_batch_size=micro_batch_size,
+        )
+
+    # ---- hooks -------------------------------------------------------------------------------
+    @hookimpl
+    def failslow_report_topology(self) -> Topology:
+        return self.topology
+
+    @hookimpl
+    def failslow_capabilities(self) -> Capabilities:
+        return Capabilities(
+            microbatch_plans=self._microbatch_reason(),
+            topology_plans=NO_SWAP if self.model_provider is not None else NO_MODEL_PROVIDER,
+            snapshots=SUPPORTED,
+            hot_update=SUPPORTED,
+        )
+
+    def _microbatch_reason(self, count: int | None = None) -> str:
+        config = self.config
+        if self.ep > 1:
+            return (
+                f"expert parallelism ({self.ep}) routes tokens across DP replicas in every "
+                "micro-batch, so all replicas must run the same count"
+            )
+        if getattr(config, "enable_cuda_graph", False) or getattr(
+            config, "cuda_graph_impl", "none"
+        ) not in ("none", None):
+            return "CUDA graphs are captured for a fixed number of micro-batches"
+        if len(self.model) > 1 and count is not None:
+            group = config.microbatch_group_size_per_vp_stage or self.topology.pp
+            remainder = count % group
+            if group > count or 0 < remainder < self.topology.pp:
+                return (
+                    f"the interleaved schedule cannot run {count} micro-batches with "
+                    f"microbatch_group_size_per_vp_stage={group} and pipeline size "
+                    f"{self.topology.pp}"
+                )
+        return SUPPORTED
+
+    @hookimpl
+    def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
+        self.failslow_capabilities().require("microbatch_plans")
+        counts = self.split.check(plan)
+        reason = self._microbatch_reason(counts[self.split.replica])
+        if reason:
+            raise ConfigError(f"micro-batch counts {list(counts)}: {reason}")
+        return True
+
+    @hookimpl
+    def failslow_apply_microbatch_plan(self, plan: MicroBatchPlan, step: int) -> bool:
+        self.split.apply(plan, step)
+        return True
+
+    @hookimpl
+    def failslow_snapshot_state(self, step: int) -> dict[str, Any]:
+        """This rank's training state by reference (the snapshotter copies it off the training
+        thread; the optimizer step waits for the copy)."""
+        from megatron.core import tensor_parallel
+
+        return {
+            "model": [chunk.state_dict() for chunk in self.model],
+            "optimizer": [_optimizer_state(opt) for opt in _optimizers(self.optimizer)],
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": rng_state(),
+            "tp_rng": {
+                name: state.clone()
+                for name, state in tensor_parallel.get_cuda_rng_tracker().get_states().items()
+            },
+            "iteration": self.iteration,
+            "calculator": _calculator_state(),
+            "split": self.split.state_dict(step),
+            "step": step,
+        }
+
+    @hookimpl
+    def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
+        from megatron.core import tensor_parallel
+
+        for chunk, chunk_state in zip(self.model, state["model"], strict=True):
+            chunk.load_state_dict(chunk_state)
+        for opt, opt_state in zip(_optimizers(self.optimizer), state["optimizer"], strict=True):
+            _load_optimizer_state(opt, opt_state)
+        if state["scheduler"] is not None and self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        restore_rng_state(state["rng"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(
+            {name: s.clone() for name, s in state["tp_rng"].items()}
+        )
+        self.iteration = int(state["iteration"])
+        _restore_calculator(state["calculator"])
+        self.split.load_state_dict(state["split"])
+        return True
+
+    @hookimpl
+    def failslow_hot_update(self, code: dict[str, Any], step: int) -> bool:
+        return True  # the process restarts outside; its state is in the committed snapshot
+
+    def guard_optimizer_step(self) -> None:
+        """Before the optimizer mutates the state, the pending snapshot's copy must be complete
+        (byterobust 6.3)."""
+        step = self.optimizer.step
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self.session is not None:
+                self.session.before_optimizer_step()
+            return step(*args, **kwargs)
+
+        self.optimizer.step = guarded
+
+    # ---- data --------------------------------------------------------------------------------
+    def data_iterator(
+        self,
+        dataset: Any,
+        *,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        **loader_kwargs: Any,
+    ) -> Iterator[Any]:
+        """An endless iterator of this replica's micro-batches (``micro_batch_size`` samples
+        each) of every global batch, steps numbered by :attr:`iteration`, in step with applied
+        plans: the ``data_iterator`` for ``forward_backward`` on first and last stages."""
+        loader = self.split.loader(
+            dataset,
+            micro_batch_size=self.micro_batch_size,
+            start_step=self.iteration,
+            shuffle=shuffle,
+            seed=seed,
+            collate_fn=collate_fn,
+            **loader_kwargs,
+        )
+        return itertools.chain.from_iterable(itertools.repeat(loader))
+
+    # ---- training ----------------------------------------------------------------------------
+    def forward_backward(self, **kwargs: Any) -> Any:
+        """``get_forward_backward_func()(**kwargs)`` for this replica: the session's step
+        boundary, then this replica's count of micro-batches with its gradient weight.
+
+        ``num_microbatches`` is the even split's ``M / D`` (what the calculator says); a call
+        with ``forward_only=True`` (evaluation) runs unchanged and is not a training step."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        run = get_forward_backward_func()
+        if kwargs.get("forward_only", False):
+            return run(**kwargs)
+        if self.session is not None:
+            self.session.step_boundary(self.iteration)
+        even = self.split.micro_batches // self.split.replicas
+        asked = kwargs.get("num_microbatches")
+        if self.split.counts != (even,) * self.split.replicas and asked != even:
+            raise FailslowError(
+                f"forward_backward(num_microbatches={asked}): a micro-batch plan for "
+                f"{self.split.micro_batches} micro-batches per step is in effect (even split "
+                f"{even}); the global batch size must not change while it is"
+            )
+        kwargs["num_microbatches"] = self.split.count if asked == even else asked
+        weight = 1.0 if self.config.calculate_per_token_loss else self.split.weight
+        scale = self.config.grad_scale_func
+        if weight != 1.0:
+            self.config.grad_scale_func = _weighted(scale, weight)
+        try:
+            result = run(**kwargs)
+        finally:
+            self.config.grad_scale_func = scale
+        self.iteration += 1
+        return result
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+def _weighted(scale: Callable[[Any], Any] | None, weight: float) -> Callable[[Any], Any]:
+    def weighted(loss: Any) -> Any:
+        return (scale(loss) if scale is not None else loss) * weight
+
+    return weighted
+
+
+def _batch_shape(num_microbatches: int | None, micro_batch_size: int | None) -> tuple[int, int]:
+    """Micro-batches per replica and samples per micro-batch: given, else the calculator's."""
+    from megatron.core import num_microbatches_calculator as calc
+
+    if num_microbatches is None or micro_batch_size is None:
+        if calc._GLOBAL_NUM_MICROBATCHES_CALCULATOR is None:
+            raise ConfigError(
+                "failslow.megatron.attach: pass num_microbatches= and micro_batch_size= (per "
+                "DP replica), or initialize Megatron's num-microbatches calculator first"
+            )
+        num_microbatches = num_microbatches or calc.get_num_microbatches()
+        micro_batch_size = micro_batch_size or calc.get_micro_batch_size()
+    return int(num_microbatches), int(micro_batch_size)
+
+
+def _calculator_state() -> dict[str, Any] | None:
+    from megatron.core import num_microbatches_calculator as calc
+
+    c = calc._GLOBAL_NUM_MICROBATCHES_CALCULATOR
+    return None if c is None else {k: copy.copy(v) for k, v in vars(c).items()}
+
+
+def _restore_calculator(state: dict[str, Any] | None) -> None:
+    from megatron.core import num_microbatches_calculator as calc
+
+    c = calc._GLOBAL_NUM_MICROBATCHES_CALCULATOR
+    if state is not None and c is not None:
+        vars(c).update(state)
+
+
+def _optimizers(optimizer: Any) -> list[Any]:
+    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+
+
+def _distributed(opt: Any) -> bool:
+    return hasattr(opt, "get_parameter_state_dp_reshardable")
+
+
+def _optimizer_state(opt: Any) -> dict[str, Any]:
+    """One Megatron optimizer's state on this rank, without collectives."""
+    if not _distributed(opt):
+        return {"state": opt.state_dict()}
+    # the common state (lr, step, loss scale); the inner optimizer has none before its first step
+    common = opt.state_dict() if opt.optimizer.state else None
+    return {"common": common, "shard": opt.get_parameter_state_dp_reshardable()}
+
+
+def _load_optimizer_state(opt: Any, state: dict[str, Any]) -> None:
+    if not _distributed(opt):
+        opt.load_state_dict(state["state"])
+        return
+    if state["common"] is not None:
+        opt.load_state_dict(state["common"])
+        # without Apex/TE, a freshly allocated state shares one "step" tensor among all
+        # parameters (Adam would then count it once per parameter): give each its own
+        for param_state in opt.optimizer.state.values():
+            if isinstance(param_state.get("step"), torch.Tensor):
+                param_state["step"] = param_state["step"].clone()
+    shard = state["shard"]
+    for key, per_dtype in shard.items():
+        if isinstance(key, int):  # mark this rank's own entries as data (its loader's format)
+            for buckets in per_dtype.values():
+                for bucket in buckets:
+                    for entry in bucket:
+                        entry.setdefault("padding", False)
+    with torch.no_grad():  # fp32 main shards are views of the model's parameters
+        opt.load_parameter_state_from_dp_reshardable(shard)
