@@ -83,3 +83,73 @@ def test_an_agent_with_a_job_token_ignores_pause_requests_without_it(store):
     assert not agent.check_request() and words == {}
     store.set_json("failslow/validate/pause", {**request, "epoch": 3, "token": "tok"})
     assert agent.check_request() and words["control"] == 3
+
+
+def test_step_pause_parks_every_rank_at_one_step_boundary_and_runs_the_tasks(store):
+    """Session-driven ranks publish their step; a round aimed at step S parks each of them at
+    the boundary of S (whatever group it last called), runs the tasks there, releases."""
+    import threading
+
+    class FakeRank:
+        def __init__(self, rank: int, step: int) -> None:
+            self.step, self.words, self.parked_at = step, {}, []
+            self.agent = RankAgent(
+                store,
+                rank=rank,
+                set_header_word=self.words.__setitem__,
+                steps=lambda: self.step,
+                park=self.park,
+                poll_s=0.02,
+                check_every_s=0.0,
+            )
+            self.stop = threading.Event()
+            self.thread = threading.Thread(target=self.train, daemon=True)
+
+        def park(self) -> None:  # the trap's park: run the agent until released
+            self.parked_at.append(self.step + 1)  # parked at the boundary of the next step
+            while self.words.get("control") and not self.stop.is_set():
+                self.agent.while_parked()
+                time.sleep(0.005)
+
+        def train(self) -> None:
+            while not self.stop.is_set() and self.step < 10_000:
+                self.agent.at_step(self.step + 1)  # the session's boundary, then the step
+                self.step += 1
+                time.sleep(0.01)
+
+    ranks = [FakeRank(0, 5), FakeRank(1, 3)]  # rank 1 is two steps behind
+    for r in ranks:
+        r.agent.start()
+    time.sleep(0.1)  # positions published before any rank trains
+    progress = [store.get_json(f"failslow/validate/progress/{r}") for r in range(2)]
+    assert [p["step"] for p in progress] == [5, 3]
+    try:
+        for r in ranks:
+            r.thread.start()
+        target = max(r.step for r in ranks) + 40
+        result = validation_round(
+            store,
+            world_size=2,
+            step=target,
+            tasks=[{"kind": "gemm", "size": 32, "dtypes": ["float32"], "repetitions": 1}],
+            timeout_s=20,
+        )
+        assert [r.parked_at for r in ranks] == [[target], [target]]
+        (gemm,) = result.results
+        assert sorted(gemm) == [0, 1] and all("ok" in v for v in gemm.values())
+    finally:
+        for r in ranks:
+            r.stop.set()
+            r.agent.stop()
+
+
+def test_a_step_pause_behind_a_rank_is_missed_and_released_at_once(store):
+    words: dict[str, int] = {}
+    agent = RankAgent(
+        store, rank=0, set_header_word=words.__setitem__, steps=lambda: 12, park=lambda: None,
+        poll_s=0.02,
+    ).start()  # fmt: skip
+    with pytest.raises(PauseMissed, match="boundary of step 10"):
+        validation_round(store, world_size=1, step=10, tasks=[], timeout_s=20)
+    assert words == {}
+    agent.stop()

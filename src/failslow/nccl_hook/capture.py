@@ -282,6 +282,19 @@ class Capture:
 
         return kernel
 
+    def park_here(self) -> None:
+        """Park this thread in the trap now (a pause requested at a step boundary); the
+        validation traffic it runs while parked is not recorded, as inside a collective."""
+        trap = self.trap
+        if trap is None:
+            return
+        tls = self._tls
+        busy, tls.busy = getattr(tls, "busy", False), True
+        try:
+            trap.park()
+        finally:
+            tls.busy = busy
+
     def _check_trap(self, spec: OpSpec, args: tuple[Any, ...], pg_cls: Any) -> None:
         try:
             trap = self.trap

@@ -212,6 +212,12 @@ class Trap:
         self._park()
         return True
 
+    def park(self) -> None:
+        """Park the calling thread now, until the request is released (or the trap's timeout):
+        the step-boundary pause, between two training steps rather than before a collective."""
+        if self.writer.header_word("control"):
+            self._park()
+
     def _park(self) -> None:
         writer = self.writer
         timeout_s = pause_timeout_s()

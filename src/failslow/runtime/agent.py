@@ -16,6 +16,12 @@ store (DESIGN.md: the second channel):
    ``{prefix}/{epoch}/done/{i}``; validation traffic issued from the trap is never recorded.
 3. ``{prefix}/{epoch}/release`` clears the trap and training goes on exactly where it stopped.
 
+A rank driven by an adapter's session also publishes the training step it is in, and a request
+``{"epoch", "step"}`` parks it at that step's boundary instead (:meth:`RankAgent.at_step`, called
+by the session; greyhound 4.3 "pause at the next iteration boundary"): between two steps no
+collective is in flight on any group, so every rank of any parallel layout - a pipeline x
+data-parallel job has no group spanning all ranks - stops at the same cut of the training.
+
 If the controller dies, the trap's own timeout releases the rank; if the store is gone, the
 :class:`~failslow.core.control.resilient.ResilientStore` answers None and nothing is armed.
 Tasks: ``{"kind": "gemm", ...}`` (:func:`failslow.core.localize.validation.gemm.gemm_seconds`; with
@@ -86,6 +92,8 @@ class RankAgent:
         check_every_s: float = 0.02,
         position: Callable[[], tuple[int, ...] | None] | None = None,
         token: str | None = None,
+        steps: Callable[[], int | None] | None = None,
+        park: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.rank = rank
@@ -98,6 +106,11 @@ class RankAgent:
         self._last_check = 0.0
         self._poller = PollingThread(self._poll, name="failslow-agent", poll_s=poll_s)
         self._position = position
+        self.steps = steps
+        """The training step this rank is in (a session's), or None: no step pause."""
+        self._park = park
+        self._step_target: int | None = None
+        self._last_step: tuple[int, float] | None = None
         self.token = token
         """The job's token: pause requests without it are ignored (:func:`keys.authorized`)."""
         self._ignored = 0
@@ -117,9 +130,14 @@ class RankAgent:
         """``{prefix}/progress/{rank}``: the pause group's key, the next call_index this rank
         will issue on it and its calls per second, so the controller can pick a target no rank
         has reached (one small write per ``poll_s``, independent of the world size)."""
+        record = self._step_record()
         if self._position is None:
+            if record:
+                self.store.set_json(f"{self.prefix}/progress/{self.rank}", record)
             return
         where = self._position()
+        if where is None and record:
+            self.store.set_json(f"{self.prefix}/progress/{self.rank}", record)
         if where is not None:
             key, next_index = where[0], where[1]
             now = time.monotonic()
@@ -136,7 +154,33 @@ class RankAgent:
             }
             if len(where) == 4:  # (period, residue) of the iteration on this group (phase.py)
                 record["phase"] = [where[2], where[3]]
+            record.update(self._step_record())
             self.store.set_json(f"{self.prefix}/progress/{self.rank}", record)
+
+    def _step_record(self) -> dict[str, Any]:
+        """``{"step", "step_rate", "t"}`` for a session-driven rank (else empty)."""
+        step = self.steps() if self.steps is not None else None
+        if step is None or step < 0 or self._park is None:
+            return {}
+        now = time.monotonic()
+        rate = 0.0
+        if self._last_step is not None and now > self._last_step[1]:
+            rate = (step - self._last_step[0]) / (now - self._last_step[1])
+        if self._last_step is None or step != self._last_step[0]:
+            self._last_step = (step, now)
+        return {"step": step, "step_rate": rate, "t": time.time()}
+
+    def at_step(self, step: int) -> None:
+        """The session is about to start ``step``: park here if a step pause targets it."""
+        target = self._step_target
+        if target is None or step < target:
+            return
+        self._step_target = None
+        self._set("pause_group", 0)
+        self._set("pause_call", 0)
+        self._set("control", self.epoch)
+        if self._park is not None:
+            self._park()
 
     def check_request(self) -> bool:
         """Arm the trap when the store holds a new pause request; True if it did."""
@@ -152,6 +196,8 @@ class RankAgent:
         if self.store.get(f"{self.prefix}/{self.epoch}/release") is not None:
             return False  # a round that ended before this rank (a restarted process) joined
         self._counted, self._next_task = False, 0
+        if "step" in request:
+            return self._arm_step(int(request["step"]))
         where = self._position() if self._position is not None else None
         if where is not None and where[0] == int(request["group_key"]):
             if where[1] > int(request["call_index"]):
@@ -162,6 +208,15 @@ class RankAgent:
         self._set("pause_group", int(request["group_key"]))
         self._set("pause_call", int(request["call_index"]))
         self._set("control", self.epoch)  # last: the target is in place first
+        return True
+
+    def _arm_step(self, target: int) -> bool:
+        step = self.steps() if self.steps is not None else None
+        if step is None or self._park is None or step >= target:
+            # past the step (or not session-driven): tell the controller, which retries
+            self.store.add(f"{self.prefix}/{self.epoch}/missed", 1)
+            return False
+        self._step_target = target
         return True
 
     def while_parked(self) -> None:

@@ -41,6 +41,7 @@ class RankControl:
         self.store = store
         self.owns_store = owns_store
         options.setdefault("position", self.position)
+        options.setdefault("park", capture.park_here)
         self.agent = RankAgent(
             store, rank=capture.global_rank, set_header_word=writer.set_header_word, **options
         )
@@ -105,6 +106,21 @@ def attach_from_environment(capture: Any) -> RankAgent | None:
     except Exception:
         log.warning("failslow: no control agent (store %s)", url, exc_info=True)
         return None
+
+
+def follow_steps(steps: Any) -> None:
+    """The running agent learns the training step from ``steps()`` (a session's): it publishes
+    it and can park at a step boundary (:meth:`RankAgent.at_step`)."""
+    control = _current
+    if control is not None:
+        control.agent.steps = steps
+
+
+def at_step(step: int) -> None:
+    """Called by the session before every step: park if a step pause targets ``step``."""
+    control = _current
+    if control is not None:
+        control.agent.at_step(step)
 
 
 def current() -> RankAgent | None:

@@ -119,6 +119,7 @@ class Session:
         self.store = ResilientStore(self.config.store)
         if capture is not None and rank_control.current() is None:
             rank_control.attach(capture, self.store, token=self.config.job_token)
+        rank_control.follow_steps(lambda: self.step)
         if self.rank == 0:
             self._job_report = JobReport(self.store, self.job_record(), self.step_times).start()
         self.receiver = PlanReceiver(
@@ -248,7 +249,8 @@ class Session:
             elapsed = now - self._last_boundary
             self.step_times.append((self.step, elapsed))
             self.pm.hook.failslow_on_step(step=self.step, step_time_s=elapsed)
-        self._last_boundary = now
+        rank_control.at_step(step)  # a validation pause here is in no step's time
+        self._last_boundary = time.perf_counter()
         self.step = step
         plan = self.plans.scheduled(step)
         if self.receiver is not None:

@@ -10,9 +10,11 @@ on the pause group, validation results):
   name suspects: degraded groups (communication) and late ranks (compute) (greyhound 4.3,
   falcon 4.3). With no suspect the GEMM still runs on every rank: a straggler that is never
   late at a collective (e.g. the only pipeline stage) is then still caught.
-- VALIDATING: pause every rank at the same collective of the pause group, at an index none has
-  reached (their published positions + a margin for the round trip), moved to the first call of
-  an iteration when every rank reports the same phase (:mod:`.phase`), run GEMM on every rank
+- VALIDATING: pause every rank at the same point: ranks driven by an adapter's session at the
+  boundary of one training step none has reached (any parallel layout); capture-only ranks at
+  the same collective of the pause group, at an index none has reached (their published
+  positions + a margin for the round trip), moved to the first call of an iteration when every
+  rank reports the same phase (:mod:`.phase`). Then run GEMM on every rank
   (the peers' median needs them) and the O(1) ring/tree link passes over the suspect groups
   (the world when a suspect is compute-only), always release.
 - DIAGNOSED: write the diagnosis to the store, to ``<log_dir>/diagnosis-<n>.json`` and hand it
@@ -175,18 +177,28 @@ class Controller:
         self._suspects = suspects
         self._enter(State.VALIDATING, suspects=[s.to_dict() for s in suspects])
 
-    def _target(self, margin_s: float) -> tuple[int, int] | None:
-        """(group_key, call_index) ahead of every rank's published position, or None."""
+    def _target(self, margin_s: float) -> dict[str, int] | None:
+        """Where every rank pauses, ahead of its published position: ``{"step": S}`` when
+        every rank is driven by a session (the boundary of training step S - any parallel
+        layout), else ``{"group_key": k, "call_index": c}`` on the group every rank published;
+        None when neither exists."""
         positions = [
-            self.store.get_json(f"{self.agent_prefix}/progress/{r}")
-            for r in range(self.world_size)
+            self.store.get_json(f"{self.agent_prefix}/progress/{r}") for r in range(self.world_size)
         ]
         if any(p is None for p in positions):
+            return None
+        now = time.time()
+        if all("step" in p for p in positions):
+            ahead = max(
+                p["step"] + p.get("step_rate", 0.0) * max(0.0, now - p["t"]) for p in positions
+            )
+            rate = max(p.get("step_rate", 0.0) for p in positions)
+            return {"step": math.floor(ahead) + max(1, math.ceil(rate * margin_s))}
+        if any("group_key" not in p for p in positions):
             return None
         group_keys = {p["group_key"] for p in positions}
         if len(group_keys) != 1:
             return None
-        now = time.time()
         # where each rank is now: its published position moved on at its published rate
         ahead = max(p["next"] + p.get("rate", 0.0) * max(0.0, now - p["t"]) for p in positions)
         rate = max(p.get("rate", 0.0) for p in positions)
@@ -198,7 +210,7 @@ class Controller:
             phase, count = votes.most_common(1)[0]
             if 2 * count > len(positions):
                 target = align(target, (int(phase[0]), int(phase[1])))
-        return group_keys.pop(), target
+        return {"group_key": group_keys.pop(), "call_index": target}
 
     def _link_ranks(self) -> list[int]:
         comm = [s for s in self._suspects if s.kind == "communication"]
@@ -230,8 +242,7 @@ class Controller:
                 result = validation_round(
                     self.store,
                     world_size=self.world_size,
-                    group_key=target[0],
-                    call_index=target[1],
+                    **target,
                     tasks=tasks,
                     timeout_s=self.validation.pause_timeout_s,
                     prefix=self.agent_prefix,
@@ -253,7 +264,7 @@ class Controller:
             "suspects": [s.to_dict() for s in self._suspects],
             "round": result.epoch,
             "paused_s": result.paused_s,
-            "target": list(target),
+            "target": target,
         }
         self._pending = diagnose(gemm, links, threshold=self.detection.threshold, evidence=evidence)
         self._enter(State.DIAGNOSED, healthy=self._pending is None)

@@ -51,22 +51,30 @@ def validation_round(
     store: Store,
     *,
     world_size: int,
-    group_key: int,
-    call_index: int,
     tasks: Sequence[Mapping[str, Any]],
+    group_key: int = 0,
+    call_index: int = 0,
+    step: int | None = None,
     timeout_s: float = 30.0,
     prefix: str = keys.VALIDATE,
     token: str | None = None,
 ) -> RoundResult:
-    """Pause all ``world_size`` ranks at ``(group_key, call_index)``, run ``tasks``, release.
+    """Pause all ``world_size`` ranks at ``(group_key, call_index)`` - or, with ``step``, at
+    the boundary of that training step (session-driven ranks) - run ``tasks``, release.
 
-    ``call_index`` must be one no rank has reached yet (the caller takes the ranks' current
+    The target must be one no rank has reached yet (the caller takes the ranks' current
     position plus a margin). The job is released on every path, timeouts and errors included.
     """
     epoch = store.add(f"{prefix}/epoch", 1)
     base = f"{prefix}/{epoch}"
     deadline = time.monotonic() + timeout_s
-    request: dict[str, Any] = {"epoch": epoch, "group_key": group_key, "call_index": call_index}
+    request: dict[str, Any] = {"epoch": epoch}
+    if step is not None:
+        request["step"] = step
+        where = f"the boundary of step {step}"
+    else:
+        request.update(group_key=group_key, call_index=call_index)
+        where = f"call {call_index} of group {group_key}"
     if token:
         request["token"] = token  # ranks holding the job's token act on nothing else
     store.set_json(f"{prefix}/pause", request)
@@ -76,12 +84,12 @@ def validation_round(
             missed = store.add(f"{base}/missed", 0)
             if missed:
                 raise PauseMissed(
-                    f"validation round {epoch}: {missed} rank(s) were past call {call_index} "
-                    f"of group {group_key} when the request arrived"
+                    f"validation round {epoch}: {missed} rank(s) were past {where} when the "
+                    "request arrived"
                 )
             raise ValidationTimeout(
                 f"validation round {epoch}: only {parked} of {world_size} ranks parked at "
-                f"call {call_index} of group {group_key} within {timeout_s:.0f} s"
+                f"{where} within {timeout_s:.0f} s"
             )
         parked_at = time.monotonic()
         store.set_json(f"{base}/tasks", list(tasks))
