@@ -143,3 +143,21 @@ def test_single_buy_is_two_competitive(duration, slow, overhead):
     online = _online_cost(duration, slow, [(overhead, 1.0)])
     best = hindsight_cost(duration, 1.0, slow, [(overhead, 1.0)])
     assert online <= 2 * best + (slow - 1.0) + 1e-9
+
+
+def test_a_plan_is_judged_by_its_models_relative_gain_when_it_has_a_baseline():
+    """Observed 2.0 s per step. The model overrates the slowdown (its even split: 4.0 s, its
+    plan: 2.2 s): absolutely the plan looks no better than what is observed; relatively it
+    halves the step time (2.0 * 2.2 / 4.0 = 1.1 s) and is bought. Without the baseline the same
+    plan is skipped."""
+
+    def planner(baseline: float | None) -> MultiLevelPlanner:
+        plan = Ignore(overhead_s=2.0, step_time_s=2.2, baseline_step_s=baseline)
+        return MultiLevelPlanner([Strategy("microbatch", COMPUTE_ONLY, lambda _d: plan)])
+
+    relative = planner(4.0)
+    relative.onset(COMPUTE, healthy_step_s=1.0)
+    assert run(relative, [2.0, 2.0]) == [(1, "apply", "microbatch")]
+    absolute = planner(None)
+    absolute.onset(COMPUTE, healthy_step_s=1.0)
+    assert run(absolute, [2.0, 2.0]) == []

@@ -248,7 +248,8 @@ def microbatch_plan(
     ``multiple_of`` defaults to ``topology.pp`` when ``pp > 1`` (1F1B, greyhound footnote 4),
     else 1. ``overhead_s`` is the caller's measured or estimated one-off cost of switching
     (solve plus broadcast of the counts). ``step_time_s`` is ``max_i m_i * t_i``, a simple
-    estimate that leaves out the pipeline bubble and the gradient all-reduce.
+    estimate that leaves out the pipeline bubble and the gradient all-reduce;
+    ``baseline_step_s`` the same estimate for the even split under this diagnosis.
     """
     where = "microbatch_plan"
     overhead = _finite(where, "overhead_s", overhead_s)
@@ -263,11 +264,13 @@ def microbatch_plan(
         )
     times = replica_times(topology, diagnosis, healthy_time)
     counts = allocate_microbatches(times, total, multiple_of=unit)
+    even = total // topology.dp
     return MicroBatchPlan(
         counts=tuple(counts),
         weights=tuple(loss_weights(counts)),
         overhead_s=overhead,
         step_time_s=max(m * x for m, x in zip(counts, times, strict=True)),
+        baseline_step_s=max(even * x for x in times),
     )
 
 

@@ -23,6 +23,11 @@ class Plan:
     """Estimated one-off cost of applying the plan, in seconds of lost training."""
     step_time_s: float | None = None
     """Estimated step time once the plan is in effect (None: unknown)."""
+    baseline_step_s: float | None = None
+    """The same model's estimate for the configuration the plan replaces (None: unknown). With
+    it, the planner judges the plan by the model's *relative* gain applied to the observed step
+    time (``observed * step_time_s / baseline_step_s``): a slowdown factor measured by a GEMM
+    is not the job's, so absolute estimates and observations are not on one scale."""
 
 
 @dataclass(frozen=True, kw_only=True)

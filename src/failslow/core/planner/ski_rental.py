@@ -15,7 +15,9 @@ What this object adds to the paper's loop, each as a rule a user can read here:
   (measured solve times, pause + bytes / bandwidth, restart time); nothing here assumes one.
 - **Escalation only pays if it helps**: a candidate whose plan estimates a step time no better
   than what is being observed now (by ``min_gain``) is skipped - the current strategy is then
-  not "ineffective" relative to it. A strategy that proved ineffective keeps the impact
+  not "ineffective" relative to it. A plan that also carries its model's estimate for the
+  configuration it replaces (``baseline_step_s``) is judged by the model's relative gain
+  applied to the observed step time, not by its absolute estimate. A strategy that proved ineffective keeps the impact
   accumulating at the old rate, so the next one is bought exactly when Alg. 1 says.
 - **Relief** reverts the applied plans, newest first (a restart cannot be reverted).
 - **Compound events**: a new onset while an event is active re-plans with the new diagnosis
@@ -182,6 +184,9 @@ class MultiLevelPlanner:
             event.next_index += 1
             current = statistics.median(event.recent) if event.recent else None
             expected = candidate.plan.step_time_s
+            baseline = candidate.plan.baseline_step_s
+            if current is not None and expected is not None and baseline:
+                expected = current * expected / baseline  # the model's relative gain
             if (
                 current is not None
                 and expected is not None
