@@ -82,7 +82,7 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
     steps = [a[1] for a in records[0]["applied"] if a[1] is not None]
     assert first["apply_step"] in steps and reverts[-1]["apply_step"] in steps
     assert all(rec["counts"] == [4, 4, 4, 4] for rec in records)
-    # how much it helped is measured by benchmarks/deepspeed_mitigation.py, not asserted here
+    # how much it helped is measured by benchmarks/straggler_mitigation.py, not asserted here
 
     # the model is the one the even split trains on the same data
     got = np.load(tmp_path / "mitigated" / "parameters.npz")

@@ -32,9 +32,18 @@ import numpy as np
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
 
+JOBS = {
+    "deepspeed": ("failslow.demo.ds_worker", "DeepSpeed ZeRO-1"),
+    "megatron": ("failslow.demo.megatron_worker", "Megatron-core GPT, PP2 x DP2"),
+}
+"""Framework -> (the rank's module, the job's name in the live view and the summary)."""
+
 
 @dataclass
 class MitigationDemoOptions:
+    framework: str = "deepspeed"
+    """``deepspeed`` (:mod:`failslow.demo.ds_worker`) or ``megatron``
+    (:mod:`failslow.demo.megatron_worker`: GPT, TP1 x PP2 x DP2, micro-batch size 8)."""
     world_size: int = 4
     steps: int = 260
     slow_rank: int = 2
@@ -45,10 +54,12 @@ class MitigationDemoOptions:
     """SIGSTOP/SIGCONT period: short, so the slow rank's collectives wait at most a few ms for
     it (a slower processor, not an absent one: a GPU whose kernels run slower still moves its
     NCCL traffic)."""
-    micro_batch_size: int = 128
-    width: int = 256
-    """The MLP's width: compute per micro-batch grows with micro_batch_size, the gradient
-    all-reduce with width^2 (defaults: ~80% of a healthy step is compute, as on GPUs)."""
+    micro_batch_size: int | None = None
+    """Samples per micro-batch (default: DeepSpeed 128, Megatron 8 sequences of 64 tokens)."""
+    width: int | None = None
+    """DeepSpeed: the MLP's width (256); Megatron: the GPT's hidden size (128). Compute per
+    micro-batch grows with micro_batch_size, the gradient all-reduce with width^2 (defaults:
+    most of a healthy step is compute, as on GPUs)."""
     micro_batches_per_replica: int = 4
     mitigate: bool = True
     inject: bool = True
@@ -69,6 +80,20 @@ class MitigationDemoOptions:
     max_steps: int = 1500
 
     def validate(self) -> None:
+        if self.framework not in JOBS:
+            raise FailslowError(
+                f"demo: --framework must be one of {sorted(JOBS)}, got {self.framework!r}"
+            )
+        megatron = self.framework == "megatron"
+        if self.micro_batch_size is None:
+            self.micro_batch_size = 8 if megatron else 128
+        if self.width is None:
+            self.width = 128 if megatron else 256
+        if self.framework == "megatron" and self.world_size % 2:
+            raise FailslowError(
+                f"demo: the Megatron job has 2 pipeline stages; --world-size must be even, "
+                f"got {self.world_size}"
+            )
         if self.loop not in ("user", "train_batch"):
             raise FailslowError(f"demo: --loop must be user or train_batch, got {self.loop!r}")
         if self.world_size < 2 or not 0 <= self.slow_rank < self.world_size:
@@ -129,7 +154,7 @@ def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
     from failslow.node.control import JobControl, host_store
 
     opts.validate()
-    out = opts.out_dir or Path("runs") / time.strftime("demo-deepspeed-%Y%m%d-%H%M%S")
+    out = opts.out_dir or Path("runs") / time.strftime(f"demo-{opts.framework}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     settings = _merge(DEMO_SETTINGS, opts.failslow)
     config = load_config(settings, source="demo settings", environ={})
@@ -264,7 +289,7 @@ def _spawn(
         with open(out / f"rank-{rank}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "failslow.demo.ds_worker"],
+                    [sys.executable, "-m", JOBS[opts.framework][0]],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -28,7 +28,10 @@ def live_view(run: Any, *, enabled: bool) -> Iterator[Callable[[], None]]:
 
     def table() -> Table:
         opts = run.options
-        t = Table(title=f"failslow demo: DeepSpeed ZeRO-1, {opts.world_size} ranks (CPU/gloo)")
+        from failslow.demo.mitigation import JOBS
+
+        job = JOBS[opts.framework][1]
+        t = Table(title=f"failslow demo: {job}, {opts.world_size} ranks (CPU/gloo)")
         t.add_column("what")
         t.add_column("now")
         recent = [run.step_times[s] for s in sorted(run.step_times)[-10:]]

@@ -1,13 +1,16 @@
-"""Throughput of a DeepSpeed job with a straggler: unmitigated vs failslow (S2), one run each.
+"""Throughput of a job with a straggler: unmitigated vs failslow (S2), one run each.
 
 Usage::
 
-    python benchmarks/deepspeed_mitigation.py [--steps 200] [--slow-start 60] [--repeat 1]
-        [--loop user|train_batch]
+    python benchmarks/straggler_mitigation.py [--framework deepspeed|megatron] [--steps 200]
+        [--slow-start 60] [--repeat 1] [--loop user|train_batch]
 
-The job is ``failslow demo --framework deepspeed``'s: 4 ranks, ZeRO-1, CPU/gloo, 4 micro-batches
-of 128 per replica per step, trained by the loop DeepSpeed's tutorials teach (``--loop user``:
-forward, backward, step over the loader) or by ``engine.train_batch()``. Rank 2 is
+``--framework deepspeed`` (default) runs ``failslow demo --framework deepspeed``'s job: 4 ranks,
+ZeRO-1, CPU/gloo, 4 micro-batches of 128 per replica per step, trained by the loop DeepSpeed's
+tutorials teach (``--loop user``: forward, backward, step over the loader) or by
+``engine.train_batch()``. ``--framework megatron`` runs ``failslow demo --framework megatron``'s:
+a Megatron-core GPT on TP1 x PP2 x DP2 (Megatron DDP, Adam, 1F1B), 4 micro-batches of 8
+sequences per replica per step, the Megatron-LM loop with ``fs.forward_backward``. Rank 2 is
 SIGSTOP/SIGCONT-cycled from outside (75% stopped, ~4x slower) from ``--slow-start`` to the end.
 Both runs train on the same data; the unmitigated run has no control plane, the failslow run
 detects, validates, plans and applies S2 by itself. Printed (ratios, since the machine is
@@ -15,7 +18,8 @@ shared): the healthy step (steps 10 to slow-start, both runs), the slowed step w
 mitigation, the failslow step once the plan is in effect (steady) and over the whole slowed
 window (detection, validation pauses and re-checks included), the share of the slowdown removed
 - ``(unmitigated - failslow) / (unmitigated - healthy)``; falcon: 60.1%, greyhound Fig. 14: up
-to 1.59x - and the largest parameter difference between the two runs (invariant 2; fp32).
+to 1.59x - and the largest parameter difference between the two runs over every rank's
+parameters (invariant 2; fp32, relative to each tensor's largest value).
 """
 
 from __future__ import annotations
@@ -29,15 +33,21 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo, step_times_of
+from failslow.demo.mitigation import (
+    JOBS,
+    MitigationDemoOptions,
+    run_mitigation_demo,
+    step_times_of,
+)
 
 
-def one_pair(base: Path, steps: int, start: int, loop: str) -> dict[str, float]:
+def one_pair(base: Path, steps: int, start: int, loop: str, framework: str) -> dict[str, float]:
     runs = {}
     for name, mitigate in (("unmitigated", False), ("failslow", True)):
         out = base / name
         summary = run_mitigation_demo(
             MitigationDemoOptions(
+                framework=framework,
                 steps=steps,
                 slow_start=start,
                 slow_end=None,
@@ -58,11 +68,17 @@ def one_pair(base: Path, steps: int, start: int, loop: str) -> dict[str, float]:
     steady = float(np.median(f_times[applied[0] + 2 :]))
     window_u = float(np.mean(u_times[start:]))
     window_f = float(np.mean(f_times[start:]))
-    got = np.load(base / "failslow" / "parameters.npz")
-    want = np.load(base / "unmitigated" / "parameters.npz")
-    rel = max(
-        float(np.abs(got[n] - want[n]).max()) / float(np.abs(want[n]).max()) for n in want.files
-    )
+    rel = 0.0
+    files = ["parameters.npz"] if framework == "deepspeed" else [
+        f"parameters-rank{r}.npz" for r in range(4)
+    ]  # fmt: skip
+    for name in files:
+        got, want = np.load(base / "failslow" / name), np.load(base / "unmitigated" / name)
+        rel = max(
+            rel,
+            *(float(np.abs(got[n] - want[n]).max()) / float(np.abs(want[n]).max())
+              for n in want.files),
+        )  # fmt: skip
     return {
         "healthy_s": healthy,
         "unmitigated_s": unmitigated,
@@ -84,11 +100,12 @@ def main() -> None:
     parser.add_argument("--slow-start", type=int, default=60)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--loop", choices=("user", "train_batch"), default="user")
+    parser.add_argument("--framework", choices=sorted(JOBS), default="deepspeed")
     args = parser.parse_args()
     console = Console(width=190)
-    table = Table(
-        title=f"DeepSpeed ZeRO-1, 4 ranks, rank 2 stopped 75% (CPU/gloo), loop: {args.loop}"
-    )
+    job = JOBS[args.framework][1]
+    loop = f", loop: {args.loop}" if args.framework == "deepspeed" else ""
+    table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}")
     for col in (
         "run",
         "healthy",
@@ -106,7 +123,7 @@ def main() -> None:
     for i in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="failslow-dsbench-") as tmp:
             console.print(f"run {i + 1}/{args.repeat}: unmitigated, then failslow ...")
-            r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop)
+            r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop, args.framework)
         table.add_row(
             str(i + 1),
             f"{r['healthy_s']:.3f} s",

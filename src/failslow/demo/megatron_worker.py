@@ -1,0 +1,104 @@
+"""One rank of the Megatron-core mitigation demo: GPT, PP2 x DP2 on CPU/gloo, one line of failslow.
+
+Run by :mod:`failslow.demo.mitigation` as ``python -m failslow.demo.megatron_worker``. This is
+a Megatron-LM training loop with failslow: the model, DDP, optimizer and scheduler built as
+Megatron-LM builds them (:mod:`failslow.demo.megatron_job`), ``fs = failslow.megatron.attach(
+model, optimizer, scheduler)``, and ``fs.forward_backward(...)`` where the loop called
+``get_forward_backward_func()(...)``. The control store comes from ``$FAILSLOW_STORE``, the rings
+from ``$FAILSLOW_RING_DIR`` (both set by the launcher, as ``failslow run --controller`` does);
+the slowdown is injected from outside. The worker records its step times and, at the end, every
+rank's parameters (``parameters-rank<r>.npz``; rank 0's also as ``parameters.npz``).
+
+Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT, FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT,
+FAILSLOW_DEMO_MICRO_BATCHES (per replica), FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH
+(hidden size), FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+PIPELINE_STAGES = 2
+
+
+def main() -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import failslow.megatron
+    from failslow.demo.ds_worker import _all_ranks_see
+    from failslow.demo.megatron_job import GptShape, build_gpt, train_step
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    steps = int(os.environ.get("FAILSLOW_DEMO_STEPS", "200"))
+    per_replica = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCHES", "4"))
+    out = Path(os.environ["FAILSLOW_DEMO_OUT"])
+    torch.set_num_threads(1)
+    store = dist.TCPStore(
+        "127.0.0.1",
+        int(os.environ["FAILSLOW_DEMO_STORE_PORT"]),
+        world_size=world,
+        is_master=False,
+        timeout=timedelta(seconds=120),
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    hidden = int(os.environ.get("FAILSLOW_DEMO_WIDTH", "128"))
+    shape = GptShape(
+        layers=4, hidden=hidden, heads=4, seq=64, vocab=512,
+        micro_batch_size=int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCH_SIZE", "8")),
+        samples=8192,
+    )  # fmt: skip
+    job = build_gpt(1, PIPELINE_STAGES, seed=0, shape=shape)
+    fs = failslow.megatron.attach(
+        job.model,
+        job.optimizer,
+        job.scheduler,
+        config=json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}")),
+        num_microbatches=per_replica,
+        micro_batch_size=shape.micro_batch_size,
+    )
+    data = fs.data_iterator(job.dataset)
+    stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
+    print(f"rank {rank}: fresh", flush=True)
+    step_end: list[float] = [time.time()]
+    progress = out / f"progress-rank{rank}.json"
+    for step in range(steps):
+        if stop_file and _all_ranks_see(stop_file):
+            break  # the launcher ends the job here (every rank at the same step)
+        train_step(job, fs, data)
+        step_end.append(time.time())
+        if rank == 0:  # the launcher's view of the job's progress (it injects by step)
+            tmp = progress.with_suffix(".tmp")
+            recent = range(max(0, step - 31), step + 1)
+            tmp.write_text(
+                json.dumps({"steps": [[s, step_end[s + 1] - step_end[s]] for s in recent]})
+            )
+            tmp.replace(progress)
+    receiver = fs.session.receiver
+    record = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "step_end": step_end,
+        "first_step": 0,
+        "resumed": None,
+        "counts": list(fs.split.counts),
+        "replica": fs.split.replica,
+        "applied": [[o[0], o[2], o[3]] for o in receiver.outcomes] if receiver else [],
+    }
+    (out / f"steps-rank{rank}.json").write_text(json.dumps(record))
+    params = {n: p.detach().cpu().numpy() for n, p in job.model[0].module.named_parameters()}
+    np.savez(out / f"parameters-rank{rank}.npz", **params)
+    if rank == 0:
+        np.savez(out / "parameters.npz", **params)
+    fs.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The Megatron adapter's refusals and config errors, without a world (the conformance suite
+and the end-to-end test run it on real Megatron-core jobs)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+import failslow.megatron
+from failslow.adapters.common.microbatch import ReplicaSplit
+from failslow.adapters.megatron.plugin import MegatronAdapter
+from failslow.capabilities import Unsupported
+from failslow.core.planner.allocation import loss_weights
+from failslow.core.planner.plans import MicroBatchPlan
+from failslow.errors import ConfigError
+
+
+def test_a_misspelt_setting_is_one_line_naming_it_before_anything_is_built():
+    with pytest.raises(ConfigError, match="detecton") as info:
+        failslow.megatron.attach(None, None, config={"detecton": {}})
+    assert "\n" not in str(info.value)
+
+
+def _adapter(*, ep: int = 1, chunks: int = 1, pp: int = 2, **config: object) -> MegatronAdapter:
+    """The adapter's plan rules over a given layout (built without parallel_state)."""
+    adapter = MegatronAdapter.__new__(MegatronAdapter)
+    adapter.model = [object()] * chunks
+    adapter.model_provider = None
+    adapter.ep = ep
+    defaults = {
+        "enable_cuda_graph": False,
+        "cuda_graph_impl": "none",
+        "microbatch_group_size_per_vp_stage": None,
+    }
+    adapter.config = SimpleNamespace(**{**defaults, **config})
+    adapter.topology = SimpleNamespace(pp=pp)
+    adapter.split = ReplicaSplit(replica=0, replicas=2, micro_batches=8, framework="Megatron-core")
+    return adapter
+
+
+def _plan(*counts: int) -> MicroBatchPlan:
+    return MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
+
+
+@pytest.mark.parametrize(
+    ("adapter", "reason"),
+    [
+        (_adapter(ep=2), "expert parallelism"),
+        (_adapter(enable_cuda_graph=True), "CUDA graphs"),
+        (_adapter(cuda_graph_impl="local"), "CUDA graphs"),
+    ],
+)
+def test_plans_are_refused_with_the_reason_a_user_reads(adapter, reason):
+    assert reason in adapter.failslow_capabilities().microbatch_plans
+    with pytest.raises(Unsupported, match=reason):
+        adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
+
+
+def test_a_replica_with_no_micro_batch_is_refused():
+    with pytest.raises(ConfigError, match="at least 1 micro-batch"):
+        _adapter().failslow_prepare_microbatch_plan(_plan(0, 8), rank=0)
+
+
+def test_the_interleaved_schedule_takes_only_counts_its_group_rule_allows():
+    adapter = _adapter(chunks=2, pp=2)  # virtual pipeline: group size defaults to PP = 2
+    assert adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
+    with pytest.raises(ConfigError, match="interleaved schedule cannot run 1"):
+        adapter.failslow_prepare_microbatch_plan(_plan(1, 7), rank=0)
+    adapter = _adapter(chunks=2, pp=2, microbatch_group_size_per_vp_stage=4)
+    with pytest.raises(ConfigError, match="interleaved schedule cannot run 2"):
+        adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
+
+
+def test_topology_swaps_are_declared_with_their_reason():
+    adapter = _adapter()
+    assert "model_provider" in adapter.failslow_capabilities().topology_plans
+    adapter.model_provider = lambda **_: None
+    assert "not implemented" in adapter.failslow_capabilities().topology_plans

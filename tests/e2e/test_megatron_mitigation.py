@@ -1,0 +1,86 @@
+"""End to end, no human step: a Megatron-core job's straggler found, diagnosed and mitigated (S2).
+
+A 4-rank Megatron-core GPT on CPU/gloo (``failslow demo --framework megatron``'s job: TP1 x PP2
+x DP2, Megatron DDP, Adam, 1F1B), trained by the Megatron-LM loop with
+``failslow.megatron.attach`` and ``fs.forward_backward``; rank 2 (pipeline stage 1 of replica
+0) is SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 50 until the plan has been in
+effect 30 steps, and the job runs until the revert has been in effect 30 steps (240 at least).
+No group of this job spans every rank, so the validation pause lands at a step boundary. The
+control plane must, by itself: detect the onset, pause and validate, name rank 2, buy S2 and
+have every rank switch to fewer micro-batches on replica 0 (both of its stages) at one step
+boundary; after the release, find every rank healthy again and switch back to the even split.
+
+Correctness: every rank's parameters at the end equal those of the same job on the same data
+with no slowdown and no control plane (invariant 2): fp32, <= 1e-6 relative to the tensor's
+largest value - the same per-sample gradients summed in another grouping (rounding only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
+
+pytest.importorskip("megatron.core")
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
+
+STEPS, START, END, SLOW, WORLD = 240, 50, 110, 2, 4
+
+
+def _options(out: Path, **kw: object) -> MitigationDemoOptions:
+    kw.setdefault("steps", STEPS)
+    return MitigationDemoOptions(
+        framework="megatron",
+        slow_start=START,
+        slow_end=END,
+        slow_rank=SLOW,
+        out_dir=out,
+        live=False,
+        failslow={"validation": {"recheck_every_s": 8.0}, "detection": {"cooldown_s": 8.0}},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_a_megatron_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path: Path) -> None:
+    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=30))
+    steps_run = summary["steps_run"]
+    reference = run_mitigation_demo(
+        _options(tmp_path / "reference", mitigate=False, inject=False, steps=steps_run)
+    )
+    injected_start, injected_end = summary["injected"]
+    context = json.dumps({k: summary[k] for k in ("actions", "injected", "steps_run")})
+
+    slow = {r for d in summary["diagnoses"] for r, _ in d["slow_ranks"]}
+    assert SLOW in slow, summary["diagnoses"]
+    targets = [d["evidence"]["target"] for d in summary["diagnoses"]]
+    assert all("step" in t for t in targets), targets  # every pause between two steps
+    applied = [a for a in summary["actions"] if a["action"] == "apply"]
+    assert applied, context
+    first = applied[0]
+    assert first["strategy"] == "S2 micro-batches", context
+    counts = first["counts"]  # replica 0 holds rank 2 (stage 1) and rank 0 (stage 0)
+    assert sum(counts) == 8 and counts[0] == min(counts) < 4, context
+    assert START <= injected_start < first["apply_step"] < injected_end, context
+    reverts = [a for a in summary["actions"] if a["action"] == "revert"]
+    assert reverts and reverts[-1]["counts"] == [4, 4], context
+    assert END <= injected_end <= reverts[-1]["apply_step"] < steps_run, context
+    records = [
+        json.loads((tmp_path / "mitigated" / f"steps-rank{r}.json").read_text())
+        for r in range(WORLD)
+    ]
+    assert len({tuple(tuple(a) for a in rec["applied"]) for rec in records}) == 1
+    assert all(rec["counts"] == [4, 4] for rec in records)
+
+    for rank in range(WORLD):
+        got = np.load(tmp_path / "mitigated" / f"parameters-rank{rank}.npz")
+        want = np.load(tmp_path / "reference" / f"parameters-rank{rank}.npz")
+        assert sorted(got.files) == sorted(want.files)
+        for name in want.files:
+            scale = float(np.abs(want[name]).max())
+            diff = float(np.abs(got[name] - want[name]).max())
+            assert diff <= 1e-6 * scale, f"rank {rank} {name}: {diff / scale:.3g} relative"
+    assert reference["phases"]["healthy"]["median_step_s"] > 0
