@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +36,6 @@ def _skip_shm_kernel_build() -> None:
     import deepspeed.comm.torch as ds_torch
 
     ds_torch.build_shm_op = lambda: None
-
-
-def _all_ranks_see(path: str) -> bool:
-    """Whether every rank sees ``path`` now (one all-reduce: all stop at the same step)."""
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([int(os.path.exists(path))])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
 
 
 def _repeat(loader: Any) -> Any:
@@ -70,18 +59,9 @@ def main() -> None:
     import deepspeed
 
     import failslow.deepspeed
+    from failslow.demo.worker_io import all_ranks_see, applied_plans, join_world, write_progress
 
-    if "FAILSLOW_DEMO_STORE_PORT" in os.environ:  # the demo launcher's rendezvous
-        store = dist.TCPStore(
-            "127.0.0.1",
-            int(os.environ["FAILSLOW_DEMO_STORE_PORT"]),
-            world_size=world,
-            is_master=False,
-            timeout=timedelta(seconds=120),
-        )
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    else:  # torchrun's (MASTER_ADDR / MASTER_PORT)
-        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    join_world(rank, world)
     deepspeed.init_distributed(dist_backend="gloo")
 
     torch.manual_seed(0)
@@ -125,12 +105,11 @@ def main() -> None:
     start = "fresh" if resumed is None else f"resumed at step {resumed}"
     print(f"{tag}rank {rank}: {start}", flush=True)
     step_end: list[float] = [time.time()]
-    progress = out / f"progress-rank{rank}.json"
     first = engine.global_steps
     user_loop = os.environ.get("FAILSLOW_DEMO_LOOP", "user") == "user"
     batches = _repeat(loader) if user_loop else None
     for step in range(first, steps):
-        if stop_file and _all_ranks_see(stop_file):
+        if stop_file and all_ranks_see(stop_file):
             if not disk:
                 break  # the launcher ends the job here (every rank at the same step)
             engine.save_checkpoint(disk)  # save to disk and end the job
@@ -148,14 +127,7 @@ def main() -> None:
                 engine.step()
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
-            tmp = progress.with_suffix(".tmp")
-            recent = range(max(first, step - 31), step + 1)
-            tmp.write_text(
-                json.dumps(
-                    {"steps": [[s, step_end[s - first + 1] - step_end[s - first]] for s in recent]}
-                )
-            )
-            tmp.replace(progress)
+            write_progress(out, rank, step_end, first, step)
     record = {
         "rank": rank,
         "pid": os.getpid(),
@@ -164,10 +136,7 @@ def main() -> None:
         "resumed": resumed,
         "counts": list(adapter.split.counts),
         "replica": adapter.split.replica,
-        "applied": [
-            [o[0], o[2], o[3]]
-            for o in (adapter.session.receiver.outcomes if adapter.session.receiver else [])
-        ],
+        "applied": applied_plans(adapter.session),
     }
     suffix = f"-{os.environ['FAILSLOW_RESTART']}" if os.environ.get("FAILSLOW_RESTART") else ""
     (out / f"steps-rank{rank}{suffix}.json").write_text(json.dumps(record))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import timedelta
 from pathlib import Path
 
 PIPELINE_STAGES = 2
@@ -31,22 +30,15 @@ def main() -> None:
     import torch.distributed as dist
 
     import failslow.megatron
-    from failslow.demo.ds_worker import _all_ranks_see
     from failslow.demo.megatron_job import GptShape, build_gpt, train_step
+    from failslow.demo.worker_io import all_ranks_see, applied_plans, join_world, write_progress
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     steps = int(os.environ.get("FAILSLOW_DEMO_STEPS", "200"))
     per_replica = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCHES", "4"))
     out = Path(os.environ["FAILSLOW_DEMO_OUT"])
     torch.set_num_threads(1)
-    store = dist.TCPStore(
-        "127.0.0.1",
-        int(os.environ["FAILSLOW_DEMO_STORE_PORT"]),
-        world_size=world,
-        is_master=False,
-        timeout=timedelta(seconds=120),
-    )
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    join_world(rank, world)
     hidden = int(os.environ.get("FAILSLOW_DEMO_WIDTH", "128"))
     shape = GptShape(
         layers=4, hidden=hidden, heads=4, seq=64, vocab=512,
@@ -66,20 +58,13 @@ def main() -> None:
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     print(f"rank {rank}: fresh", flush=True)
     step_end: list[float] = [time.time()]
-    progress = out / f"progress-rank{rank}.json"
     for step in range(steps):
-        if stop_file and _all_ranks_see(stop_file):
+        if stop_file and all_ranks_see(stop_file):
             break  # the launcher ends the job here (every rank at the same step)
         train_step(job, fs, data)
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
-            tmp = progress.with_suffix(".tmp")
-            recent = range(max(0, step - 31), step + 1)
-            tmp.write_text(
-                json.dumps({"steps": [[s, step_end[s + 1] - step_end[s]] for s in recent]})
-            )
-            tmp.replace(progress)
-    receiver = fs.session.receiver
+            write_progress(out, rank, step_end, 0, step)
     record = {
         "rank": rank,
         "pid": os.getpid(),
@@ -88,7 +73,7 @@ def main() -> None:
         "resumed": None,
         "counts": list(fs.split.counts),
         "replica": fs.split.replica,
-        "applied": [[o[0], o[2], o[3]] for o in receiver.outcomes] if receiver else [],
+        "applied": applied_plans(fs.session),
     }
     (out / f"steps-rank{rank}.json").write_text(json.dumps(record))
     params = {n: p.detach().cpu().numpy() for n, p in job.model[0].module.named_parameters()}

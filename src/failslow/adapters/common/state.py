@@ -73,3 +73,17 @@ def restore_training_state(
         load_optimizer(state["optimizer"])
     if state["lr_scheduler"] is not None:
         scheduler.load_state_dict(state["lr_scheduler"])
+
+
+def wait_for_snapshot_before(owner: Any, name: str, adapter: Any) -> None:
+    """Make ``owner.<name>`` (the framework's optimizer step) wait for the pending snapshot's
+    copy first (byterobust 6.3: training state is copied off the training thread, and the
+    optimizer must not change it meanwhile). ``adapter.session`` is read at each call."""
+    step = getattr(owner, name)
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if adapter.session is not None:
+            adapter.session.before_optimizer_step()
+        return step(*args, **kwargs)
+
+    setattr(owner, name, guarded)

@@ -39,6 +39,7 @@ from failslow.adapters.common.state import (
     restore_training_state,
     rng_state,
     training_state,
+    wait_for_snapshot_before,
 )
 from failslow.adapters.common.topology import gather_topology
 from failslow.capabilities import SUPPORTED, Capabilities
@@ -188,14 +189,7 @@ class DeepSpeedAdapter:
     def guard_optimizer_step(self) -> None:
         """Before DeepSpeed's optimizer mutates the state (``_take_model_step``, used by both
         engines), the pending snapshot's copy must be complete (byterobust 6.3)."""
-        take_model_step = self.engine._take_model_step
-
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            if self.session is not None:
-                self.session.before_optimizer_step()
-            return take_model_step(*args, **kwargs)
-
-        self.engine._take_model_step = guarded
+        wait_for_snapshot_before(self.engine, "_take_model_step", self)
 
     # ---- data --------------------------------------------------------------------------------
     def dataloader(

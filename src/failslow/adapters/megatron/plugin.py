@@ -34,7 +34,7 @@ import torch
 
 from failslow import hookimpl
 from failslow.adapters.common.microbatch import ReplicaSplit
-from failslow.adapters.common.state import restore_rng_state, rng_state
+from failslow.adapters.common.state import restore_rng_state, rng_state, wait_for_snapshot_before
 from failslow.adapters.common.topology import gather_topology
 from failslow.capabilities import SUPPORTED, Capabilities
 from failslow.core.planner.plans import MicroBatchPlan
@@ -195,14 +195,7 @@ class MegatronAdapter:
     def guard_optimizer_step(self) -> None:
         """Before the optimizer mutates the state, the pending snapshot's copy must be complete
         (byterobust 6.3)."""
-        step = self.optimizer.step
-
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            if self.session is not None:
-                self.session.before_optimizer_step()
-            return step(*args, **kwargs)
-
-        self.optimizer.step = guarded
+        wait_for_snapshot_before(self.optimizer, "step", self)
 
     # ---- data --------------------------------------------------------------------------------
     def data_iterator(

@@ -17,8 +17,9 @@ What this object adds to the paper's loop, each as a rule a user can read here:
   than what is being observed now (by ``min_gain``) is skipped - the current strategy is then
   not "ineffective" relative to it. A plan that also carries its model's estimate for the
   configuration it replaces (``baseline_step_s``) is judged by the model's relative gain
-  applied to the observed step time, not by its absolute estimate. A strategy that proved ineffective keeps the impact
-  accumulating at the old rate, so the next one is bought exactly when Alg. 1 says.
+  applied to the observed step time, not by its absolute estimate. A strategy that proved
+  ineffective keeps the impact accumulating at the old rate, so the next one is bought exactly
+  when Alg. 1 says.
 - **Relief** reverts the applied plans, newest first (a restart cannot be reverted).
 - **Compound events**: a new onset while an event is active re-plans with the new diagnosis
   and keeps the accumulated impact, so cheap strategies are re-applied at once for the new

@@ -1,0 +1,55 @@
+"""What every demo rank shares with the demo launcher (:mod:`failslow.demo.mitigation`): the
+rendezvous, the stop file, the progress file the launcher injects by and the record it reads."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+
+def join_world(rank: int, world: int) -> None:
+    """``init_process_group("gloo")`` through the launcher's TCPStore
+    (``$FAILSLOW_DEMO_STORE_PORT``), else torchrun's environment."""
+    import torch.distributed as dist
+
+    if "FAILSLOW_DEMO_STORE_PORT" not in os.environ:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+        return
+    store = dist.TCPStore(
+        "127.0.0.1",
+        int(os.environ["FAILSLOW_DEMO_STORE_PORT"]),
+        world_size=world,
+        is_master=False,
+        timeout=timedelta(seconds=120),
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+
+def all_ranks_see(path: str) -> bool:
+    """Whether every rank sees ``path`` now (one all-reduce: all stop at the same step)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(os.path.exists(path))])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def write_progress(out: Path, rank: int, step_end: list[float], first: int, step: int) -> None:
+    """Rank 0's recent step times, ``progress-rank<r>.json`` (the launcher's view of the job;
+    ``step_end[i]`` is when step ``first + i - 1`` ended, ``step_end[0]`` the start)."""
+    progress = out / f"progress-rank{rank}.json"
+    tmp = progress.with_suffix(".tmp")
+    recent = range(max(first, step - 31), step + 1)
+    steps = [[s, step_end[s - first + 1] - step_end[s - first]] for s in recent]
+    tmp.write_text(json.dumps({"steps": steps}))
+    tmp.replace(progress)
+
+
+def applied_plans(session: Any) -> list[list[Any]]:
+    """``[plan epoch, apply step, committed]`` of every plan this rank's session received."""
+    receiver = session.receiver
+    return [[o[0], o[2], o[3]] for o in receiver.outcomes] if receiver else []
