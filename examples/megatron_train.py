@@ -42,7 +42,7 @@ def main() -> None:
     )  # fmt: skip
     data = fs.data_iterator(job.dataset)  # failslow: this replica's share of every global batch
     global_batch = args.micro_batches * shape.micro_batch_size * fs.split.replicas
-    for step in range(args.steps):
+    for step in range(fs.iteration, args.steps):  # a restart in place resumes at its iteration
         for chunk in model:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()

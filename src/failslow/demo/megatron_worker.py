@@ -11,7 +11,10 @@ rank's parameters (``parameters-rank<r>.npz``; rank 0's also as ``parameters.npz
 
 Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT, FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT,
 FAILSLOW_DEMO_MICRO_BATCHES (per replica), FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH
-(hidden size), FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end).
+(hidden size), FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end);
+for the hot-update tests FAILSLOW_DEMO_CRASH_AT_START and FAILSLOW_DEMO_LOG_TAG. Under torchrun
+(no FAILSLOW_DEMO_STORE_PORT) it joins torchrun's rendezvous; restarted in place with an
+in-memory snapshot (``checkpoint.every_steps``), it resumes at the snapshot's iteration.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def main() -> None:
     from failslow.demo.megatron_job import GptShape, build_gpt, train_step
     from failslow.demo.worker_io import all_ranks_see, applied_plans, join_world, write_progress
 
+    if os.environ.get("FAILSLOW_DEMO_CRASH_AT_START"):  # a bad update (hot-update tests)
+        raise SystemExit(f"rank {os.environ.get('RANK')}: crashing at start as configured")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     steps = int(os.environ.get("FAILSLOW_DEMO_STEPS", "200"))
     per_replica = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCHES", "4"))
@@ -56,21 +61,25 @@ def main() -> None:
     )
     data = fs.data_iterator(job.dataset)
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
-    print(f"rank {rank}: fresh", flush=True)
+    resumed = fs.session.resumed_step  # a restart in place (hot update) resumes from memory
+    tag = os.environ.get("FAILSLOW_DEMO_LOG_TAG", "")  # a "code change" a hot update makes
+    start = "fresh" if resumed is None else f"resumed at step {resumed}"
+    print(f"{tag}rank {rank}: {start}", flush=True)
+    first = fs.iteration
     step_end: list[float] = [time.time()]
-    for step in range(steps):
+    for step in range(first, steps):
         if stop_file and all_ranks_see(stop_file):
             break  # the launcher ends the job here (every rank at the same step)
         train_step(job, fs, data)
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
-            write_progress(out, rank, step_end, 0, step)
+            write_progress(out, rank, step_end, first, step)
     record = {
         "rank": rank,
         "pid": os.getpid(),
         "step_end": step_end,
-        "first_step": 0,
-        "resumed": None,
+        "first_step": first,
+        "resumed": resumed,
         "counts": list(fs.split.counts),
         "replica": fs.split.replica,
         "applied": applied_plans(fs.session),

@@ -1,4 +1,5 @@
-"""Hot update of a real DeepSpeed job, end to end (byterobust 6.1, 6.3; invariant 5).
+"""Hot update of a real DeepSpeed job and a real Megatron-core job, end to end (byterobust 6.1,
+6.3; invariant 5).
 
 ``failslow run --controller 4 -- torchrun --nproc-per-node 4 -m failslow.demo.ds_worker``: a
 ZeRO-1 job on CPU/gloo with an in-memory snapshot every step (its failslow block). While it
@@ -8,9 +9,13 @@ boundary and exits, the launcher restarts the job in place with the update, and 
 resumes at that step. Then a bad update (the new version crashes at start) is submitted: it is
 rolled back automatically within probation, and the job resumes again from its snapshot.
 
-Correctness: the final parameters are bitwise those of the same job run without any update -
-both restarts resumed the exact state (model, ZeRO-1 optimizer partitions with momentum, data
-position, RNG), so the same operations ran on the same values.
+The same for ``failslow.demo.megatron_worker`` (GPT, TP1 x PP2 x DP2, Megatron DDP, Adam,
+scheduler, ``failslow.megatron.attach``).
+
+Correctness: the final parameters (every rank's for Megatron) are bitwise those of the same job
+run without any update - both restarts resumed the exact state (model, optimizer state -
+ZeRO-1 partitions with momentum, Adam moments and step -, scheduler, data position, RNGs), so
+the same operations ran on the same values.
 """
 
 from __future__ import annotations
@@ -25,14 +30,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = 60
 SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
 
 
-def _env(out: Path) -> dict[str, str]:
+WORKERS = {
+    # framework: (the rank's module, its micro-batch size, parameter files compared)
+    "deepspeed": ("failslow.demo.ds_worker", "32", ["parameters.npz"]),
+    "megatron": (
+        "failslow.demo.megatron_worker", "8", [f"parameters-rank{r}.npz" for r in range(4)]
+    ),
+}
+
+
+def _env(out: Path, framework: str = "deepspeed") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW")}
     env.update(
         OMP_NUM_THREADS="1",
@@ -40,12 +53,12 @@ def _env(out: Path) -> dict[str, str]:
         FAILSLOW_DEMO_STEPS=str(STEPS),
         FAILSLOW_DEMO_OUT=str(out),
         FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
-        FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
+        FAILSLOW_DEMO_MICRO_BATCH_SIZE=WORKERS[framework][1],
     )
     return env
 
 
-def _launch(tmp: Path, name: str) -> tuple[subprocess.Popen[str], Path, Path]:
+def _launch(tmp: Path, name: str, framework: str) -> tuple[subprocess.Popen[str], Path, Path]:
     out, state = tmp / name, tmp / f"{name}-state"
     out.mkdir()
     command = [
@@ -54,10 +67,11 @@ def _launch(tmp: Path, name: str) -> tuple[subprocess.Popen[str], Path, Path]:
         "--snapshot-dir", str(tmp / f"{name}-snapshots"),
         "--probation", "120", "--update-poll", "0.3", "--no-shim", "--",
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        "-m", "failslow.demo.ds_worker",
+        "-m", WORKERS[framework][0],
     ]  # fmt: skip
     log = open(tmp / f"{name}.log", "w")
-    proc = subprocess.Popen(command, env=_env(out), stdout=log, stderr=subprocess.STDOUT, text=True)
+    env = _env(out, framework)
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     return proc, out, state
 
 
@@ -96,11 +110,15 @@ def _list(state: Path) -> str:
     ).stdout  # fmt: skip
 
 
-def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(tmp_path: Path) -> None:
-    reference, ref_out, _ = _launch(tmp_path, "reference")
+@pytest.mark.parametrize("framework", sorted(WORKERS))
+def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
+    tmp_path: Path, framework: str
+) -> None:
+    pytest.importorskip("deepspeed" if framework == "deepspeed" else "megatron.core")
+    reference, ref_out, _ = _launch(tmp_path, "reference", framework)
     assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
 
-    proc, out, state = _launch(tmp_path, "updated")
+    proc, out, state = _launch(tmp_path, "updated", framework)
     log = tmp_path / "updated.log"
     _wait(lambda: _step(out) >= 12, proc, log)
     good = _update(state, "--env", "FAILSLOW_DEMO_LOG_TAG=v2 ", "--note", "logging change")
@@ -120,8 +138,8 @@ def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(tmp_pa
     # after the rollback the job resumed once more, still with the good update's code
     assert text.count("v2 rank 0: resumed at step") == 2
 
-    got = np.load(out / "parameters.npz")
-    want = np.load(ref_out / "parameters.npz")
-    assert sorted(got.files) == sorted(want.files)
-    for name in want.files:
-        assert np.array_equal(got[name], want[name]), name
+    for file in WORKERS[framework][2]:
+        got, want = np.load(out / file), np.load(ref_out / file)
+        assert sorted(got.files) == sorted(want.files)
+        for name in want.files:
+            assert np.array_equal(got[name], want[name]), f"{file}: {name}"
