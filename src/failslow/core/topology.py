@@ -27,7 +27,10 @@ class Topology:
     """TP/DP/PP sizes, each role's coordinates and host, and the step's batch layout.
 
     ``micro_batches`` is M, the number of micro-batches in one global batch (all DP replicas
-    together); ``layers_per_stage[p]`` is the number of transformer layers on stage ``p``.
+    together); ``layers_per_stage[p]`` is the number of transformer layers on stage ``p``;
+    ``microbatch_multiple`` the granularity of a replica's count under a micro-batch plan, as
+    the framework's schedule needs it (0: greyhound's rule, footnote 4 - a multiple of PP for a
+    1F1B pipeline; Megatron-core's 1F1B runs any count, its interleaved schedule whole groups).
     """
 
     tp: int
@@ -38,6 +41,7 @@ class Topology:
     micro_batches: int
     micro_batch_size: int = 1
     layers_per_stage: tuple[int, ...] = ()
+    microbatch_multiple: int = 0
     _index: dict[Coord, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +64,11 @@ class Topology:
                     f"topology: ranks {index[(t, d, p)]} and {rank} share coords {(t, d, p)}"
                 )
             index[(t, d, p)] = rank
+        if not isinstance(self.microbatch_multiple, int) or self.microbatch_multiple < 0:
+            raise ConfigError(
+                "topology: microbatch_multiple must be an integer >= 0, got "
+                f"{self.microbatch_multiple!r}"
+            )
         if self.layers_per_stage and len(self.layers_per_stage) != self.pp:
             raise ConfigError(
                 f"topology: layers_per_stage has {len(self.layers_per_stage)} entries, "
@@ -150,6 +159,7 @@ class Topology:
             "micro_batches": self.micro_batches,
             "micro_batch_size": self.micro_batch_size,
             "layers_per_stage": list(self.layers_per_stage),
+            "microbatch_multiple": self.microbatch_multiple,
         }
 
     @classmethod
@@ -164,6 +174,7 @@ class Topology:
                 micro_batches=int(data["micro_batches"]),
                 micro_batch_size=int(data.get("micro_batch_size", 1)),
                 layers_per_stage=tuple(int(n) for n in data.get("layers_per_stage", ())),
+                microbatch_multiple=int(data.get("microbatch_multiple", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"topology: malformed record ({exc!r}): {dict(data)}") from exc

@@ -325,6 +325,14 @@ def test_microbatch_plan(topology: Topology) -> None:
     assert plan.weights == (1.5, 1.0, 1.0, 0.5)
     assert plan.overhead_s == 0.02
     assert plan.step_time_s == pytest.approx(0.6)
+    assert plan.baseline_step_s == pytest.approx(1.2)  # the even split: 4 x 0.3 s
+    # a schedule that runs any count (the adapter says so): the slow replica keeps 1
+    from dataclasses import replace
+
+    anycount = replace(topology, microbatch_multiple=1)
+    assert Topology.from_dict(anycount.to_dict()) == anycount
+    plan = microbatch_plan(anycount, diagnosis, healthy_time=0.1, overhead_s=0.02)
+    assert plan.counts == (5, 5, 5, 1) and plan.step_time_s == pytest.approx(0.5)
     even = microbatch_plan(
         topology, Diagnosis(kind=Kind.COMPUTE), healthy_time=0.1, overhead_s=0.0, multiple_of=1
     )

@@ -20,10 +20,13 @@ def gather_topology(
     pp: int,
     micro_batches: int,
     micro_batch_size: int,
+    microbatch_multiple: int = 0,
     group: object = None,
 ) -> Topology:
     """The job's :class:`Topology` from this rank's ``(tp, dp, pp)`` coordinates; every rank
-    of the default group (or ``group``) calls it. TP size is the world over ``dp * pp``."""
+    of the default group (or ``group``) calls it. TP size is the world over ``dp * pp``;
+    ``microbatch_multiple``: the granularity the framework's schedule needs of a replica's
+    count (0: the planner's default)."""
     import torch.distributed as dist
 
     world = dist.get_world_size(group=group)
@@ -37,4 +40,5 @@ def gather_topology(
         hosts=tuple(h for h, _ in gathered),  # type: ignore[misc]
         micro_batches=micro_batches,
         micro_batch_size=micro_batch_size,
+        microbatch_multiple=microbatch_multiple,
     )

@@ -90,12 +90,15 @@ class MegatronAdapter:
             framework="Megatron-core",
         )  # fmt: skip
         self.micro_batch_size = micro_batch_size
+        # 1F1B and the no-pipelining schedule run any count; the interleaved one whole groups
+        group = self.config.microbatch_group_size_per_vp_stage or pp
         self.topology = gather_topology(
             coord,
             dp=dp,
             pp=pp,
             micro_batches=num_microbatches * dp,
             micro_batch_size=micro_batch_size,
+            microbatch_multiple=group if len(self.model) > 1 else 1,
         )
 
     # ---- hooks -------------------------------------------------------------------------------

@@ -245,8 +245,8 @@ def microbatch_plan(
 ) -> MicroBatchPlan:
     """The S2 plan for a diagnosis: counts, loss weights, cost and estimated step time.
 
-    ``multiple_of`` defaults to ``topology.pp`` when ``pp > 1`` (1F1B, greyhound footnote 4),
-    else 1. ``overhead_s`` is the caller's measured or estimated one-off cost of switching
+    ``multiple_of`` defaults to the adapter's ``topology.microbatch_multiple``, else to
+    ``topology.pp`` when ``pp > 1`` (1F1B, greyhound footnote 4), else 1. ``overhead_s`` is the caller's measured or estimated one-off cost of switching
     (solve plus broadcast of the counts). ``step_time_s`` is ``max_i m_i * t_i``, a simple
     estimate that leaves out the pipeline bubble and the gradient all-reduce;
     ``baseline_step_s`` the same estimate for the even split under this diagnosis.
@@ -255,7 +255,9 @@ def microbatch_plan(
     overhead = _finite(where, "overhead_s", overhead_s)
     if overhead < 0:
         raise FailslowError(f"{where}: overhead_s must be >= 0 seconds, got {overhead_s}")
-    unit = (topology.pp if topology.pp > 1 else 1) if multiple_of is None else multiple_of
+    if multiple_of is None:
+        multiple_of = topology.microbatch_multiple or (topology.pp if topology.pp > 1 else 1)
+    unit = multiple_of
     total = topology.micro_batches
     if isinstance(unit, int) and unit >= 1 and total % unit:
         raise FailslowError(
