@@ -246,10 +246,11 @@ def microbatch_plan(
     """The S2 plan for a diagnosis: counts, loss weights, cost and estimated step time.
 
     ``multiple_of`` defaults to the adapter's ``topology.microbatch_multiple``, else to
-    ``topology.pp`` when ``pp > 1`` (1F1B, greyhound footnote 4), else 1. ``overhead_s`` is the caller's measured or estimated one-off cost of switching
-    (solve plus broadcast of the counts). ``step_time_s`` is ``max_i m_i * t_i``, a simple
-    estimate that leaves out the pipeline bubble and the gradient all-reduce;
-    ``baseline_step_s`` the same estimate for the even split under this diagnosis.
+    ``topology.pp`` when ``pp > 1`` (1F1B, greyhound footnote 4), else 1. ``overhead_s`` is
+    the caller's measured or estimated one-off cost of switching (solve plus broadcast of the
+    counts). ``step_time_s`` is ``max_i m_i * t_i``, a simple estimate that leaves out the
+    pipeline bubble and the gradient all-reduce; ``baseline_step_s`` the same estimate for the
+    even split under this diagnosis.
     """
     where = "microbatch_plan"
     overhead = _finite(where, "overhead_s", overhead_s)
