@@ -153,3 +153,39 @@ def test_a_step_pause_behind_a_rank_is_missed_and_released_at_once(store):
         validation_round(store, world_size=1, step=10, tasks=[], timeout_s=20)
     assert words == {}
     agent.stop()
+
+
+def test_a_step_target_armed_by_an_older_round_does_not_park_for_a_newer_one(store):
+    words: dict[str, int] = {}
+    parks: list[int] = []
+    agent = RankAgent(
+        store, rank=0, set_header_word=words.__setitem__, steps=lambda: 3,
+        park=lambda: parks.append(words["control"]), position=lambda: (7, 40),
+    )  # fmt: skip
+    store.set_json("failslow/validate/pause", {"epoch": 1, "step": 10})
+    assert agent.check_request()
+    store.set_json("failslow/validate/pause", {"epoch": 2, "group_key": 7, "call_index": 45})
+    assert agent.check_request() and words["control"] == 2
+    words.clear()
+    agent.at_step(10)  # the old step target is gone: no park at this boundary
+    assert parks == [] and words == {}
+    store.set_json("failslow/validate/pause", {"epoch": 3, "step": 10})
+    assert agent.check_request()
+    agent.at_step(9)
+    assert parks == []
+    agent.at_step(10)
+    assert parks == [3] and words["pause_group"] == 0
+
+
+def test_the_published_step_rate_holds_between_step_changes(store):
+    step = [5]
+    agent = RankAgent(store, rank=0, set_header_word=lambda *_: None, steps=lambda: step[0],
+                      park=lambda: None)  # fmt: skip
+    agent.publish_position()
+    time.sleep(0.1)
+    step[0] = 6
+    agent.publish_position()
+    first = store.get_json("failslow/validate/progress/0")["step_rate"]
+    assert 2.0 < first < 20.0  # one step in ~0.1 s
+    agent.publish_position()  # the step has not moved since: the rate is still known
+    assert store.get_json("failslow/validate/progress/0")["step_rate"] == first

@@ -111,6 +111,7 @@ class RankAgent:
         self._park = park
         self._step_target: int | None = None
         self._last_step: tuple[int, float] | None = None
+        self._step_rate = 0.0
         self.token = token
         """The job's token: pause requests without it are ignored (:func:`keys.authorized`)."""
         self._ignored = 0
@@ -163,12 +164,13 @@ class RankAgent:
         if step is None or step < 0 or self._park is None:
             return {}
         now = time.monotonic()
-        rate = 0.0
-        if self._last_step is not None and now > self._last_step[1]:
-            rate = (step - self._last_step[0]) / (now - self._last_step[1])
-        if self._last_step is None or step != self._last_step[0]:
+        last = self._last_step
+        if last is None or step != last[0]:
+            if last is not None and now > last[1] and step > last[0]:
+                # steps per second between the last two changes seen (kept between changes)
+                self._step_rate = (step - last[0]) / (now - last[1])
             self._last_step = (step, now)
-        return {"step": step, "step_rate": rate, "t": time.time()}
+        return {"step": step, "step_rate": self._step_rate, "t": time.time()}
 
     def at_step(self, step: int) -> None:
         """The session is about to start ``step``: park here if a step pause targets it."""
@@ -196,6 +198,7 @@ class RankAgent:
         if self.store.get(f"{self.prefix}/{self.epoch}/release") is not None:
             return False  # a round that ended before this rank (a restarted process) joined
         self._counted, self._next_task = False, 0
+        self._step_target = None  # a new round replaces whatever an older one armed
         if "step" in request:
             return self._arm_step(int(request["step"]))
         where = self._position() if self._position is not None else None
