@@ -57,7 +57,7 @@ class GptJob:
 
         def loss_func(per_token: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
             loss = per_token.float().mean()
-            return loss, {"lm loss": loss.detach()}
+            return loss, {"lm loss": loss.detach().clone()}  # the schedule scales loss in place
 
         return output, loss_func
 
