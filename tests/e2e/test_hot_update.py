@@ -114,7 +114,9 @@ def _list(state: Path) -> str:
 def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
     tmp_path: Path, framework: str
 ) -> None:
-    pytest.importorskip("deepspeed" if framework == "deepspeed" else "megatron.core")
+    module = "deepspeed" if framework == "deepspeed" else "megatron.core"
+    extra = f"needs the {framework} extra: pip install failslow[{framework}]"
+    pytest.importorskip(module, reason=extra)
     reference, ref_out, _ = _launch(tmp_path, "reference", framework)
     assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
 

@@ -25,7 +25,9 @@ import pytest
 
 from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
-pytest.importorskip("megatron.core")
+pytest.importorskip(
+    "megatron.core", reason="needs the Megatron extra: pip install failslow[megatron]"
+)
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS, START, END, SLOW, WORLD = 240, 50, 110, 2, 4

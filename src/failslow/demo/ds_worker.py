@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -48,18 +47,20 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    if os.environ.get("FAILSLOW_DEMO_CRASH_AT_START"):  # a bad update (hot-update tests)
-        raise SystemExit(f"rank {os.environ.get('RANK')}: crashing at start as configured")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    steps = int(os.environ.get("FAILSLOW_DEMO_STEPS", "200"))
-    per_replica = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCHES", "4"))
-    out = Path(os.environ["FAILSLOW_DEMO_OUT"])
-    torch.set_num_threads(1)
+    from failslow.demo.worker_io import (
+        all_ranks_see,
+        applied_plans,
+        join_world,
+        worker_env,
+        write_progress,
+    )
+
+    env = worker_env()
+    rank, world, steps, per_replica, out = env.rank, env.world, env.steps, env.per_replica, env.out
     _skip_shm_kernel_build()
     import deepspeed
 
     import failslow.deepspeed
-    from failslow.demo.worker_io import all_ranks_see, applied_plans, join_world, write_progress
 
     join_world(rank, world)
     deepspeed.init_distributed(dist_backend="gloo")

@@ -79,7 +79,7 @@ def init_grid(tp: int, pp: int, seed: int) -> None:
 
 def build_gpt(
     tp: int, pp: int, *, seed: int, distributed_optimizer: bool = False,
-    shape: GptShape | None = None, lr: float = 1e-3, optimizer: str = "adam",
+    shape: GptShape | None = None, lr: float = 1e-3,
 ) -> GptJob:  # fmt: skip
     """A fresh GPT job on a fresh ``tp`` x ``pp`` grid; the same ``seed`` builds the same job."""
     from megatron.core import parallel_state as ps
@@ -115,7 +115,7 @@ def build_gpt(
     model = DistributedDataParallel(config, ddp_config, gpt)
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
-            optimizer=optimizer, lr=lr, min_lr=lr / 10, weight_decay=0.01, clip_grad=0.0,
+            optimizer="adam", lr=lr, min_lr=lr / 10, weight_decay=0.01, clip_grad=0.0,
             use_distributed_optimizer=distributed_optimizer,
         ),
         [model],

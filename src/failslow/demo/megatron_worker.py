@@ -22,27 +22,26 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 PIPELINE_STAGES = 2
 
 
 def main() -> None:
     import numpy as np
-    import torch
     import torch.distributed as dist
 
     import failslow.megatron
     from failslow.demo.megatron_job import GptShape, build_gpt, train_step
-    from failslow.demo.worker_io import all_ranks_see, applied_plans, join_world, write_progress
+    from failslow.demo.worker_io import (
+        all_ranks_see,
+        applied_plans,
+        join_world,
+        worker_env,
+        write_progress,
+    )
 
-    if os.environ.get("FAILSLOW_DEMO_CRASH_AT_START"):  # a bad update (hot-update tests)
-        raise SystemExit(f"rank {os.environ.get('RANK')}: crashing at start as configured")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    steps = int(os.environ.get("FAILSLOW_DEMO_STEPS", "200"))
-    per_replica = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCHES", "4"))
-    out = Path(os.environ["FAILSLOW_DEMO_OUT"])
-    torch.set_num_threads(1)
+    env = worker_env()
+    rank, world, steps, per_replica, out = env.rank, env.world, env.steps, env.per_replica, env.out
     join_world(rank, world)
     hidden = int(os.environ.get("FAILSLOW_DEMO_WIDTH", "128"))
     shape = GptShape(

@@ -5,9 +5,39 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """A demo rank's settings from the launcher's environment."""
+
+    rank: int
+    world: int
+    steps: int
+    per_replica: int
+    out: Path
+
+
+def worker_env() -> WorkerEnv:
+    """Read RANK, WORLD_SIZE, FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_MICRO_BATCHES (per replica) and
+    FAILSLOW_DEMO_OUT; with FAILSLOW_DEMO_CRASH_AT_START, end at once (a bad update in the
+    hot-update tests). One torch thread per rank (the ranks share the machine's cores)."""
+    import torch
+
+    if os.environ.get("FAILSLOW_DEMO_CRASH_AT_START"):
+        raise SystemExit(f"rank {os.environ.get('RANK')}: crashing at start as configured")
+    torch.set_num_threads(1)
+    return WorkerEnv(
+        rank=int(os.environ["RANK"]),
+        world=int(os.environ["WORLD_SIZE"]),
+        steps=int(os.environ.get("FAILSLOW_DEMO_STEPS", "200")),
+        per_replica=int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCHES", "4")),
+        out=Path(os.environ["FAILSLOW_DEMO_OUT"]),
+    )
 
 
 def join_world(rank: int, world: int) -> None:

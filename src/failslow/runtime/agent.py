@@ -132,13 +132,7 @@ class RankAgent:
         will issue on it and its calls per second, so the controller can pick a target no rank
         has reached (one small write per ``poll_s``, independent of the world size)."""
         record = self._step_record()
-        if self._position is None:
-            if record:
-                self.store.set_json(f"{self.prefix}/progress/{self.rank}", record)
-            return
-        where = self._position()
-        if where is None and record:
-            self.store.set_json(f"{self.prefix}/progress/{self.rank}", record)
+        where = self._position() if self._position is not None else None
         if where is not None:
             key, next_index = where[0], where[1]
             now = time.monotonic()
@@ -147,15 +141,10 @@ class RankAgent:
             if last is not None and last[0] == key and now > last[2]:
                 rate = (next_index - last[1]) / (now - last[2])
             self._last_position = (key, next_index, now)
-            record: dict[str, Any] = {
-                "group_key": key,
-                "next": next_index,
-                "rate": rate,
-                "t": time.time(),
-            }
+            record.update(group_key=key, next=next_index, rate=rate, t=time.time())
             if len(where) == 4:  # (period, residue) of the iteration on this group (phase.py)
                 record["phase"] = [where[2], where[3]]
-            record.update(self._step_record())
+        if record:
             self.store.set_json(f"{self.prefix}/progress/{self.rank}", record)
 
     def _step_record(self) -> dict[str, Any]:

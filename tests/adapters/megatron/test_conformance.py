@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("megatron.core")
+pytest.importorskip(
+    "megatron.core", reason="needs the Megatron extra: pip install failslow[megatron]"
+)
 
 from failslow.conformance import AbstractAdapterTests
 

@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("megatron.core")
+pytest.importorskip(
+    "megatron.core", reason="needs the Megatron extra: pip install failslow[megatron]"
+)
 
 import failslow.megatron
 from failslow.adapters.common.microbatch import ReplicaSplit

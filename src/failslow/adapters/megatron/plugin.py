@@ -91,7 +91,7 @@ class MegatronAdapter:
         )  # fmt: skip
         self.micro_batch_size = micro_batch_size
         # 1F1B and the no-pipelining schedule run any count; the interleaved one whole groups
-        group = self.config.microbatch_group_size_per_vp_stage or pp
+        group = _vp_group(self.config, pp)
         self.topology = gather_topology(
             coord,
             dp=dp,
@@ -127,7 +127,7 @@ class MegatronAdapter:
         ) not in ("none", None):
             return "CUDA graphs are captured for a fixed number of micro-batches"
         if len(self.model) > 1 and count is not None:
-            group = config.microbatch_group_size_per_vp_stage or self.topology.pp
+            group = _vp_group(config, self.topology.pp)
             remainder = count % group
             if group > count or 0 < remainder < self.topology.pp:
                 return (
@@ -262,6 +262,11 @@ class MegatronAdapter:
         if self.session is not None:
             self.session.close()
             self.session = None
+
+
+def _vp_group(config: Any, pp: int) -> int:
+    """Micro-batches the interleaved schedule runs per virtual stage in a row (default PP)."""
+    return config.microbatch_group_size_per_vp_stage or pp
 
 
 def _weighted(scale: Callable[[Any], Any] | None, weight: float) -> Callable[[Any], Any]:
