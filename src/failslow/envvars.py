@@ -34,6 +34,10 @@ JOB_TOKEN = "FAILSLOW_JOB_TOKEN"
 """The job's shared secret: ranks act only on pause requests and plans that carry it."""
 CONFIG_PREFIX = "FAILSLOW__"
 """``FAILSLOW__SECTION__KEY=value`` sets one setting (two underscores between levels)."""
+HOST = "FAILSLOW_HOST"
+"""The host name a rank reports in the job's topology (default: the hostname); set where one
+machine stands for several (the CPU demo gives each rank its own), so topology plans can move
+roles between them."""
 DISABLE_PLUGIN_AUTOLOAD = "FAILSLOW_DISABLE_PLUGIN_AUTOLOAD"
 """Set: no third-party plugins from the ``failslow`` entry-point group."""
 

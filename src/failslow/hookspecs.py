@@ -120,6 +120,17 @@ def failslow_apply_topology_plan(plan: TopologyPlan, step: int) -> bool | None:
     """
 
 
+@hookspec(firstresult=True)
+def failslow_revert_topology_plan(plan: TopologyPlan, step: int) -> bool | None:
+    """Go back to the placement and state in effect before ``plan`` at ``step`` (another rank,
+    or this one, failed to apply it). Every rank is called, also one that failed halfway or
+    before changing anything (it returns ``False``: nothing to undo); ranks that tore their
+    groups down rebuild them together, so either all of them do or none.
+
+    Decision hook (``firstresult``).
+    """
+
+
 # -------------------------------------------------------------------------------------------
 # Adapter: state (in-memory checkpoints) and hot update - called in every rank process, in the
 # training thread, by its snapshot service (failslow.runtime.snapshot_service) and session

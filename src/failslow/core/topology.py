@@ -11,12 +11,22 @@ varies fastest, then DP, then PP), which DeepSpeed's pipeline engine also uses.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from failslow import envvars
 from failslow.errors import ConfigError
+
+
+def host_name() -> str:
+    """This process's host as failslow reports it: ``FAILSLOW_HOST``, else the hostname (one
+    machine may stand for several: the CPU demo gives each rank its own host)."""
+    return os.environ.get(envvars.HOST) or socket.gethostname()
+
 
 Coord = tuple[int, int, int]
 """(tp, dp, pp) coordinates of one role."""
@@ -190,4 +200,5 @@ class Topology:
             micro_batches=self.micro_batches,
             micro_batch_size=self.micro_batch_size,
             layers_per_stage=self.layers_per_stage,
+            microbatch_multiple=self.microbatch_multiple,
         )

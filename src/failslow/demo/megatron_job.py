@@ -81,56 +81,81 @@ def build_gpt(
     tp: int, pp: int, *, seed: int, distributed_optimizer: bool = False,
     shape: GptShape | None = None, lr: float = 1e-3,
 ) -> GptJob:  # fmt: skip
-    """A fresh GPT job on a fresh ``tp`` x ``pp`` grid; the same ``seed`` builds the same job."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    """A fresh GPT job on a fresh ``tp`` x ``pp`` grid; the same ``seed`` builds the same job.
+    ``job.extra["model_provider"]`` rebuilds model, optimizer and scheduler on the process
+    groups in place (what ``failslow.megatron.attach(model_provider=...)`` wants)."""
+    from megatron.core.utils import get_model_config
 
     shape = shape or GptShape()
     init_grid(tp, pp, seed)
-    config = TransformerConfig(
-        num_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        pipeline_dtype=torch.float32, use_cpu_initialization=True,
-        gradient_accumulation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
-        hidden_dropout=0.0, attention_dropout=0.0, add_bias_linear=False,
-    )  # fmt: skip
-    gpt = GPTModel(
-        config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(),
-        vocab_size=shape.vocab,
-        max_sequence_length=shape.seq,
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
-    )
-    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer)
-    model = DistributedDataParallel(config, ddp_config, gpt)
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(
-            optimizer="adam", lr=lr, min_lr=lr / 10, weight_decay=0.01, clip_grad=0.0,
-            use_distributed_optimizer=distributed_optimizer,
-        ),
-        [model],
-    )  # fmt: skip
-    scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=lr, min_lr=lr / 10, lr_warmup_steps=2,
-        lr_decay_steps=1000, lr_decay_style="cosine", start_wd=0.01, end_wd=0.01,
-        wd_incr_steps=1000, wd_incr_style="constant",
-    )  # fmt: skip
-    config.finalize_model_grads_func = finalize_model_grads
-    config.no_sync_func = model.no_sync
-    config.grad_scale_func = optimizer.scale_loss
+    provider = GptProvider(tp, pp, distributed_optimizer, shape, lr)
+    model, optimizer, scheduler = provider()
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, shape.vocab, (shape.samples, shape.seq + 1), generator=g)
-    return GptJob([model], optimizer, scheduler, config, shape, _Tokens(tokens))
+    job = GptJob(model, optimizer, scheduler, get_model_config(model[0]), shape, _Tokens(tokens))
+    job.extra["model_provider"] = provider
+    return job
+
+
+@dataclass(frozen=True)
+class GptProvider:
+    """Model chunks (DDP-wrapped), optimizer and scheduler on Megatron's current groups: the
+    ``model_provider`` of a Megatron-LM job, extended to the optimizer and scheduler."""
+
+    tp: int
+    pp: int
+    distributed_optimizer: bool
+    shape: GptShape
+    lr: float
+
+    def __call__(self) -> tuple[list[Any], Any, Any]:
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        shape, lr, distopt = self.shape, self.lr, self.distributed_optimizer
+        config = TransformerConfig(
+            num_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
+            tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
+            pipeline_dtype=torch.float32, use_cpu_initialization=True,
+            gradient_accumulation_fusion=False, bias_dropout_fusion=False,
+            apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
+            add_bias_linear=False,
+        )  # fmt: skip
+        gpt = GPTModel(
+            config=config,
+            transformer_layer_spec=get_gpt_layer_local_spec(),
+            vocab_size=shape.vocab,
+            max_sequence_length=shape.seq,
+            pre_process=ps.is_pipeline_first_stage(),
+            post_process=ps.is_pipeline_last_stage(),
+        )
+        ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=distopt)
+        model = DistributedDataParallel(config, ddp_config, gpt)
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam", lr=lr, min_lr=lr / 10, weight_decay=0.01, clip_grad=0.0,
+                use_distributed_optimizer=distopt,
+            ),
+            [model],
+        )  # fmt: skip
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=0.0, max_lr=lr, min_lr=lr / 10, lr_warmup_steps=2,
+            lr_decay_steps=1000, lr_decay_style="cosine", start_wd=0.01, end_wd=0.01,
+            wd_incr_steps=1000, wd_incr_style="constant",
+        )  # fmt: skip
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = model.no_sync
+        config.grad_scale_func = optimizer.scale_loss
+        return [model], optimizer, scheduler
 
 
 class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]

@@ -11,7 +11,9 @@ the step; this module is the rank's part:
 - :meth:`PlanApplication.apply` switches (``failslow_apply_*``) at the agreed boundary and
   confirms with one all-reduce that every rank did; if any rank failed, every rank goes back
   to the plan in effect before (also the one that failed halfway) and
-  ``failslow_on_plan_result`` reports ``"rolled back"``; otherwise ``"applied"``.
+  ``failslow_on_plan_result`` reports ``"rolled back"``; otherwise ``"applied"``. A topology
+  plan goes back through the adapter's ``failslow_revert_topology_plan`` (it kept the state
+  from before the swap).
 
 Each plan kind maps to its capability and its pair of hooks in one place
 (:meth:`PlanApplication._call`), with the hook calls written out.
@@ -90,16 +92,10 @@ class PlanApplication:
             error = f"{type(exc).__name__}: {exc}"
         if not self._all_ranks_ok(not error):
             # every rank goes back to the plan in effect before (also one that failed halfway)
-            previous = self.current
-            if previous is None or type(previous) is not type(plan):
-                previous = self._even_plan() if isinstance(plan, MicroBatchPlan) else None
-            if previous is not None:
-                try:
-                    self._call("apply", previous, step)
-                except Exception:  # never into training; the plan in effect is then unknown
-                    log.exception(
-                        "failslow: rank %d could not roll back at step %d", self.rank, step
-                    )
+            try:
+                self._roll_back(plan, step)
+            except Exception:  # never into training; the plan in effect is then unknown
+                log.exception("failslow: rank %d could not roll back at step %d", self.rank, step)
             detail = f"rank {self.rank}: {error}" if error else "another rank failed to apply it"
             log.warning("failslow: plan at step %d rolled back: %s", step, detail)
             self.hooks.failslow_on_plan_result(
@@ -111,6 +107,18 @@ class PlanApplication:
             plan=plan, step=step, outcome=PlanResult.APPLIED, detail=""
         )
         return True
+
+    def _roll_back(self, plan: Plan, step: int) -> None:
+        """Back to the state before ``plan``: a micro-batch plan by re-applying the counts in
+        effect before (or the even split), a topology plan by the adapter's revert."""
+        if isinstance(plan, TopologyPlan):
+            self.hooks.failslow_revert_topology_plan(plan=plan, step=step)
+            return
+        previous = self.current
+        if previous is None or type(previous) is not type(plan):
+            previous = self._even_plan() if isinstance(plan, MicroBatchPlan) else None
+        if previous is not None:
+            self._call("apply", previous, step)
 
     def _call(self, phase: str, plan: Plan, step: int = -1) -> Any:
         """The adapter hook of ``phase`` ("prepare" or "apply") for ``plan``'s kind."""

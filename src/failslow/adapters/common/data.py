@@ -179,9 +179,15 @@ class ShareSampler(Sampler[list[int]]):
 
     @property
     def next_step(self) -> int:
-        """The global step the next micro-batch handed out belongs to."""
-        self._skip_finished_step()
+        """The global step the next micro-batch handed out belongs to (reads only: a live
+        iterator keeps its own place in the step it last handed out from)."""
+        if self.offset and self.offset >= self.counts_at(self.step)[self.replica]:
+            return self.step + 1
         return self.step
+
+    def has_read(self, step: int) -> bool:
+        """True once a micro-batch of global step ``step`` (or a later one) was handed out."""
+        return self.step > step or (self.step == step and self.offset > 0)
 
     def __iter__(self) -> Iterator[list[int]]:
         self._skip_finished_step()

@@ -108,6 +108,22 @@ class ReplicaSplit:
             sampler.set_counts(counts, step=step)
         self.counts = counts
 
+    def set_replica(self, replica: int, step: int) -> None:
+        """Run as DP replica ``replica`` from global step ``step`` on (a topology swap gave this
+        rank another role); every tracked loader reads that replica's share from ``step``.
+        FailslowError if a loader already handed out micro-batches of ``step``."""
+        if not 0 <= replica < self.replicas:
+            raise ConfigError(f"replica must be in [0, {self.replicas}), got {replica}")
+        for sampler in self.samplers:
+            if sampler.has_read(step):
+                raise FailslowError(
+                    f"the data loader already read step {step} as replica {self.replica}; "
+                    "a topology swap needs a loader that does not read ahead (num_workers=0)"
+                )
+        for sampler in self.samplers:
+            sampler.replica = replica
+        self.replica = replica
+
     # ---- data --------------------------------------------------------------------------------
     def track(self, sampler: ShareSampler) -> None:
         """Keep ``sampler`` in step with the plans applied here (restoring its position first

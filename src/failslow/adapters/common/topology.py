@@ -1,16 +1,14 @@
 """The job's layout, gathered from every rank (DESIGN.md, Contracts: Topology).
 
 Every rank knows its own coordinates in the parallel grid (TP rank, DP replica, PP stage) and
-its host; the planner needs all of them. :func:`gather_topology` collects them with one
-``all_gather_object`` at attach time (never per step) and builds the
-:class:`~failslow.core.topology.Topology` the adapter reports.
+its host (:func:`~failslow.core.topology.host_name`); the planner needs all of them.
+:func:`gather_topology` collects them with one ``all_gather_object`` at attach time (never per
+step) and builds the :class:`~failslow.core.topology.Topology` the adapter reports.
 """
 
 from __future__ import annotations
 
-import socket
-
-from failslow.core.topology import Topology
+from failslow.core.topology import Topology, host_name
 
 
 def gather_topology(
@@ -31,7 +29,7 @@ def gather_topology(
 
     world = dist.get_world_size(group=group)
     gathered: list[tuple[str, tuple[int, int, int]] | None] = [None] * world
-    dist.all_gather_object(gathered, (socket.gethostname(), tuple(coord)), group=group)
+    dist.all_gather_object(gathered, (host_name(), tuple(coord)), group=group)
     return Topology(
         tp=world // (dp * pp),
         dp=dp,

@@ -33,18 +33,17 @@ from typing import Any
 import torch
 
 from failslow import hookimpl
+from failslow.adapters.common import swap
 from failslow.adapters.common.microbatch import ReplicaSplit
 from failslow.adapters.common.state import restore_rng_state, rng_state, wait_for_snapshot_before
 from failslow.adapters.common.topology import gather_topology
+from failslow.adapters.megatron import grid
 from failslow.capabilities import SUPPORTED, Capabilities
-from failslow.core.planner.plans import MicroBatchPlan
+from failslow.core.control.plan_channel import PlanResult
+from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan
 from failslow.core.topology import Topology
 from failslow.errors import ConfigError, FailslowError
 
-NO_SWAP = (
-    "an in-place topology swap for Megatron-core (rebuilding its process groups, model, DDP "
-    "and optimizer through model_provider) is not implemented yet"
-)
 NO_MODEL_PROVIDER = (
     "a topology swap rebuilds the model through model_provider; "
     "pass failslow.megatron.attach(..., model_provider=...)"
@@ -77,6 +76,7 @@ class MegatronAdapter:
         self.iteration = iteration
         """Training iterations run (``forward_backward`` calls with gradients): the step the
         session's boundary numbers, carried by snapshots."""
+        self.rank = torch.distributed.get_rank()
         self.ep = ps.get_expert_model_parallel_world_size()
         dp, pp = ps.get_data_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
         coord = (
@@ -100,6 +100,13 @@ class MegatronAdapter:
             micro_batch_size=micro_batch_size,
             microbatch_multiple=group if len(self.model) > 1 else 1,
         )
+        self.role_of = tuple(
+            grid.role_number(c, self.topology.tp, dp) for c in self.topology.coords
+        )
+        """Megatron rank (role) each process runs: the identity until a topology swap."""
+        self._grid_sizes = grid.grid_sizes()
+        self._swap_refusal = grid.swap_refusal()
+        self._undo: tuple[dict[str, Any], tuple[int, ...], Topology] | None = None
 
     # ---- hooks -------------------------------------------------------------------------------
     @hookimpl
@@ -110,10 +117,15 @@ class MegatronAdapter:
     def failslow_capabilities(self) -> Capabilities:
         return Capabilities(
             microbatch_plans=self._microbatch_reason(),
-            topology_plans=NO_SWAP if self.model_provider is not None else NO_MODEL_PROVIDER,
+            topology_plans=self._topology_reason(),
             snapshots=SUPPORTED,
             hot_update=SUPPORTED,
         )
+
+    def _topology_reason(self) -> str:
+        if self.model_provider is None:
+            return NO_MODEL_PROVIDER
+        return self._swap_refusal
 
     def _microbatch_reason(self, count: int | None = None) -> str:
         config = self.config
@@ -152,6 +164,81 @@ class MegatronAdapter:
         return True
 
     @hookimpl
+    def failslow_prepare_topology_plan(self, plan: TopologyPlan, rank: int) -> bool:
+        self.failslow_capabilities().require("topology_plans")
+        swap.placement_after(self.topology, plan)  # a plan that does not fit fails here
+        return True
+
+    @hookimpl
+    def failslow_apply_topology_plan(self, plan: TopologyPlan, step: int) -> bool:
+        """Swap in place (greyhound 5.2, S3): every role's state to its new process, Megatron's
+        groups rebuilt for the permuted grid, model/DDP/optimizer/scheduler rebuilt through
+        ``model_provider`` and restored. The job's own objects stay the ones the user holds
+        (:func:`_adopt`). The pre-swap state is kept until the plan is confirmed on every rank,
+        for :meth:`failslow_revert_topology_plan`."""
+        self.failslow_capabilities().require("topology_plans")
+        own: dict[str, Any] | None = None
+        try:
+            dest = swap.placement_after(self.topology, plan)
+            own = self.failslow_snapshot_state(step)
+        finally:  # no rank moves state unless every rank has its own ready
+            if not swap.agree(own is not None):
+                raise FailslowError(f"topology plan at step {step}: a rank could not snapshot")
+        received: dict[str, Any] | None = None
+        try:
+            received = swap.exchange_state(own, dest, rank=self.rank, step=step)
+        finally:  # nothing is torn down unless every rank holds its new role's state
+            if not swap.agree(received is not None):
+                raise FailslowError(f"topology plan at step {step}: a state move failed")
+        topology = swap.swapped_topology(self.topology, dest)
+        role_of = tuple(grid.role_number(c, topology.tp, topology.dp) for c in topology.coords)
+        self._undo = (own, self.role_of, self.topology)
+        self._become(role_of, topology, received, step)
+        return True
+
+    @hookimpl
+    def failslow_revert_topology_plan(self, plan: TopologyPlan, step: int) -> bool:
+        """Back to the placement and state before ``plan`` (a rank failed to apply it)."""
+        if self._undo is None:
+            return False  # it failed before anything was torn down: nothing to undo
+        own, role_of, topology = self._undo
+        self._undo = None
+        self._become(role_of, topology, own, step)
+        return True
+
+    @hookimpl
+    def failslow_on_plan_result(self, plan: Plan, step: int, outcome: str, detail: str) -> None:
+        if isinstance(plan, TopologyPlan) and outcome == PlanResult.APPLIED:
+            self._undo = None  # every rank switched: the pre-swap state can go
+
+    def _become(
+        self, role_of: tuple[int, ...], topology: Topology, state: dict[str, Any], step: int
+    ) -> None:
+        """Run role ``role_of[rank]`` from ``state``: groups, objects, state, data share."""
+        from megatron.core.utils import get_model_config
+
+        assert self.model_provider is not None
+        grid.rebuild_grid(role_of, self._grid_sizes)
+        built = self.model_provider()
+        if not isinstance(built, tuple | list) or len(built) not in (2, 3):
+            raise FailslowError(
+                "model_provider() must return (model, optimizer) or (model, optimizer, "
+                f"scheduler), built on the current process groups; got {type(built).__name__}"
+            )
+        model, optimizer, scheduler = (*built, None) if len(built) == 2 else built
+        chunks = list(model) if isinstance(model, list | tuple) else [model]
+        wait_for_snapshot_before(optimizer, "step", self)
+        for old, new in zip(self.model, chunks, strict=True):
+            _adopt(old, new)
+        _adopt(self.optimizer, optimizer)
+        if self.scheduler is not None and scheduler is not None:
+            _adopt(self.scheduler, scheduler)
+        self.config = get_model_config(self.model[0])
+        self.role_of, self.topology = role_of, topology
+        self.split.set_replica(topology.coords[self.rank][1], step)
+        self._restore(state, step, split=False)
+
+    @hookimpl
     def failslow_snapshot_state(self, step: int) -> dict[str, Any]:
         """This rank's training state by reference (the snapshotter copies it off the training
         thread; the optimizer step waits for the copy)."""
@@ -169,12 +256,26 @@ class MegatronAdapter:
             "iteration": self.iteration,
             "calculator": _calculator_state(),
             "split": self.split.state_dict(step),
+            "coord": list(self.topology.coords[self.rank]),
             "step": step,
         }
 
     @hookimpl
     def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
+        self._restore(state, step, split=True)
+        return True
+
+    def _restore(self, state: dict[str, Any], step: int, *, split: bool) -> None:
+        """Put ``state`` back; ``split``: the loaders' positions too (not in a swap, where the
+        live loaders already stand at this step boundary)."""
         from megatron.core import tensor_parallel
+
+        coord = list(self.topology.coords[self.rank])
+        if state.get("coord", coord) != coord:
+            raise FailslowError(
+                f"the snapshot of step {step} holds the role at (tp, dp, pp) = "
+                f"{tuple(state['coord'])}, this rank runs {tuple(coord)}"
+            )
 
         for chunk, chunk_state in zip(self.model, state["model"], strict=True):
             chunk.load_state_dict(chunk_state)
@@ -188,8 +289,8 @@ class MegatronAdapter:
         )
         self.iteration = int(state["iteration"])
         _restore_calculator(state["calculator"])
-        self.split.load_state_dict(state["split"])
-        return True
+        if split:
+            self.split.load_state_dict(state["split"])
 
     @hookimpl
     def failslow_hot_update(self, code: dict[str, Any], step: int) -> bool:
@@ -262,6 +363,17 @@ class MegatronAdapter:
         if self.session is not None:
             self.session.close()
             self.session = None
+
+
+def _adopt(old: Any, new: Any) -> None:
+    """Make the object the user holds (``old``) the rebuilt one: both share ``new``'s attribute
+    dictionary from now on, so the training loop's references stay valid after a swap."""
+    if type(old) is not type(new):
+        raise FailslowError(
+            f"model_provider() built a {type(new).__name__} where the job has a "
+            f"{type(old).__name__}"
+        )
+    object.__setattr__(old, "__dict__", new.__dict__)
 
 
 def _vp_group(config: Any, pp: int) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from failslow.core.events import (
     events_to_records,
 )
 from failslow.core.group_files import groups_path, read_groups
+from failslow.core.topology import host_name
 
 P2P = "p2p"
 _P2P_OPS = (int(OpCode.SEND), int(OpCode.RECV))
@@ -240,7 +240,7 @@ class GroupSummarizer:
     ) -> None:
         self.rank = rank
         self.ring = Path(ring) if ring is not None else None
-        self.host = socket.gethostname() if host is None else host
+        self.host = host_name() if host is None else host
         self.max_records = max_records
         self.max_anchors = max_anchors
         self.max_calls = max_calls

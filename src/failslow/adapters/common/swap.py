@@ -1,0 +1,134 @@
+"""A topology swap on the ranks (greyhound 5.2, S3): who takes which role, and the state move.
+
+A :class:`~failslow.core.planner.plans.TopologyPlan` says on which host each role runs next
+(``plan.hosts[i]`` for the role at index ``i`` of the current topology). Processes never move:
+process ``p`` stays on its host and keeps its torch.distributed rank; what moves is the role -
+its coordinates in the parallel grid and its training state. This module is the framework-free
+part every adapter that swaps in place shares:
+
+- :func:`placement_after` turns the host-level plan into process-level moves: the ``k``-th role
+  a host receives (in index order) goes to the host's ``k``-th process, so the roles of one host
+  slot move together and keep their order (a TP group stays inside a host);
+- :func:`swapped_topology` is the topology the adapter reports afterwards, indexed by process as
+  before: ``coords`` follow the roles, ``hosts`` stay (a later diagnosis names processes, and a
+  later plan starts from this placement);
+- :func:`exchange_state` moves every role's state to its new process peer to peer over the
+  default group (one send and one receive per moving process, all hosts at once - greyhound
+  Fig. 19: the pause depends on the state per GPU, not on the job's size), in the snapshot
+  format (:mod:`failslow.core.checkpoint.blob`), so what arrives is verified and bitwise;
+- :func:`agree` is the all-ranks check between the phases: nothing is torn down unless every
+  rank holds its new role's state.
+
+:func:`~failslow.core.topology.host_name` is the host a rank reports: the hostname, or
+``FAILSLOW_HOST`` where one machine stands for several (the CPU demo and the tests give each rank
+its own host).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from failslow.core.planner.plans import TopologyPlan
+from failslow.core.topology import Topology
+from failslow.errors import ConfigError, FailslowError
+
+
+def placement_after(topology: Topology, plan: TopologyPlan) -> tuple[int, ...]:
+    """``dest[i]``: the process that runs the role now at index ``i`` once ``plan`` applies.
+
+    Raises ConfigError (one line) when the plan does not fit the job: another number of roles,
+    an unknown host, or a host given more or fewer roles than it has processes."""
+    hosts = tuple(plan.hosts)
+    if len(hosts) != topology.world_size:
+        raise ConfigError(
+            f"topology plan: {len(hosts)} roles placed, the job has {topology.world_size}"
+        )
+    unknown = sorted(set(hosts) - set(topology.host_names))
+    if unknown:
+        raise ConfigError(f"topology plan: unknown hosts {unknown}; the job runs on "
+                          f"{list(topology.host_names)}")  # fmt: skip
+    dest = [-1] * len(hosts)
+    for host in topology.host_names:
+        processes = topology.ranks_on(host)
+        roles = [i for i, h in enumerate(hosts) if h == host]
+        if len(roles) != len(processes):
+            raise ConfigError(
+                f"topology plan: host {host} would run {len(roles)} roles but has "
+                f"{len(processes)} processes"
+            )
+        for i, p in zip(roles, processes, strict=True):
+            dest[i] = p
+    return tuple(dest)
+
+
+def inverse(dest: Sequence[int]) -> tuple[int, ...]:
+    """``src[p]``: the index whose role process ``p`` takes."""
+    src = [-1] * len(dest)
+    for i, p in enumerate(dest):
+        src[p] = i
+    return tuple(src)
+
+
+def swapped_topology(topology: Topology, dest: Sequence[int]) -> Topology:
+    """The topology after the roles moved by ``dest``: per process, its new role's coordinates;
+    hosts unchanged."""
+    src = inverse(dest)
+    return Topology(
+        tp=topology.tp,
+        dp=topology.dp,
+        pp=topology.pp,
+        coords=tuple(topology.coords[src[p]] for p in range(topology.world_size)),
+        hosts=topology.hosts,
+        micro_batches=topology.micro_batches,
+        micro_batch_size=topology.micro_batch_size,
+        layers_per_stage=topology.layers_per_stage,
+        microbatch_multiple=topology.microbatch_multiple,
+    )
+
+
+def exchange_state(state: Any, dest: Sequence[int], *, rank: int, step: int) -> Any:
+    """Send this process's ``state`` (its role's) to ``dest[rank]`` and return the state of the
+    role this process takes, verified; a process that keeps its role gets ``state`` back.
+
+    Every rank of the default group calls it with the same ``dest``. The copy is the snapshot
+    format: a buffer that fails its checksum raises :class:`CorruptSnapshot`."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from failslow.core.checkpoint import blob
+
+    to, source = dest[rank], inverse(dest)[rank]
+    if to == rank:
+        if source != rank:
+            raise FailslowError(f"rank {rank}: placement {list(dest)} is not a permutation")
+        return state
+    layout = blob.plan(state)
+    out = bytearray(layout.total_bytes)
+    blob.write_payload(memoryview(out), layout, step)
+    blob.seal(memoryview(out))
+    sizes = torch.tensor([len(out)], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    _wait(dist.isend(sizes[0], to), dist.irecv(sizes[1], source))
+    incoming = torch.empty(int(sizes[1].item()), dtype=torch.uint8)
+    outgoing = torch.from_numpy(np.frombuffer(out, dtype=np.uint8))
+    _wait(dist.isend(outgoing, to), dist.irecv(incoming, source))
+    got_step, received = blob.read(memoryview(incoming.numpy()))
+    if got_step != step:
+        raise FailslowError(f"rank {rank}: received the state of step {got_step}, not {step}")
+    return received
+
+
+def _wait(*works: Any) -> None:
+    for work in works:
+        work.wait()
+
+
+def agree(ok: bool) -> bool:
+    """True if every rank of the default group says ``ok`` (one 4-byte all-reduce)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int32)
+    dist.all_reduce(flag)
+    return int(flag.item()) == 0
