@@ -6,6 +6,7 @@ SQLAlchemy's requirements are the model).
   (:mod:`failslow.conformance.harness`).
 - ``Abstract*Tests``: the test mixins (import pytest; loaded on first access):
   :class:`AbstractCaptureTests` (invariant 1), :class:`AbstractMicroBatchPlanTests` (2),
+  :class:`AbstractTopologySwapTests` (3), :class:`AbstractSnapshotTests` (4, 5),
   :class:`AbstractPauseResumeTests` (6), :class:`AbstractCapabilityTests` (declared
   capabilities fail loudly), and :class:`AbstractAdapterTests` combining them.
 - :mod:`failslow.conformance.world` spawns the world, :mod:`failslow.conformance.worker` is one
@@ -26,6 +27,7 @@ _MIXINS = {
     "AbstractPauseResumeTests": "failslow.conformance.pause",
     "AbstractCapabilityTests": "failslow.conformance.capabilities",
     "AbstractSnapshotTests": "failslow.conformance.snapshot",
+    "AbstractTopologySwapTests": "failslow.conformance.topology",
 }
 
 __all__ = ["AdapterHarness", "AdapterJob", "Collective", *_MIXINS]

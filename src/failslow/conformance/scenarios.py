@@ -15,7 +15,13 @@ three jobs are built from the same seed:
    requests the pause trap on every ring, lets them go, sees every rank park at its next
    collective, and releases them (greyhound 4.3: pause for validation, then resume).
    Invariant 6: no step lost, parameters bitwise equal to the reference's.
-4. ``snapshot`` / ``resumed`` - if the adapter supports snapshots: the reference run again with
+4. ``swap`` - if the adapter supports topology plans: every rank's host is its own
+   (``FAILSLOW_HOST``, set by the world), and from step :data:`SWAP_STEP` every role moves to
+   the next rank's host (a rotation: every role moves, state travels around one cycle), with
+   ``session.schedule(plan, step)`` on every rank. Invariant 3 (greyhound 5.2, S3 in place):
+   each rank's parameters equal the reference's rank that held the same role, in the same
+   process (no restart). A plan that gives one host every role is refused at prepare.
+5. ``snapshot`` / ``resumed`` - if the adapter supports snapshots: the reference run again with
    an in-memory snapshot at every step boundary (byterobust 6.3) into a directory that outlives
    the job; then the job is closed and built afresh - a restart in place, as a hot update does
    (byterobust 6.1) - and its session resumes from the newest snapshot. Invariants 4 and 5: the
@@ -26,6 +32,7 @@ three jobs are built from the same seed:
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 from pathlib import Path
@@ -36,13 +43,15 @@ import numpy as np
 from failslow.conformance.harness import AdapterHarness, AdapterJob
 from failslow.conformance.requests import request_each
 from failslow.core.planner.allocation import loss_weights
-from failslow.core.planner.plans import MicroBatchPlan
+from failslow.core.planner.plans import MicroBatchPlan, TopologyPlan
 
 SEED = 20240607
 STEPS = 4
 HOLD = 1
 """The pause run waits at the handshake after this step."""
 HOLD_TIMEOUT_S = 60.0
+SWAP_STEP = 2
+"""The swap run moves every role at this step boundary."""
 
 
 def plan_counts(micro_batches: int, dp: int) -> dict[int, tuple[int, ...]]:
@@ -87,6 +96,8 @@ class LayoutRunner:
             if self.result["capabilities"]["microbatch_plans"] == "":
                 self._microbatch()
             self._pause()
+            if self.result["capabilities"]["topology_plans"] == "":
+                self._swap()
             if self.result["capabilities"]["snapshots"] == "":
                 self._snapshot()
         except Exception:
@@ -142,6 +153,29 @@ class LayoutRunner:
     def _pause(self) -> None:
         job = self.harness.build(self.layout, SEED)
         self._steps(job, "pause", hold=HOLD)
+        job.close()
+
+    def _swap(self) -> None:
+        job = self.harness.build(self.layout, SEED)
+        session = job.session
+        hosts = session.topology.hosts
+        rotated = TopologyPlan(hosts=hosts[1:] + hosts[:1], reason="conformance: rotate roles")
+        crowded = TopologyPlan(hosts=(hosts[0],) * len(hosts))
+        try:
+            session.prepare(crowded)
+            refused: dict[str, Any] = {"raised": None, "message": ""}
+        except Exception as exc:
+            refused = {"raised": type(exc).__name__, "message": str(exc)}
+        session.schedule(rotated, SWAP_STEP)
+        pid = os.getpid()
+        self._steps(job, "swap")
+        self.result["swap"] = {
+            "plan": list(rotated.hosts),
+            "hosts": list(hosts),
+            "coords_after": list(session.topology.coords[self.rank]),
+            "same_process": os.getpid() == pid,
+            "crowded": refused,
+        }
         job.close()
 
     def _snapshot(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow import envvars
 from failslow.conformance.harness import AdapterHarness
 from failslow.core.events import CommEvent, GroupInfo, records_to_events
 from failslow.core.group_files import read_groups
@@ -134,7 +135,10 @@ def run_world(
             "--port", str(store.port), "--ring-dir", str(ring_dir), "--out", str(out),
             "--sync", str(sync),
         ]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
+        rank_env = {**env, envvars.HOST: f"conformance-host{rank}"}  # a host per rank (S3)
+        procs.append(
+            subprocess.Popen(cmd, env=rank_env, stdout=logs[-1], stderr=subprocess.STDOUT)
+        )
     pauses: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
     timed_out = False

@@ -48,6 +48,7 @@ class MegatronJob(AdapterJob):
             self.job.model,
             self.job.optimizer,
             self.job.scheduler,
+            model_provider=self.job.extra["model_provider"],
             config={**(settings or {}), "capture": True},
             num_microbatches=MICRO_BATCHES_PER_REPLICA,
             micro_batch_size=self.job.shape.micro_batch_size,

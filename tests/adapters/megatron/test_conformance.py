@@ -1,5 +1,5 @@
 """Megatron-core passes the conformance suite (:mod:`failslow.conformance`; DESIGN.md
-invariants 1, 2, 4, 5 and 6 plus declared capabilities) on TP1/PP2/DP2 and TP2/PP1/DP2, with
+invariants 1-6 plus declared capabilities) on TP1/PP2/DP2 and TP2/PP1/DP2, with
 and without the distributed optimizer, in one spawned 4-rank gloo world
 (``_conformance_harness.py``)."""
 

@@ -31,6 +31,7 @@ def _adapter(*, ep: int = 1, chunks: int = 1, pp: int = 2, **config: object) -> 
     adapter = MegatronAdapter.__new__(MegatronAdapter)
     adapter.model = [object()] * chunks
     adapter.model_provider = None
+    adapter._swap_refusal = ""
     adapter.ep = ep
     defaults = {
         "enable_cuda_graph": False,
@@ -79,5 +80,7 @@ def test_the_interleaved_schedule_takes_only_counts_its_group_rule_allows():
 def test_topology_swaps_are_declared_with_their_reason():
     adapter = _adapter()
     assert "model_provider" in adapter.failslow_capabilities().topology_plans
-    adapter.model_provider = lambda **_: None
-    assert "not implemented" in adapter.failslow_capabilities().topology_plans
+    adapter.model_provider = lambda: None
+    assert adapter.failslow_capabilities().topology_plans == ""
+    adapter._swap_refusal = "context parallelism > 1: the topology record has no CP coordinates"
+    assert "context parallelism" in adapter.failslow_capabilities().topology_plans

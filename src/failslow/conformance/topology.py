@@ -1,0 +1,70 @@
+"""Invariant 3 (DESIGN.md): a topology swap never changes the training result (greyhound 5.2,
+S3: roles move to other hosts, in place).
+
+The ``swap`` run rotates every role to the next rank's host at a step boundary (each rank is
+its own host in the suite's world); each rank then trains the role it received. The check is by
+role: a rank's parameters after the run must equal, bitwise, those of the reference run's rank
+that held the same coordinates (TP, DP, PP) - only the placement changed, so the same
+operations run on the same values in the same order (process groups keep the roles' order).
+Tolerance 0; a state move that dropped anything (optimizer moments, schedule, data position,
+RNG), a group built in another rank order or a replica reading another's data shows up. That
+the swap was real is checked apart: every rank holds another role afterwards, in the same
+process, and the session's step count went on without a gap. A plan that places every role on
+one host is refused before anything changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from failslow.conformance.fixtures import ConformanceFixtures, require
+from failslow.conformance.world import LayoutRun
+
+
+def _reference_rank_of(layout_run: LayoutRun) -> dict[tuple[int, ...], int]:
+    coords = layout_run.ranks[0].result["topology"]["coords"]
+    return {tuple(c): rank for rank, c in enumerate(coords)}
+
+
+class AbstractTopologySwapTests(ConformanceFixtures):
+    def test_swap_gives_each_role_the_reference_parameters(self, layout_run: LayoutRun) -> None:
+        require(layout_run, "topology_plans")
+        holder = _reference_rank_of(layout_run)
+        for rank_run in layout_run.ranks:
+            role = tuple(rank_run.result["swap"]["coords_after"])
+            want = layout_run.ranks[holder[role]].parameters("reference")
+            got = rank_run.parameters("swap")
+            assert sorted(got) == sorted(want), (
+                f"rank {rank_run.rank} now runs role {role}, but its parameter names differ "
+                f"from that role's in the reference run"
+            )
+            for name in want:
+                assert np.array_equal(got[name], want[name]), (
+                    f"layout {layout_run.layout!r}, rank {rank_run.rank} (role {role}, held by "
+                    f"rank {holder[role]} in the reference), {name}: differs after the swap"
+                )
+
+    def test_swap_moves_every_role_in_place(self, layout_run: LayoutRun) -> None:
+        require(layout_run, "topology_plans")
+        coords = layout_run.ranks[0].result["topology"]["coords"]
+        for rank_run in layout_run.ranks:
+            record = rank_run.result["swap"]
+            plan, hosts = record["plan"], record["hosts"]
+            # the role of the rank whose host this rank's host took in the rotation
+            expected = coords[plan.index(hosts[rank_run.rank])]
+            assert record["coords_after"] == list(expected), (
+                f"rank {rank_run.rank} runs {record['coords_after']} after the swap, the plan "
+                f"gave it {expected}"
+            )
+            assert record["same_process"], f"rank {rank_run.rank} restarted"
+            got_steps = rank_run.run("swap")["session_steps"]
+            assert got_steps == rank_run.run("reference")["session_steps"], (
+                f"rank {rank_run.rank}: session steps {got_steps} with the swap"
+            )
+
+    def test_a_plan_that_crowds_one_host_is_refused(self, layout_run: LayoutRun) -> None:
+        require(layout_run, "topology_plans")
+        for rank_run in layout_run.ranks:
+            crowded = rank_run.result["swap"]["crowded"]
+            assert crowded["raised"] == "ConfigError", crowded
+            assert "roles but has" in crowded["message"], crowded["message"]
