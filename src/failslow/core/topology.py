@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -26,6 +26,15 @@ def host_name() -> str:
     """This process's host as failslow reports it: ``FAILSLOW_HOST``, else the hostname (one
     machine may stand for several: the CPU demo gives each rank its own host)."""
     return os.environ.get(envvars.HOST) or socket.gethostname()
+
+
+def inverse_placement(dest: Sequence[int]) -> tuple[int, ...]:
+    """``src[p]``: the index whose role process ``p`` takes under ``dest``
+    (:meth:`Topology.placement`)."""
+    src = [-1] * len(dest)
+    for i, p in enumerate(dest):
+        src[p] = i
+    return tuple(src)
 
 
 Coord = tuple[int, int, int]
@@ -188,6 +197,43 @@ class Topology:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"topology: malformed record ({exc!r}): {dict(data)}") from exc
+
+    def placement(self, hosts: Sequence[str]) -> tuple[int, ...]:
+        """``dest[i]``: the process (index) that runs the role now at index ``i`` once roles
+        move to ``hosts`` (a topology plan's, greyhound 5.2 S3). Processes stay on their hosts;
+        the ``k``-th role a host receives, in index order, goes to its ``k``-th process, so the
+        roles of one host slot move together and keep their order. ConfigError (one line) for
+        hosts that do not fit: another count, an unknown host, a host given more or fewer
+        roles than it has processes."""
+        hosts = tuple(hosts)
+        if len(hosts) != self.world_size:
+            raise ConfigError(
+                f"topology plan: {len(hosts)} roles placed, the job has {self.world_size}"
+            )
+        unknown = sorted(set(hosts) - set(self.host_names))
+        if unknown:
+            raise ConfigError(
+                f"topology plan: unknown hosts {unknown}; the job runs on {list(self.host_names)}"
+            )
+        dest = [-1] * len(hosts)
+        for host in self.host_names:
+            processes = self.ranks_on(host)
+            roles = [i for i, h in enumerate(hosts) if h == host]
+            if len(roles) != len(processes):
+                raise ConfigError(
+                    f"topology plan: host {host} would run {len(roles)} roles but has "
+                    f"{len(processes)} processes"
+                )
+            for i, p in zip(roles, processes, strict=True):
+                dest[i] = p
+        return tuple(dest)
+
+    def moved(self, dest: Sequence[int]) -> Topology:
+        """The topology once the role at index ``i`` runs on process ``dest[i]``, indexed by
+        process as before: ``coords`` follow the roles, ``hosts`` stay (diagnoses name
+        processes, and a later plan starts from this placement)."""
+        src = inverse_placement(dest)
+        return replace(self, coords=tuple(self.coords[src[p]] for p in range(self.world_size)))
 
     def with_hosts(self, hosts: Sequence[str]) -> Topology:
         """The same layout with roles placed on other hosts (the result of a topology plan)."""

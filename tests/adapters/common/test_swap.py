@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from failslow.adapters.common import swap
-from failslow.core.planner.plans import TopologyPlan
-from failslow.core.topology import Topology
+from failslow.core.topology import Topology, inverse_placement
 from failslow.errors import ConfigError, FailslowError
 
 
@@ -22,24 +21,24 @@ def test_a_host_swap_moves_the_roles_and_keeps_the_hosts():
     t = _topology()  # hosts node00000..node00003, role r on process r
     hosts = list(t.hosts)
     hosts[1], hosts[2] = hosts[2], hosts[1]
-    dest = swap.placement_after(t, TopologyPlan(hosts=tuple(hosts)))
+    dest = t.placement(hosts)
     assert dest == (0, 2, 1, 3)
-    assert swap.inverse(dest) == (0, 2, 1, 3)
-    after = swap.swapped_topology(t, dest)
+    assert inverse_placement(dest) == (0, 2, 1, 3)
+    after = t.moved(dest)
     assert after.hosts == t.hosts  # processes stay where they are
     assert after.coords == (t.coords[0], t.coords[2], t.coords[1], t.coords[3])
     # a later plan starts from the new placement: swapping back restores the first one
-    back = swap.placement_after(after, TopologyPlan(hosts=tuple(hosts)))
-    assert swap.swapped_topology(after, back).coords == t.coords
+    back = after.placement(hosts)
+    assert after.moved(back).coords == t.coords
 
 
 def test_roles_of_one_host_move_together_in_order():
     t = Topology.megatron(tp=2, dp=2, pp=2, gpus_per_host=2, micro_batches=8)  # TP inside a host
     names = t.host_names
     order = {names[0]: names[3], names[3]: names[0], names[1]: names[1], names[2]: names[2]}
-    dest = swap.placement_after(t, TopologyPlan(hosts=tuple(order[h] for h in t.hosts)))
+    dest = t.placement([order[h] for h in t.hosts])
     assert dest[:2] == (6, 7) and dest[6:] == (0, 1)
-    after = swap.swapped_topology(t, dest)
+    after = t.moved(dest)
     for host in names:  # each host still runs one whole TP group
         (a, b) = after.ranks_on(host)
         assert after.coords[a][1:] == after.coords[b][1:] and after.coords[a][0] == 0
@@ -55,7 +54,7 @@ def test_roles_of_one_host_move_together_in_order():
 )
 def test_a_plan_that_does_not_fit_is_one_line(hosts, message):
     with pytest.raises(ConfigError) as info:
-        swap.placement_after(_topology(), TopologyPlan(hosts=hosts))
+        _topology().placement(hosts)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
@@ -68,7 +67,7 @@ def _exchange_rank(rank: int, world: int, port: int, out: str) -> None:
     state = {"role": rank, "w": torch.full((3, 5), float(rank)), "nested": [torch.arange(rank + 1)]}
     dest = (1, 2, 0)  # a 3-cycle: 0 -> 1 -> 2 -> 0
     got = swap.exchange_state(state, dest, rank=rank, step=7)
-    ok = swap.agree(got["role"] == swap.inverse(dest)[rank])
+    ok = swap.agree(got["role"] == inverse_placement(dest)[rank])
     torch.save({"got": got, "ok": ok}, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()
 

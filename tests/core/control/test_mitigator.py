@@ -111,3 +111,45 @@ def test_no_job_record_means_no_plan(url: str) -> None:
         mitigator.on_diagnosis(_diagnosis())
         mitigator.tick()
     assert mitigator.planner is None and mitigator.actions == []
+
+
+def test_after_a_topology_swap_the_controller_plans_from_the_new_placement(url: str) -> None:
+    """A congested DP link (greyhound Fig. 11) buys S3; once every rank committed to it, the
+    mitigator's topology is the swapped one: the same processes, other roles."""
+    from failslow.core.diagnosis.record import SlowLink
+    from failslow.core.planner.plans import TopologyPlan
+
+    topology = Topology.megatron(tp=1, dp=2, pp=2, gpus_per_host=1, micro_batches=8)
+    config = load_config({"planner": {"strategies": ["S3"], "pause_s": 0.01}}, environ={})
+    ranks = _ranks(url, 4)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        capabilities = {**SUPPORTED, "microbatch_plans": "no", "topology_plans": ""}
+        store.set_json(keys.JOB, {"topology": topology.to_dict(), "capabilities": capabilities})
+        store.set_json(keys.STEPS, {"steps": [[s, 0.1] for s in range(20)]})
+        mitigator = Mitigator(store, config.planner, world_size=4)
+        mitigator.tick()
+        onset = {"type": "onset", "wall": time.time() + 1e-3, "before_s": 0.1}
+        link = Diagnosis(
+            Kind.COMMUNICATION, slow_links=(SlowLink(0, 1, 5.0),), evidence={"onsets": [onset]}
+        )  # ranks 0 and 1: stage 0 of replicas 0 and 1, a DP link
+        time.sleep(0.01)
+        store.set_json(keys.STEPS, {"steps": [[s, 0.5] for s in range(20, 60)]})
+        mitigator.tick()
+        mitigator.on_diagnosis(link)
+        mitigator.tick()
+        _wait_applied(ranks, 1)
+    _stop(ranks)
+    (action,) = mitigator.actions
+    plan = action.plan
+    assert isinstance(plan, TopologyPlan) and action.outcome is not None
+    assert action.outcome.committed
+    moved = mitigator.topology
+    assert moved is not None and moved.hosts == topology.hosts
+    assert sorted(moved.coords) == sorted(topology.coords) and moved.coords != topology.coords
+    # the congested link no longer carries DP traffic (processes 0 and 1 now hold roles of
+    # different stages: here of different replicas too, so no traffic at all)
+    (_, _, p0), (_, _, p1) = moved.coords[0], moved.coords[1]
+    assert p0 != p1, (plan.hosts, moved.coords)
+    assert mitigator.planner is not None and mitigator.planner.topology == moved
+    for r in ranks:
+        assert [p for _, p in r.applied] == [plan]

@@ -6,12 +6,10 @@ process ``p`` stays on its host and keeps its torch.distributed rank; what moves
 its coordinates in the parallel grid and its training state. This module is the framework-free
 part every adapter that swaps in place shares:
 
-- :func:`placement_after` turns the host-level plan into process-level moves: the ``k``-th role
-  a host receives (in index order) goes to the host's ``k``-th process, so the roles of one host
-  slot move together and keep their order (a TP group stays inside a host);
-- :func:`swapped_topology` is the topology the adapter reports afterwards, indexed by process as
-  before: ``coords`` follow the roles, ``hosts`` stay (a later diagnosis names processes, and a
-  later plan starts from this placement);
+- :meth:`Topology.placement <failslow.core.topology.Topology.placement>` (core: the controller
+  needs it too) turns the host-level plan into process-level moves ``dest``, and
+  :meth:`Topology.moved <failslow.core.topology.Topology.moved>` is the topology afterwards,
+  indexed by process as before;
 - :func:`exchange_state` moves every role's state to its new process peer to peer over the
   default group (one send and one receive per moving process, all hosts at once - greyhound
   Fig. 19: the pause depends on the state per GPU, not on the job's size), in the snapshot
@@ -29,62 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from failslow.core.planner.plans import TopologyPlan
-from failslow.core.topology import Topology
-from failslow.errors import ConfigError, FailslowError
-
-
-def placement_after(topology: Topology, plan: TopologyPlan) -> tuple[int, ...]:
-    """``dest[i]``: the process that runs the role now at index ``i`` once ``plan`` applies.
-
-    Raises ConfigError (one line) when the plan does not fit the job: another number of roles,
-    an unknown host, or a host given more or fewer roles than it has processes."""
-    hosts = tuple(plan.hosts)
-    if len(hosts) != topology.world_size:
-        raise ConfigError(
-            f"topology plan: {len(hosts)} roles placed, the job has {topology.world_size}"
-        )
-    unknown = sorted(set(hosts) - set(topology.host_names))
-    if unknown:
-        raise ConfigError(f"topology plan: unknown hosts {unknown}; the job runs on "
-                          f"{list(topology.host_names)}")  # fmt: skip
-    dest = [-1] * len(hosts)
-    for host in topology.host_names:
-        processes = topology.ranks_on(host)
-        roles = [i for i, h in enumerate(hosts) if h == host]
-        if len(roles) != len(processes):
-            raise ConfigError(
-                f"topology plan: host {host} would run {len(roles)} roles but has "
-                f"{len(processes)} processes"
-            )
-        for i, p in zip(roles, processes, strict=True):
-            dest[i] = p
-    return tuple(dest)
-
-
-def inverse(dest: Sequence[int]) -> tuple[int, ...]:
-    """``src[p]``: the index whose role process ``p`` takes."""
-    src = [-1] * len(dest)
-    for i, p in enumerate(dest):
-        src[p] = i
-    return tuple(src)
-
-
-def swapped_topology(topology: Topology, dest: Sequence[int]) -> Topology:
-    """The topology after the roles moved by ``dest``: per process, its new role's coordinates;
-    hosts unchanged."""
-    src = inverse(dest)
-    return Topology(
-        tp=topology.tp,
-        dp=topology.dp,
-        pp=topology.pp,
-        coords=tuple(topology.coords[src[p]] for p in range(topology.world_size)),
-        hosts=topology.hosts,
-        micro_batches=topology.micro_batches,
-        micro_batch_size=topology.micro_batch_size,
-        layers_per_stage=topology.layers_per_stage,
-        microbatch_multiple=topology.microbatch_multiple,
-    )
+from failslow.core.topology import inverse_placement
+from failslow.errors import FailslowError
 
 
 def exchange_state(state: Any, dest: Sequence[int], *, rank: int, step: int) -> Any:
@@ -99,7 +43,7 @@ def exchange_state(state: Any, dest: Sequence[int], *, rank: int, step: int) -> 
 
     from failslow.core.checkpoint import blob
 
-    to, source = dest[rank], inverse(dest)[rank]
+    to, source = dest[rank], inverse_placement(dest)[rank]
     if to == rank:
         if source != rank:
             raise FailslowError(f"rank {rank}: placement {list(dest)} is not a permutation")

@@ -166,7 +166,7 @@ class MegatronAdapter:
     @hookimpl
     def failslow_prepare_topology_plan(self, plan: TopologyPlan, rank: int) -> bool:
         self.failslow_capabilities().require("topology_plans")
-        swap.placement_after(self.topology, plan)  # a plan that does not fit fails here
+        self.topology.placement(plan.hosts)  # a plan that does not fit fails here
         return True
 
     @hookimpl
@@ -179,7 +179,7 @@ class MegatronAdapter:
         self.failslow_capabilities().require("topology_plans")
         own: dict[str, Any] | None = None
         try:
-            dest = swap.placement_after(self.topology, plan)
+            dest = self.topology.placement(plan.hosts)
             own = self.failslow_snapshot_state(step)
         finally:  # no rank moves state unless every rank has its own ready
             if not swap.agree(own is not None):
@@ -190,7 +190,7 @@ class MegatronAdapter:
         finally:  # nothing is torn down unless every rank holds its new role's state
             if not swap.agree(received is not None):
                 raise FailslowError(f"topology plan at step {step}: a state move failed")
-        topology = swap.swapped_topology(self.topology, dest)
+        topology = self.topology.moved(dest)
         role_of = tuple(grid.role_number(c, topology.tp, topology.dp) for c in topology.coords)
         self._undo = (own, self.role_of, self.topology)
         self._become(role_of, topology, received, step)

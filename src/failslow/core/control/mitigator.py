@@ -37,7 +37,7 @@ from failslow.core.diagnosis.record import Diagnosis
 from failslow.core.planner.allocation import even_plan
 from failslow.core.planner.config import PlannerConfig
 from failslow.core.planner.planner import MitigationCosts, Planner
-from failslow.core.planner.plans import MicroBatchPlan, Plan
+from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan
 from failslow.core.planner.ski_rental import Decision
 from failslow.core.topology import Topology
 
@@ -234,6 +234,8 @@ class Mitigator:
             action.outcome = self._dispatch(plan)
             if action.outcome.committed:
                 self.in_effect = None if plan == self._even_plan() else plan
+                if isinstance(plan, TopologyPlan):
+                    self._roles_moved(plan)
             if self.hooks is not None:
                 outcome = action.outcome
                 self.hooks.failslow_on_plan_result(
@@ -242,6 +244,14 @@ class Mitigator:
                     outcome=PlanResult.COMMITTED if outcome.committed else PlanResult.ABORTED,
                     detail=outcome.reason,
                 )
+
+    def _roles_moved(self, plan: TopologyPlan) -> None:
+        """After a topology swap, plan from the new placement: diagnoses keep naming processes,
+        and a process now runs another role (its replica, its stage)."""
+        assert self.topology is not None  # a topology plan needed it
+        self.topology = self.topology.moved(self.topology.placement(plan.hosts))
+        if self.planner is not None:
+            self.planner.topology = self.topology
 
     def _even_plan(self) -> MicroBatchPlan | None:
         return even_plan(self.topology) if self.topology is not None else None
