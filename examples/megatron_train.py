@@ -7,7 +7,10 @@ A GPT (4 layers, hidden 128) on TP1 x PP2 x DP2 with Megatron's DDP, Adam, learn
 scheduler and 1F1B schedule, built as a Megatron-LM loop builds them
 (:func:`failslow.demo.megatron_job.build_gpt`). This example runs on CPUs with gloo: the builder
 moves Megatron-core's hard-coded CUDA allocations to the CPU (:mod:`failslow.demo.megatron_cpu`,
-demo-only); in a real job the two failslow lines are all that changes.
+demo-only); in a real job the two failslow lines are all that changes. ``model_provider``
+(optional) builds model, optimizer and scheduler on Megatron's current process groups, so a
+topology swap (S3) can rebuild them in place; ``model``, ``optimizer`` and ``scheduler`` below
+stay valid across a swap.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def main() -> None:
     model, optimizer, scheduler = job.model, job.optimizer, job.scheduler
     fs = failslow.megatron.attach(  # failslow
         model, optimizer, scheduler,
+        model_provider=job.extra["model_provider"],  # S3 in place: rebuilds on the new groups
         num_microbatches=args.micro_batches, micro_batch_size=shape.micro_batch_size,
     )  # fmt: skip
     data = fs.data_iterator(job.dataset)  # failslow: this replica's share of every global batch

@@ -1,7 +1,7 @@
 """A real congested link: 4 gloo ranks in their own network namespaces, one directed link shaped
 with tc, and the O(1) link tests must name exactly that link, kind communication (greyhound 4.3).
 
-The network (:mod:`netns`, next to this file): one namespace per rank, each with a veth
+The network (:mod:`failslow.demo.netns`): one namespace per rank, each with a veth
 ``fsv<i>`` = 10.77.0.<i+1>/24 whose other end sits on a bridge in a namespace of its own. Rank 0
 hosts the job's TCPStore on its own address, 10.77.0.1 (numeric: no DNS), which every rank
 reaches through the bridge; gloo binds to the rank's veth (``GLOO_SOCKET_IFNAME``), so every
@@ -9,10 +9,11 @@ transfer crosses the bridge, never loopback.
 
 The world runs the ring + tree link tests (``ring_passes(4) + tree_passes(4)``) twice: healthy,
 then after the test shapes rank 2's egress towards rank 3's address with an htb rate limit (see
-:meth:`netns.Network.shape`). ``2 -> 3`` is a hop of the ring (pass 1: ``0->1, 2->3``) and in no
-tree pass, and it is the only link that moves rank 2's data to rank 3. Each phase's table goes
-through :func:`diagnose` like a links task's per-rank results. Run as a script, this file is one
-rank (``python test_slow_link.py worker RANK WORLD MASTER_ADDR PORT OUTDIR``).
+:meth:`failslow.demo.netns.Network.shape`). ``2 -> 3`` is a hop of the ring (pass 1: ``0->1,
+2->3``) and in no tree pass, and it is the only link that moves rank 2's data to rank 3. Each
+phase's table goes through :func:`diagnose` like a links task's per-rank results. Run as a
+script, this file is one rank (``python test_slow_link.py worker RANK WORLD MASTER_ADDR PORT
+OUTDIR``).
 """
 
 from __future__ import annotations
@@ -111,10 +112,9 @@ def _table(phase: str, links: dict[int, Any]) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_tc_shaped_link_is_named(tmp_path: Path) -> None:
-    from netns import BRIDGE, NetnsUnavailable, netns_network
-
     from failslow.core.diagnosis.record import Kind
     from failslow.core.localize.diagnose import diagnose
+    from failslow.demo.netns import BRIDGE, NetnsUnavailable, netns_network
 
     stack = contextlib.ExitStack()
     try:
@@ -182,7 +182,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 def test_the_network_connects_ranks_and_is_torn_down_on_failure() -> None:
     """The harness alone (no torch): rank 0 reaches rank 1 over the bridge; an exception inside
     the block still deletes every namespace."""
-    from netns import NetnsUnavailable, _our_namespaces, netns_network
+    from failslow.demo.netns import NetnsUnavailable, _our_namespaces, netns_network
 
     server = (
         "import socket; s = socket.create_server((ADDR, 5000)); print('up', flush=True); "

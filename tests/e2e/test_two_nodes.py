@@ -1,9 +1,10 @@
 """Two machines, one flag each: ``failslow run --store`` on every node, a straggler on the second.
 
-Two network namespaces are the two nodes (:mod:`netns`: ``10.77.0.1`` and ``10.77.0.2`` on one
-bridge); a real ``redis-server`` with a password and TLS only (a CA and a server certificate
-made for this test) listens on the bridge's own address, ``10.77.0.254``. On each node a
-launcher runs the same command a user would, with torchrun's own two-node rendezvous::
+Two network namespaces are the two nodes (:mod:`failslow.demo.netns`: ``10.77.0.1`` and
+``10.77.0.2`` on one bridge); a real ``redis-server`` with a password and TLS only (a CA and a
+server certificate made for this test) listens on the bridge's own address, ``10.77.0.254``. On
+each node a launcher runs the same command a user would, with torchrun's own two-node
+rendezvous::
 
     failslow run --store rediss://:PW@10.77.0.254:PORT/0?ssl_ca_certs=CA --job-token T \
         [--controller 4] -- torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d ...
@@ -30,7 +31,8 @@ import time
 from pathlib import Path
 
 import pytest
-from netns import BRIDGE, NetnsUnavailable, _must, netns_network
+
+from failslow.demo.netns import BRIDGE, NetnsUnavailable, _must, netns_network
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.multiprocess, pytest.mark.slow]
 

@@ -175,7 +175,11 @@ class MegatronAdapter:
         groups rebuilt for the permuted grid, model/DDP/optimizer/scheduler rebuilt through
         ``model_provider`` and restored. The job's own objects stay the ones the user holds
         (:func:`_adopt`). The pre-swap state is kept until the plan is confirmed on every rank,
-        for :meth:`failslow_revert_topology_plan`."""
+        for :meth:`failslow_revert_topology_plan`: a rank that fails to snapshot, to move state,
+        to build or to restore rolls every rank back. One failure cannot be: ``model_provider``
+        failing on one rank *before* a collective it issues on the others (Megatron's
+        ``get_megatron_optimizer`` all-gathers over every rank) leaves them in that collective
+        until the process group's timeout."""
         self.failslow_capabilities().require("topology_plans")
         own: dict[str, Any] | None = None
         try:

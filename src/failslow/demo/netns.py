@@ -1,4 +1,5 @@
-"""A throwaway network of Linux network namespaces for end-to-end tests (iproute2 + tc).
+"""A throwaway network of Linux network namespaces for link faults (iproute2 + tc): the
+end-to-end tests' and the S3 link benchmark's.
 
 :func:`netns_network` builds, for ``n`` ranks::
 
