@@ -20,7 +20,9 @@ three jobs are built from the same seed:
    the next rank's host (a rotation: every role moves, state travels around one cycle), with
    ``session.schedule(plan, step)`` on every rank. Invariant 3 (greyhound 5.2, S3 in place):
    each rank's parameters equal the reference's rank that held the same role, in the same
-   process (no restart). A plan that gives one host every role is refused at prepare.
+   process (no restart). A plan that gives one host every role is refused at prepare. With
+   snapshots, the job is then restarted in place (closed, built afresh in its launch roles) and
+   must resume the swapped placement from the newest snapshot (``swap_resumed``).
 5. ``snapshot`` / ``resumed`` - if the adapter supports snapshots: the reference run again with
    an in-memory snapshot at every step boundary (byterobust 6.3) into a directory that outlives
    the job; then the job is closed and built afresh - a restart in place, as a hot update does
@@ -156,7 +158,10 @@ class LayoutRunner:
         job.close()
 
     def _swap(self) -> None:
-        job = self.harness.build(self.layout, SEED)
+        snapshots = self.result["capabilities"]["snapshots"] == ""
+        directory = self.sync / f"swap-snapshots-{self.layout}"
+        settings = {"checkpoint": {"every_steps": 1, "directory": str(directory)}}
+        job = self.harness.build(self.layout, SEED, failslow=settings if snapshots else None)
         session = job.session
         hosts = session.topology.hosts
         rotated = TopologyPlan(hosts=hosts[1:] + hosts[:1], reason="conformance: rotate roles")
@@ -176,6 +181,19 @@ class LayoutRunner:
             "same_process": os.getpid() == pid,
             "crowded": refused,
         }
+        if not snapshots:
+            job.close()
+            return
+        sealed = session.snapshots.wait_sealed(timeout_s=60.0)
+        job.close()
+        # a restart in place after the swap: the fresh job starts in its launch role and must
+        # resume the swapped placement from the snapshot
+        job = self.harness.build(self.layout, SEED, failslow=settings)
+        resumed = job.session.resumed_step
+        self.result["swap"].update(sealed=sealed, resumed=resumed)
+        if resumed is not None:
+            self._steps(job, "swap_resumed", start=resumed)
+            self.result["swap"]["coords_resumed"] = list(job.session.topology.coords[self.rank])
         job.close()
 
     def _snapshot(self) -> None:

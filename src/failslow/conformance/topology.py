@@ -10,7 +10,9 @@ Tolerance 0; a state move that dropped anything (optimizer moments, schedule, da
 RNG), a group built in another rank order or a replica reading another's data shows up. That
 the swap was real is checked apart: every rank holds another role afterwards, in the same
 process, and the session's step count went on without a gap. A plan that places every role on
-one host is refused before anything changes.
+one host is refused before anything changes. Where the adapter also snapshots, a restart in
+place after the swap (the job built afresh, every process in its launch role) resumes the
+swapped placement from the newest snapshot and finishes with the same parameters (bitwise).
 """
 
 from __future__ import annotations
@@ -68,3 +70,26 @@ class AbstractTopologySwapTests(ConformanceFixtures):
             crowded = rank_run.result["swap"]["crowded"]
             assert crowded["raised"] == "ConfigError", crowded
             assert "roles but has" in crowded["message"], crowded["message"]
+
+    def test_a_restart_after_a_swap_resumes_the_swapped_placement(
+        self, layout_run: LayoutRun
+    ) -> None:
+        require(layout_run, "topology_plans")
+        require(layout_run, "snapshots")
+        holder = _reference_rank_of(layout_run)
+        steps = len(layout_run.ranks[0].run("reference")["windows"])
+        for rank_run in layout_run.ranks:
+            record = rank_run.result["swap"]
+            assert record["resumed"] == steps - 1, f"rank {rank_run.rank}: {record}"
+            assert record["coords_resumed"] == record["coords_after"], (
+                f"rank {rank_run.rank} resumed as {record['coords_resumed']}, it ran "
+                f"{record['coords_after']} when the snapshot was taken"
+            )
+            role = tuple(record["coords_after"])
+            want = layout_run.ranks[holder[role]].parameters("reference")
+            got = rank_run.parameters("swap_resumed")
+            for name in want:
+                assert np.array_equal(got[name], want[name]), (
+                    f"layout {layout_run.layout!r}, rank {rank_run.rank} (role {role}), {name}: "
+                    "differs after resuming the swapped placement"
+                )

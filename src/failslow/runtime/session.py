@@ -37,7 +37,7 @@ from failslow.config import FailslowConfig, load_config
 from failslow.core.control.plan_channel import PlanResult
 from failslow.core.control.stop import EXIT_FOR_UPDATE, StopForUpdate
 from failslow.core.planner.allocation import even_plan
-from failslow.core.planner.plans import Plan
+from failslow.core.planner.plans import Plan, TopologyPlan
 from failslow.core.topology import Topology
 from failslow.runtime import rank_control, teardown
 from failslow.runtime.plan_application import PlanApplication
@@ -259,7 +259,9 @@ class Session:
         if isinstance(plan, StopForUpdate):
             self._stop_for_update(plan, step)
         elif plan is not None:
-            self.plans.apply(plan, step)
+            applied = self.plans.apply(plan, step)
+            if applied and isinstance(plan, TopologyPlan) and self._job_report is not None:
+                self._job_report.publish_job(self.job_record())  # roles moved: a new layout
         service = self.snapshot_service
         if service is not None and service.due(step):
             service.snapshot(step)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -197,7 +198,7 @@ class MegatronAdapter:
         topology = self.topology.moved(dest)
         role_of = tuple(grid.role_number(c, topology.tp, topology.dp) for c in topology.coords)
         self._undo = (own, self.role_of, self.topology)
-        self._become(role_of, topology, received, step)
+        self._become(role_of, topology, received, step, split=False)
         return True
 
     @hookimpl
@@ -207,7 +208,7 @@ class MegatronAdapter:
             return False  # it failed before anything was torn down: nothing to undo
         own, role_of, topology = self._undo
         self._undo = None
-        self._become(role_of, topology, own, step)
+        self._become(role_of, topology, own, step, split=False)
         return True
 
     @hookimpl
@@ -216,9 +217,16 @@ class MegatronAdapter:
             self._undo = None  # every rank switched: the pre-swap state can go
 
     def _become(
-        self, role_of: tuple[int, ...], topology: Topology, state: dict[str, Any], step: int
+        self,
+        role_of: tuple[int, ...],
+        topology: Topology,
+        state: dict[str, Any],
+        step: int,
+        *,
+        split: bool,
     ) -> None:
-        """Run role ``role_of[rank]`` from ``state``: groups, objects, state, data share."""
+        """Run role ``role_of[rank]`` from ``state``: groups, objects, state, data share
+        (``split``: the loaders' positions from ``state`` too, see :meth:`_restore`)."""
         from megatron.core.utils import get_model_config
 
         assert self.model_provider is not None
@@ -240,7 +248,7 @@ class MegatronAdapter:
         self.config = get_model_config(self.model[0])
         self.role_of, self.topology = role_of, topology
         self.split.set_replica(topology.coords[self.rank][1], step)
-        self._restore(state, step, split=False)
+        self._restore(state, step, split=split)
 
     @hookimpl
     def failslow_snapshot_state(self, step: int) -> dict[str, Any]:
@@ -261,12 +269,22 @@ class MegatronAdapter:
             "calculator": _calculator_state(),
             "split": self.split.state_dict(step),
             "coord": list(self.topology.coords[self.rank]),
+            "role_of": list(self.role_of),
             "step": step,
         }
 
     @hookimpl
     def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
-        self._restore(state, step, split=True)
+        role_of = tuple(state.get("role_of", self.role_of))
+        if role_of != self.role_of:
+            # the snapshot was taken after a topology swap and this process started in its
+            # launch role (a restart in place): every rank rebuilds the swapped placement first
+            self.failslow_capabilities().require("topology_plans")
+            coords = dict(zip(self.role_of, self.topology.coords, strict=True))
+            topology = replace(self.topology, coords=tuple(coords[r] for r in role_of))
+            self._become(role_of, topology, state, step, split=True)
+        else:
+            self._restore(state, step, split=True)
         return True
 
     def _restore(self, state: dict[str, Any], step: int, *, split: bool) -> None:
