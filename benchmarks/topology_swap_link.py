@@ -65,7 +65,9 @@ def _rank_main(args: argparse.Namespace) -> None:
     plan = None
     if args.mode == "swap":
         link = Diagnosis(Kind.COMMUNICATION, slow_links=(SlowLink(*SHAPED, 10.0),))
-        plan = plan_topology(fs.topology, link)
+        # the planner's defaults: the state size only sets the plan's overhead estimate
+        plan = plan_topology(fs.topology, link, state_bytes_per_rank=0,
+                             transfer_bandwidth_bytes_per_s=1.25e9, pause_s=1.0)  # fmt: skip
         if plan is None:
             raise SystemExit("the planner found no better placement for the congested link")
         fs.session.schedule(plan, args.healthy + 2)
