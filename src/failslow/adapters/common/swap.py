@@ -14,8 +14,8 @@ part every adapter that swaps in place shares:
   default group (one send and one receive per moving process, all hosts at once - greyhound
   Fig. 19: the pause depends on the state per GPU, not on the job's size), in the snapshot
   format (:mod:`failslow.core.checkpoint.blob`), so what arrives is verified and bitwise;
-- :func:`agree` is the all-ranks check between the phases: nothing is torn down unless every
-  rank holds its new role's state.
+- :func:`together` runs one phase and agrees with every rank (:func:`agree`) that it worked
+  everywhere: nothing is torn down unless every rank holds its new role's state.
 
 :func:`~failslow.core.topology.host_name` is the host a rank reports: the hostname, or
 ``FAILSLOW_HOST`` where one machine stands for several (the CPU demo and the tests give each rank
@@ -24,11 +24,13 @@ its own host).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from failslow.core.topology import inverse_placement
 from failslow.errors import FailslowError
+
+T = TypeVar("T")
 
 
 def exchange_state(state: Any, dest: Sequence[int], *, rank: int, step: int) -> Any:
@@ -66,6 +68,22 @@ def exchange_state(state: Any, dest: Sequence[int], *, rank: int, step: int) -> 
 def _wait(*works: Any) -> None:
     for work in works:
         work.wait()
+
+
+def together(phase: Callable[[], T], elsewhere: str) -> T:
+    """Run ``phase`` on this rank, then agree with every rank (:func:`agree`) that it worked
+    everywhere: its result, else this rank's own error, else FailslowError(``elsewhere``)."""
+    error: BaseException | None = None
+    result: T | None = None
+    try:
+        result = phase()
+    except Exception as exc:
+        error = exc
+    if not agree(error is None):
+        if error is not None:
+            raise error
+        raise FailslowError(elsewhere)
+    return result  # type: ignore[return-value]
 
 
 def agree(ok: bool) -> bool:

@@ -182,19 +182,14 @@ class MegatronAdapter:
         ``get_megatron_optimizer`` all-gathers over every rank) leaves them in that collective
         until the process group's timeout."""
         self.failslow_capabilities().require("topology_plans")
-        own: dict[str, Any] | None = None
-        try:
-            dest = self.topology.placement(plan.hosts)
-            own = self.failslow_snapshot_state(step)
-        finally:  # no rank moves state unless every rank has its own ready
-            if not swap.agree(own is not None):
-                raise FailslowError(f"topology plan at step {step}: a rank could not snapshot")
-        received: dict[str, Any] | None = None
-        try:
-            received = swap.exchange_state(own, dest, rank=self.rank, step=step)
-        finally:  # nothing is torn down unless every rank holds its new role's state
-            if not swap.agree(received is not None):
-                raise FailslowError(f"topology plan at step {step}: a state move failed")
+        dest, own = swap.together(
+            lambda: (self.topology.placement(plan.hosts), self.failslow_snapshot_state(step)),
+            f"topology plan at step {step}: another rank could not snapshot its role",
+        )  # no rank moves state unless every rank has its own ready
+        received = swap.together(
+            lambda: swap.exchange_state(own, dest, rank=self.rank, step=step),
+            f"topology plan at step {step}: another rank's state move failed",
+        )  # nothing is torn down unless every rank holds its new role's state
         topology = self.topology.moved(dest)
         role_of = tuple(grid.role_number(c, topology.tp, topology.dp) for c in topology.coords)
         self._undo = (own, self.role_of, self.topology)
