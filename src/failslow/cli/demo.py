@@ -24,6 +24,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
     )
     out_dir = Path(args.out) if args.out else None
+    if args.fault != "compute" and args.framework == "torch":
+        raise SystemExit("failslow demo: --fault link needs --framework megatron")
     if args.framework in ("deepspeed", "megatron"):
         from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
@@ -39,6 +41,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 out_dir=out_dir,
                 live=not args.no_live,
                 loop=args.loop,
+                fault=args.fault,
+                link_rate=args.link_rate,
             )
         )
         return 0
@@ -77,6 +81,15 @@ def register(sub: Any) -> None:
         type=float,
         help="share of wall time the slow rank is SIGSTOPped while the slowdown lasts (0.7, 0.75)",
     )
+    p.add_argument(
+        "--fault",
+        choices=("compute", "link"),
+        default="compute",
+        help="deepspeed/megatron: compute - the slow rank is SIGSTOP-cycled (S2); link "
+        "(megatron, root) - every rank in its own network namespace, the link between ranks 0 "
+        "and 1 shaped with tc (S3 swaps roles in place)",
+    )
+    p.add_argument("--link-rate", default="25mbit", help="--fault link: the link's rate")
     p.add_argument("--out", help="run directory (default: runs/demo-<time>)")
     p.add_argument("--no-live", action="store_true", help="no live display (plain log lines)")
     p.add_argument(

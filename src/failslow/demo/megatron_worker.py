@@ -9,12 +9,13 @@ from ``$FAILSLOW_RING_DIR`` (both set by the launcher, as ``failslow run --contr
 the slowdown is injected from outside. The worker records its step times and, at the end, every
 rank's parameters (``parameters-rank<r>.npz``; rank 0's also as ``parameters.npz``).
 
-Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT, FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT,
-FAILSLOW_DEMO_MICRO_BATCHES (per replica), FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH
-(hidden size), FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end);
-for the hot-update tests FAILSLOW_DEMO_CRASH_AT_START and FAILSLOW_DEMO_LOG_TAG. Under torchrun
-(no FAILSLOW_DEMO_STORE_PORT) it joins torchrun's rendezvous; restarted in place with an
-in-memory snapshot (``checkpoint.every_steps``), it resumes at the snapshot's iteration.
+Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (and _HOST), FAILSLOW_DEMO_STEPS,
+FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica), FAILSLOW_DEMO_MICRO_BATCH_SIZE,
+FAILSLOW_DEMO_WIDTH (hidden size), FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE (when every
+rank sees it: end); for the hot-update tests FAILSLOW_DEMO_CRASH_AT_START and
+FAILSLOW_DEMO_LOG_TAG. Under torchrun (no FAILSLOW_DEMO_STORE_PORT) it joins torchrun's
+rendezvous; restarted in place with an in-memory snapshot (``checkpoint.every_steps``), it
+resumes at the snapshot's iteration.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main() -> None:
         job.model,
         job.optimizer,
         job.scheduler,
+        model_provider=job.extra["model_provider"],  # S3: rebuilt in place on new groups
         config=json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}")),
         num_microbatches=per_replica,
         micro_batch_size=shape.micro_batch_size,
@@ -81,6 +83,7 @@ def main() -> None:
         "resumed": resumed,
         "counts": list(fs.split.counts),
         "replica": fs.split.replica,
+        "coords": list(fs.topology.coords[rank]),
         "applied": applied_plans(fs.session),
     }
     (out / f"steps-rank{rank}.json").write_text(json.dumps(record))

@@ -15,6 +15,7 @@ With ``mitigate=False`` the same job runs without a control plane (the benchmark
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow import envvars
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
 
@@ -46,6 +48,12 @@ class MitigationDemoOptions:
     (:mod:`failslow.demo.megatron_worker`: GPT, TP1 x PP2 x DP2, micro-batch size 8)."""
     world_size: int = 4
     steps: int = 260
+    fault: str = "compute"
+    """``compute``: ``slow_rank`` is SIGSTOP/SIGCONT-cycled from outside (S2 mitigates it);
+    ``link`` (Megatron, root): every rank in its own network namespace and host, and the link
+    between ranks 0 and 1 - stage 0 of two replicas, their gradient all-reduce - shaped to
+    ``link_rate`` (S3 swaps roles so that link carries no DP traffic)."""
+    link_rate: str = "25mbit"
     slow_rank: int = 2
     slow_start: int = 60
     slow_end: int | None = 180
@@ -94,6 +102,18 @@ class MitigationDemoOptions:
                 f"demo: the Megatron job has 2 pipeline stages; --world-size must be even, "
                 f"got {self.world_size}"
             )
+        if self.fault not in ("compute", "link"):
+            raise FailslowError(f"demo: --fault must be compute or link, got {self.fault!r}")
+        if self.fault == "link" and not megatron:
+            raise FailslowError(
+                "demo: --fault link needs --framework megatron (the topology swap, S3, is "
+                "Megatron's)"
+            )
+        if self.fault == "link" and hasattr(os, "geteuid") and os.geteuid() != 0:
+            raise FailslowError(
+                f"demo: --fault link shapes a link between network namespaces, which needs "
+                f"root (euid is {os.geteuid()})"
+            )
         if self.loop not in ("user", "train_batch"):
             raise FailslowError(f"demo: --loop must be user or train_batch, got {self.loop!r}")
         if self.world_size < 2 or not 0 <= self.slow_rank < self.world_size:
@@ -123,6 +143,12 @@ DEMO_SETTINGS: dict[str, Any] = {
     },
     "planner": {"strategies": ["S2"], "horizon_s": 1.0},
 }
+LINK_SETTINGS: dict[str, Any] = {"planner": {"strategies": ["S3"], "pause_s": 2.0}}
+"""On top of DEMO_SETTINGS for ``--fault link``: a congested link is S3's case (S2 moves
+compute, greyhound 5.2); the swap's pause as measured for this job (0.3-0.6 s,
+``benchmarks/topology_swap_*.py``) with margin, where the planner's default is a GPU job's."""
+SHAPED_LINK = (0, 1)
+"""Ranks whose link ``--fault link`` shapes (both directions)."""
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -147,16 +173,31 @@ class Run:
 
 def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
     """Run the job; returns the summary (also written to ``summary.json`` in the run dir)."""
+    opts.validate()
+    with contextlib.ExitStack() as stack:
+        net = None
+        if opts.fault == "link":
+            from failslow.demo.netns import NetnsUnavailable, netns_network
+
+            try:
+                net = stack.enter_context(netns_network(opts.world_size))
+                net.attach_host()
+            except NetnsUnavailable as exc:
+                raise FailslowError(f"demo: --fault link: {exc}") from None
+        return _run(opts, net)
+
+
+def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
     import torch.distributed as dist
 
     from failslow.config import load_config
     from failslow.demo.mitigation_report import live_view, summarize
     from failslow.node.control import JobControl, host_store
 
-    opts.validate()
     out = opts.out_dir or Path("runs") / time.strftime(f"demo-{opts.framework}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    settings = _merge(DEMO_SETTINGS, opts.failslow)
+    base = _merge(DEMO_SETTINGS, LINK_SETTINGS) if net is not None else DEMO_SETTINGS
+    settings = _merge(base, opts.failslow)
     config = load_config(settings, source="demo settings", environ={})
     shm = Path("/dev/shm")
     ring_dir = Path(tempfile.mkdtemp(prefix="failslow-ds-", dir=shm if shm.is_dir() else None))
@@ -169,9 +210,9 @@ def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
         plane = JobControl(
             control, config, world_size=opts.world_size, ring_dir=ring_dir, log_dir=out
         )
-    procs = _spawn(opts, settings, ring_dir, out, int(rendezvous.port), control.url)
+    procs = _spawn(opts, settings, ring_dir, out, int(rendezvous.port), control.url, net)
     run = Run(opts)
-    throttle: DutyCycleThrottle | None = None
+    fault: Any = None
     started = time.monotonic()
     try:
         if plane is not None:
@@ -184,24 +225,28 @@ def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
                 if time.monotonic() - started > opts.timeout_s:
                     raise FailslowError(f"demo: not done after {opts.timeout_s:.0f} s; see {out}")
                 _observe(run, out, plane)
-                if opts.inject and throttle is None and run.step >= opts.slow_start:
-                    throttle = DutyCycleThrottle(
-                        procs[opts.slow_rank].pid, opts.stopped_fraction, opts.throttle_period_s
-                    )
-                    throttle.start()
+                if opts.inject and fault is None and run.step >= opts.slow_start:
+                    if net is not None:
+                        fault = ShapedLink(net, SHAPED_LINK, opts.link_rate)
+                    else:
+                        fault = DutyCycleThrottle(
+                            procs[opts.slow_rank].pid, opts.stopped_fraction,
+                            opts.throttle_period_s,
+                        )  # fmt: skip
+                    fault.start()
                     run.injected = (run.step, None)
-                if throttle is not None and throttle.active and _release_due(run):
-                    throttle.stop()
+                if fault is not None and fault.active and _release_due(run):
+                    fault.stop()
                     run.injected = (run.injected[0], run.step)
-                if opts.until_mitigated is not None and _end_due(run, throttle):
+                if opts.until_mitigated is not None and _end_due(run, fault):
                     (out / "stop").touch()  # every rank ends at one step (ds_worker)
                 refresh()
                 time.sleep(0.2)
             _observe(run, out, plane)
             refresh()
     finally:
-        if throttle is not None:
-            throttle.stop()
+        if fault is not None:
+            fault.stop()
         if plane is not None:
             plane.stop()
         for p in procs:
@@ -217,6 +262,27 @@ def run_mitigation_demo(opts: MitigationDemoOptions) -> dict[str, Any]:
     if any(p.returncode != 0 for p in procs):
         raise FailslowError(f"demo: a rank failed; see {out}/rank-<r>.log")
     return summarize(run, out)
+
+
+class ShapedLink:
+    """The ``link`` fault: ``ranks``' link shaped to ``rate`` both ways (tc htb, in their
+    namespaces) while active; the same start/stop/active as the compute throttle."""
+
+    def __init__(self, net: Any, ranks: tuple[int, int], rate: str) -> None:
+        self.net, self.ranks, self.rate = net, ranks, rate
+        self.active = False
+
+    def start(self) -> None:
+        a, b = self.ranks
+        self.net.shape(a, b, rate=self.rate)
+        self.net.shape(b, a, rate=self.rate)
+        self.active = True
+
+    def stop(self) -> None:
+        if self.active:
+            for rank in self.ranks:
+                self.net.unshape(rank)
+            self.active = False
 
 
 def _applied(run: Run, action: str) -> list[int]:
@@ -235,18 +301,22 @@ def _release_due(run: Run) -> bool:
     return bool(applied) and run.step >= applied[0] + opts.until_mitigated
 
 
-def _end_due(run: Run, throttle: DutyCycleThrottle | None) -> bool:
+def _end_due(run: Run, fault: Any) -> bool:
     """With ``until_mitigated``: end the job once the slowdown is over and the last revert has
-    been in effect that many steps (or without mitigation: ``steps``), at most ``max_steps``."""
+    been in effect that many steps (or without mitigation: ``steps``), at most ``max_steps``.
+    A topology swap is kept after the fault (greyhound 5.2): the link run ends that many steps
+    after the release."""
     opts = run.options
     if run.step >= opts.max_steps - 5:
         return True
-    if run.step < opts.steps or (throttle is not None and throttle.active):
+    if run.step < opts.steps or (fault is not None and fault.active):
         return False
     if not opts.mitigate or not opts.inject:
         return True
-    reverts = _applied(run, "revert")
     released = run.injected[1]
+    if opts.fault == "link":
+        return released is not None and run.step >= released + opts.until_mitigated
+    reverts = _applied(run, "revert")
     return (
         bool(reverts)
         and released is not None
@@ -262,8 +332,13 @@ def _spawn(
     out: Path,
     port: int,
     store_url: str,
+    net: Any = None,
 ) -> list[subprocess.Popen[bytes]]:
     procs = []
+    if net is not None:  # the ranks reach this process's stores over the bridge
+        from failslow.demo.netns import HOST_ADDRESS
+
+        store_url = store_url.replace("127.0.0.1", HOST_ADDRESS)
     for rank in range(opts.world_size):
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW")}
         env.update(
@@ -286,10 +361,18 @@ def _spawn(
             env["FAILSLOW_STORE"] = store_url
         if opts.until_mitigated is not None:
             env["FAILSLOW_DEMO_STOP_FILE"] = str(out / "stop")
+        argv = [sys.executable, "-m", JOBS[opts.framework][0]]
+        if net is not None:  # its own namespace (gloo on its veth) and its own host
+            env.update(
+                GLOO_SOCKET_IFNAME=net.ranks[rank].veth,
+                FAILSLOW_DEMO_STORE_HOST=HOST_ADDRESS,
+            )
+            env[envvars.HOST] = f"host{rank}"
+            argv = net.exec_argv(rank, argv)
         with open(out / f"rank-{rank}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", JOBS[opts.framework][0]],
+                    argv,
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -315,6 +398,7 @@ def _observe(run: Run, out: Path, plane: Any) -> None:
                 "action": a.action,
                 "strategy": a.strategy,
                 "counts": list(getattr(a.plan, "counts", ())),
+                "hosts": list(getattr(a.plan, "hosts", ())),
                 "apply_step": a.outcome.apply_step if a.outcome else None,
                 "reason": a.reason
                 if a.outcome is None or a.outcome.committed

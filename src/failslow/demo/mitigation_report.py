@@ -39,9 +39,12 @@ def live_view(run: Any, *, enabled: bool) -> Iterator[Callable[[], None]]:
         t.add_row("step time (last 10)", f"{np.median(recent):.3f} s" if recent else "-")
         start, end = run.injected
         injected = "not yet"
-        if start is not None:
+        if start is not None and opts.fault == "link":
+            injected = f"link 0-1 shaped to {opts.link_rate} from step {start}"
+        elif start is not None:
             share = f"{opts.stopped_fraction:.0%}"
             injected = f"rank {opts.slow_rank} stopped {share} from step {start}"
+        if start is not None:
             injected += f", released at step {end}" if end is not None else ""
         t.add_row("fail-slow", injected)
         t.add_row("controller", run.controller_state if opts.mitigate else "off (baseline)")
@@ -49,7 +52,7 @@ def live_view(run: Any, *, enabled: bool) -> Iterator[Callable[[], None]]:
         for a in run.actions:
             t.add_row(
                 f"{a['action']} {a['strategy']}",
-                f"counts {a['counts']} from step {a['apply_step']}: {a['reason']}",
+                f"{_what(a)} from step {a['apply_step']}: {a['reason']}",
             )
         return t
 
@@ -97,6 +100,7 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
     summary = {
         "mitigate": opts.mitigate,
         "world_size": opts.world_size,
+        "fault": opts.fault,
         "slow_rank": opts.slow_rank,
         "stopped_fraction": opts.stopped_fraction,
         "injected": list(run.injected),
@@ -133,7 +137,7 @@ def _print_table(summary: dict[str, Any]) -> None:
     console.print(t)
     for a in summary["actions"]:
         console.print(
-            f"{a['action']} {a['strategy']}: counts {a['counts']} from step {a['apply_step']}"
+            f"{a['action']} {a['strategy']}: {_what(a)} from step {a['apply_step']}"
             f" ({a['reason']})"
         )
 
@@ -161,3 +165,10 @@ def _plot(times: np.ndarray, summary: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _what(action: dict[str, Any]) -> str:
+    """What an action changes: S2's counts, or S3's host of every role."""
+    if action.get("hosts"):
+        return f"roles to hosts {action['hosts']}"
+    return f"counts {action['counts']}"

@@ -11,7 +11,9 @@ end-to-end tests' and the S3 link benchmark's.
 runs, and namespaces leaked by a killed run whose pid is later reused, never collide. Every
 interface is created directly inside its namespace (``ip -n BR link add fsb<i> type veth peer
 name fsv<i> netns R<i>``) and nothing touches the root namespace, so interface names only need to
-be unique inside a namespace. On exit, also on failure, every process still inside one of the
+be unique inside a namespace (:meth:`Network.attach_host`, for a launcher whose servers the
+ranks must reach, is the one exception: a veth into the root namespace, destroyed with the
+bridge namespace). On exit, also on failure, every process still inside one of the
 namespaces (``ip netns pids``: only processes this test started can be there) is killed by pid and
 every namespace is deleted; deleting a namespace destroys its veth ends and the bridge.
 
@@ -57,6 +59,8 @@ from typing import Any
 
 SUBNET = "10.77.0"
 BRIDGE = "fsbr"
+HOST_ADDRESS = f"{SUBNET}.253"
+"""Where :meth:`Network.attach_host` puts this process's namespace on the bridge."""
 
 
 class NetnsUnavailable(RuntimeError):
@@ -100,6 +104,8 @@ class Network:
     ranks: list[RankNet]
     namespaces: list[str] = field(default_factory=list)
     """Every namespace created so far, in creation order (what teardown deletes)."""
+    host_veth: str | None = None
+    """The root namespace's end of :meth:`attach_host`'s veth (teardown deletes it)."""
 
     def exec_argv(self, rank: int, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside rank ``rank``'s namespace (``ip netns exec NS ...``).
@@ -158,6 +164,21 @@ class Network:
         me = self.ranks[src]
         _must(["ip", "netns", "exec", me.netns, "tc", "qdisc", "del", "dev", me.veth, "root"])
 
+    def attach_host(self, address: str = HOST_ADDRESS) -> str:
+        """Give this process's (root) namespace a port on the bridge at ``address``, so ranks
+        reach servers it runs (stores listening on every address) and it reaches theirs: one
+        veth pair ``fsh<pid>`` (root) - ``fsbh`` (bridge namespace). Deleting the bridge
+        namespace at teardown destroys both ends. Returns ``address``."""
+        root = f"fsh{os.getpid() % 10**6}"
+        br = self.bridge_netns
+        _must(["ip", "-n", br, "link", "add", "fsbh", "type", "veth", "peer", "name", root,
+               "netns", "1"], unavailable=True)  # fmt: skip
+        self.host_veth = root
+        _must(["ip", "-n", br, "link", "set", "fsbh", "master", BRIDGE, "up"], unavailable=True)
+        _must(["ip", "addr", "add", f"{address}/24", "dev", root], unavailable=True)
+        _must(["ip", "link", "set", root, "up"], unavailable=True)
+        return address
+
     def tc_show(self, src: int) -> str:
         """``tc -s`` qdisc, class and filter listings of rank ``src``'s veth (with counters)."""
         me = self.ranks[src]
@@ -187,6 +208,8 @@ def _our_namespaces(prefix: str) -> list[str]:
 def _teardown(net: Network) -> list[str]:
     """Kill what runs in our namespaces, delete them; returns the problems (never raises)."""
     problems: list[str] = []
+    if net.host_veth is not None:  # also destroyed with the bridge namespace, but later
+        _run(["ip", "link", "del", net.host_veth])
     for ns in reversed(net.namespaces):
         pids = _run(["ip", "netns", "pids", ns]).stdout.split()
         for pid in pids:

@@ -42,14 +42,15 @@ def worker_env() -> WorkerEnv:
 
 def join_world(rank: int, world: int) -> None:
     """``init_process_group("gloo")`` through the launcher's TCPStore
-    (``$FAILSLOW_DEMO_STORE_PORT``), else torchrun's environment."""
+    (``$FAILSLOW_DEMO_STORE_PORT`` on ``$FAILSLOW_DEMO_STORE_HOST``, default 127.0.0.1), else
+    torchrun's environment."""
     import torch.distributed as dist
 
     if "FAILSLOW_DEMO_STORE_PORT" not in os.environ:
         dist.init_process_group("gloo", timeout=timedelta(seconds=120))
         return
     store = dist.TCPStore(
-        "127.0.0.1",
+        os.environ.get("FAILSLOW_DEMO_STORE_HOST", "127.0.0.1"),  # the link demo: the bridge
         int(os.environ["FAILSLOW_DEMO_STORE_PORT"]),
         world_size=world,
         is_master=False,

@@ -1,0 +1,93 @@
+"""End to end, no human step: a congested link in a Megatron-core job found and swapped away (S3).
+
+``failslow demo --framework megatron --fault link``'s job: the 4-rank GPT (TP1 x PP2 x DP2,
+Megatron DDP, Adam, 1F1B), each rank in its own network namespace and host on one bridge
+(:mod:`failslow.demo.netns`; gloo over the veths, the launcher's stores reached over the
+bridge). From step 30 the link between ranks 0 and 1 - stage 0 of both replicas, the link their
+gradient all-reduce crosses - is shaped with tc until the swap has been in effect 20 steps.
+The control plane must, by itself: detect the onset, pause at a step boundary and validate,
+name the link 0-1 (kind communication), buy S3 and have every rank move to the new placement at
+one step boundary, in place (greyhound 5.2: the congested link then carries no DP traffic).
+
+Correctness: every role's parameters at the end equal, bitwise, those of the same job on the
+same data with no fault and no control plane, held by whichever rank runs that role (invariant
+3: only the placement changed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
+
+pytest.importorskip(
+    "megatron.core", reason="needs the Megatron extra: pip install failslow[megatron]"
+)
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("ip") is None,
+        reason="network namespaces need root and iproute2",
+    ),
+]
+
+STEPS, START, WORLD = 100, 30, 4
+
+
+def _options(out: Path, **kw: object) -> MitigationDemoOptions:
+    kw.setdefault("steps", STEPS)
+    return MitigationDemoOptions(
+        framework="megatron",
+        slow_start=START,
+        slow_end=START + 10,
+        out_dir=out,
+        live=False,
+        failslow={"validation": {"recheck_every_s": 8.0}, "detection": {"cooldown_s": 8.0}},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_a_congested_link_is_swapped_away_and_the_model_is_unchanged(tmp_path: Path) -> None:
+    summary = run_mitigation_demo(_options(tmp_path / "swapped", fault="link", until_mitigated=20))
+    steps_run = summary["steps_run"]
+    reference = run_mitigation_demo(
+        _options(tmp_path / "reference", mitigate=False, inject=False, steps=steps_run)
+    )
+    context = json.dumps({k: summary[k] for k in ("actions", "injected", "steps_run")})
+    links = {tuple(sorted(link[:2])) for d in summary["diagnoses"] for link in d["slow_links"]}
+    assert (0, 1) in links, summary["diagnoses"]
+    assert all(d["kind"] == "communication" for d in summary["diagnoses"]), summary["diagnoses"]
+    applied = [a for a in summary["actions"] if a["action"] == "apply"]
+    assert applied and applied[0]["strategy"] == "S3 topology", context
+    injected_start, injected_end = summary["injected"]
+    assert START <= injected_start < applied[0]["apply_step"] < injected_end, context
+
+    records = [
+        json.loads((tmp_path / "swapped" / f"steps-rank{r}.json").read_text())
+        for r in range(WORLD)
+    ]
+    assert len({tuple(tuple(a) for a in rec["applied"]) for rec in records}) == 1
+    before = [
+        json.loads((tmp_path / "reference" / f"steps-rank{r}.json").read_text())["coords"]
+        for r in range(WORLD)
+    ]
+    after = [rec["coords"] for rec in records]
+    assert sorted(after) == sorted(before) and after != before, (before, after)
+    # the shaped link's ends no longer share a DP group (same stage)
+    assert after[0][2] != after[1][2], after
+    holder = {tuple(c): r for r, c in enumerate(before)}
+    for rank in range(WORLD):
+        got = np.load(tmp_path / "swapped" / f"parameters-rank{rank}.npz")
+        want = np.load(tmp_path / "reference" / f"parameters-rank{holder[tuple(after[rank])]}.npz")
+        assert sorted(got.files) == sorted(want.files)
+        for name in want.files:
+            assert np.array_equal(got[name], want[name]), f"rank {rank} ({after[rank]}) {name}"
+    assert reference["phases"]["healthy"]["median_step_s"] > 0
