@@ -10,6 +10,12 @@ switching to the uneven micro-batch counts at one step boundary, and after the r
 re-validation that reverts to the even split. The live view follows the job step by step; the
 result is a throughput table (healthy, slowed, mitigated, after), ``steps.csv`` and a plot.
 
+``--framework megatron`` runs a Megatron-core GPT instead (:mod:`failslow.demo.megatron_worker`).
+With ``--fault link`` (Megatron, root) every rank runs in its own network namespace and host
+(:mod:`failslow.demo.netns`; the launcher's stores are reached over the bridge) and the fault is
+the link between ranks 0 and 1 shaped with tc (:class:`ShapedLink`): validation names the link,
+the planner buys S3 (greyhound 5.2, Fig. 11) and every rank swaps roles in place.
+
 With ``mitigate=False`` the same job runs without a control plane (the benchmark's baseline).
 """
 
