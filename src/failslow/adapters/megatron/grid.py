@@ -15,6 +15,9 @@ role space and maps it onto processes:
   compare against at run time.
 
 The old groups are destroyed first (every process, in the same order; the default group stays).
+The two ``torch.distributed`` functions are replaced module-wide for the duration of Megatron's
+initialization, on the training thread at a step boundary (no validation task runs then, and
+the capture's ring is already open under the process's own rank).
 Sizes come from the grid in place (TP, PP, virtual PP, expert TP; other arguments of
 ``initialize_model_parallel`` take their defaults). Context and expert parallelism are not
 swapped (the topology record has no CP/EP coordinates): :func:`swap_refusal` says so.
