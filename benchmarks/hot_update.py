@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -39,22 +38,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from failslow.demo.worker_io import launch_env
+
 STEPS = 40
 REQUEST_AT = 15
 
 
 def _env(out: Path, width: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW")}
-    env.update(
-        OMP_NUM_THREADS="1",
-        DS_ACCELERATOR="cpu",
-        FAILSLOW_DEMO_STEPS=str(STEPS),
-        FAILSLOW_DEMO_OUT=str(out),
-        FAILSLOW_DEMO_WIDTH=str(width),
-        FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
-        **extra,
+    return launch_env(
+        out, STEPS, FAILSLOW_DEMO_WIDTH=str(width), FAILSLOW_DEMO_MICRO_BATCH_SIZE="32", **extra
     )
-    return env
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",

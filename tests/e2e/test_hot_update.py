@@ -21,7 +21,6 @@ the same operations ran on the same values.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from failslow.demo.worker_io import launch_env
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -46,16 +47,12 @@ WORKERS = {
 
 
 def _env(out: Path, framework: str = "deepspeed") -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW")}
-    env.update(
-        OMP_NUM_THREADS="1",
-        DS_ACCELERATOR="cpu",
-        FAILSLOW_DEMO_STEPS=str(STEPS),
-        FAILSLOW_DEMO_OUT=str(out),
+    return launch_env(
+        out,
+        STEPS,
         FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
         FAILSLOW_DEMO_MICRO_BATCH_SIZE=WORKERS[framework][1],
     )
-    return env
 
 
 def _launch(tmp: Path, name: str, framework: str) -> tuple[subprocess.Popen[str], Path, Path]:

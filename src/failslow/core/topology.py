@@ -11,6 +11,7 @@ varies fastest, then DP, then PP), which DeepSpeed's pipeline engine also uses.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -39,6 +40,13 @@ def inverse_placement(dest: Sequence[int]) -> tuple[int, ...]:
 
 Coord = tuple[int, int, int]
 """(tp, dp, pp) coordinates of one role."""
+
+
+def megatron_rank(coord: Sequence[int], *, tp: int, dp: int) -> int:
+    """Megatron-core's global rank of the role at ``(tp, dp, pp)`` in its default order
+    ``tp-cp-ep-dp-pp`` with CP = EP = 1: rank = tp + TP * (dp + DP * pp)."""
+    t, d, p = coord
+    return t + tp * (d + dp * p)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +117,8 @@ class Topology:
         """Megatron's default order: rank = tp + TP * (dp + DP * pp); hosts fill in rank order."""
         if gpus_per_host < 1:
             raise ConfigError(f"topology: gpus_per_host must be >= 1, got {gpus_per_host}")
-        coords = tuple((t, d, p) for p in range(pp) for d in range(dp) for t in range(tp))
+        grid = itertools.product(range(tp), range(dp), range(pp))
+        coords = tuple(sorted(grid, key=lambda c: megatron_rank(c, tp=tp, dp=dp)))
         hosts = tuple(f"node{r // gpus_per_host:05d}" for r in range(len(coords)))
         return cls(
             tp=tp,
@@ -234,6 +243,10 @@ class Topology:
         processes, and a later plan starts from this placement)."""
         src = inverse_placement(dest)
         return replace(self, coords=tuple(self.coords[src[p]] for p in range(self.world_size)))
+
+    def megatron_ranks(self) -> tuple[int, ...]:
+        """Megatron's rank (:func:`megatron_rank`) of the role each process runs."""
+        return tuple(megatron_rank(c, tp=self.tp, dp=self.dp) for c in self.coords)
 
     def with_hosts(self, hosts: Sequence[str]) -> Topology:
         """The same layout with roles placed on other hosts (the result of a topology plan)."""

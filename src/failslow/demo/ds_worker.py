@@ -49,8 +49,9 @@ def main() -> None:
 
     from failslow.demo.worker_io import (
         all_ranks_see,
-        applied_plans,
+        announce_start,
         join_world,
+        run_record,
         worker_env,
         write_progress,
     )
@@ -102,9 +103,7 @@ def main() -> None:
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     adapter = engine.failslow
     resumed = adapter.session.resumed_step
-    tag = os.environ.get("FAILSLOW_DEMO_LOG_TAG", "")  # a "code change" a hot update makes
-    start = "fresh" if resumed is None else f"resumed at step {resumed}"
-    print(f"{tag}rank {rank}: {start}", flush=True)
+    announce_start(rank, resumed)
     step_end: list[float] = [time.time()]
     first = engine.global_steps
     user_loop = os.environ.get("FAILSLOW_DEMO_LOOP", "user") == "user"
@@ -129,16 +128,7 @@ def main() -> None:
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
             write_progress(out, rank, step_end, first, step)
-    record = {
-        "rank": rank,
-        "pid": os.getpid(),
-        "step_end": step_end,
-        "first_step": first,
-        "resumed": resumed,
-        "counts": list(adapter.split.counts),
-        "replica": adapter.split.replica,
-        "applied": applied_plans(adapter.session),
-    }
+    record = run_record(rank, step_end, first, resumed, adapter)
     suffix = f"-{os.environ['FAILSLOW_RESTART']}" if os.environ.get("FAILSLOW_RESTART") else ""
     (out / f"steps-rank{rank}{suffix}.json").write_text(json.dumps(record))
     if rank == 0:

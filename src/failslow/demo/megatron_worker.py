@@ -35,8 +35,9 @@ def main() -> None:
     from failslow.demo.megatron_job import GptShape, build_gpt, train_step
     from failslow.demo.worker_io import (
         all_ranks_see,
-        applied_plans,
+        announce_start,
         join_world,
+        run_record,
         worker_env,
         write_progress,
     )
@@ -63,9 +64,7 @@ def main() -> None:
     data = fs.data_iterator(job.dataset)
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     resumed = fs.session.resumed_step  # a restart in place (hot update) resumes from memory
-    tag = os.environ.get("FAILSLOW_DEMO_LOG_TAG", "")  # a "code change" a hot update makes
-    start = "fresh" if resumed is None else f"resumed at step {resumed}"
-    print(f"{tag}rank {rank}: {start}", flush=True)
+    announce_start(rank, resumed)
     first = fs.iteration
     step_end: list[float] = [time.time()]
     for step in range(first, steps):
@@ -75,17 +74,8 @@ def main() -> None:
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
             write_progress(out, rank, step_end, first, step)
-    record = {
-        "rank": rank,
-        "pid": os.getpid(),
-        "step_end": step_end,
-        "first_step": first,
-        "resumed": resumed,
-        "counts": list(fs.split.counts),
-        "replica": fs.split.replica,
-        "coords": list(fs.topology.coords[rank]),
-        "applied": applied_plans(fs.session),
-    }
+    record = run_record(rank, step_end, first, resumed, fs)
+    record["coords"] = list(fs.topology.coords[rank])  # the role it ends in (after a swap)
     (out / f"steps-rank{rank}.json").write_text(json.dumps(record))
     params = {n: p.detach().cpu().numpy() for n, p in job.model[0].module.named_parameters()}
     np.savez(out / f"parameters-rank{rank}.npz", **params)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from failslow import envvars
+from failslow.demo.worker_io import launch_env
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
 
@@ -346,17 +347,14 @@ def _spawn(
 
         store_url = store_url.replace("127.0.0.1", HOST_ADDRESS)
     for rank in range(opts.world_size):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW")}
-        env.update(
+        env = launch_env(
+            out,
+            opts.steps if opts.until_mitigated is None else opts.max_steps,
             RANK=str(rank),
             LOCAL_RANK=str(rank),
             WORLD_SIZE=str(opts.world_size),
-            OMP_NUM_THREADS="1",
-            DS_ACCELERATOR="cpu",
             FAILSLOW_DEMO_STORE_PORT=str(port),
-            FAILSLOW_DEMO_STEPS=str(opts.steps if opts.until_mitigated is None else opts.max_steps),
             FAILSLOW_DEMO_LOOP=opts.loop,
-            FAILSLOW_DEMO_OUT=str(out),
             FAILSLOW_DEMO_MICRO_BATCHES=str(opts.micro_batches_per_replica),
             FAILSLOW_DEMO_MICRO_BATCH_SIZE=str(opts.micro_batch_size),
             FAILSLOW_DEMO_WIDTH=str(opts.width),

@@ -40,6 +40,46 @@ def worker_env() -> WorkerEnv:
     )
 
 
+def launch_env(out: Path, steps: int, **extra: str) -> dict[str, str]:
+    """The environment a launcher starts a demo worker with (what :func:`worker_env` reads):
+    this process's without failslow's variables, one thread, DeepSpeed on the CPU, the steps,
+    the output directory and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW")}
+    env.update(
+        OMP_NUM_THREADS="1",
+        DS_ACCELERATOR="cpu",
+        FAILSLOW_DEMO_STEPS=str(steps),
+        FAILSLOW_DEMO_OUT=str(out),
+        **extra,
+    )
+    return env
+
+
+def announce_start(rank: int, resumed: int | None) -> None:
+    """One line: fresh, or resumed from memory (a restart in place); ``FAILSLOW_DEMO_LOG_TAG``
+    is the "code change" a hot update makes."""
+    tag = os.environ.get("FAILSLOW_DEMO_LOG_TAG", "")
+    start = "fresh" if resumed is None else f"resumed at step {resumed}"
+    print(f"{tag}rank {rank}: {start}", flush=True)
+
+
+def run_record(
+    rank: int, step_end: list[float], first: int, resumed: int | None, adapter: Any
+) -> dict[str, Any]:
+    """What a worker reports of its run (``steps-rank<r>.json``): steps, resume, the split in
+    effect and the plans its session received."""
+    return {
+        "rank": rank,
+        "pid": os.getpid(),
+        "step_end": step_end,
+        "first_step": first,
+        "resumed": resumed,
+        "counts": list(adapter.split.counts),
+        "replica": adapter.split.replica,
+        "applied": applied_plans(adapter.session),
+    }
+
+
 def join_world(rank: int, world: int) -> None:
     """``init_process_group("gloo")`` through the launcher's TCPStore
     (``$FAILSLOW_DEMO_STORE_PORT`` on ``$FAILSLOW_DEMO_STORE_HOST``, default 127.0.0.1), else

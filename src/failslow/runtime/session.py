@@ -40,6 +40,7 @@ from failslow.core.planner.allocation import even_plan
 from failslow.core.planner.plans import Plan, TopologyPlan
 from failslow.core.topology import Topology
 from failslow.runtime import rank_control, teardown
+from failslow.runtime.agreement import all_ranks_ok
 from failslow.runtime.plan_application import PlanApplication
 from failslow.runtime.snapshot_service import SnapshotService
 
@@ -290,14 +291,7 @@ class Session:
         os._exit(EXIT_FOR_UPDATE)
 
     def _all_ranks_ok(self, ok: bool) -> bool:
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
-            return ok
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
+        return all_ranks_ok(ok, self.world_size)
 
     def _report_outcomes(self) -> None:
         outcomes = self.receiver.outcomes

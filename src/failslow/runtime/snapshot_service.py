@@ -28,6 +28,7 @@ from failslow import envvars
 from failslow.capabilities import Capabilities, Unsupported
 from failslow.core.checkpoint.config import CheckpointConfig
 from failslow.core.topology import Topology
+from failslow.runtime.agreement import agree, distributed
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class SnapshotService:
         if not isinstance(mine, list) or len(mine) != self.world_size:
             mine = None
         found = [mine]
-        if _distributed(self.world_size):
+        if distributed(self.world_size):
             import torch
 
             first = torch.tensor([self.rank if mine is not None else self.world_size])
@@ -133,7 +134,7 @@ class SnapshotService:
         anything = int(restore.has_committed(self.directory, self.rank))
         if agree(anything, self.world_size)[1] == 0:
             return None  # a fresh job: no rank has a snapshot or a backup
-        if _distributed(self.world_size):
+        if distributed(self.world_size):
             try:
                 found = restore.restore(
                     rank=self.rank, holders=self._placement(), directory=self.directory
@@ -188,21 +189,3 @@ class SnapshotService:
             self.backup = None
         self.snapshots.close()
         self.snapshots = None
-
-
-def _distributed(world_size: int) -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and world_size > 1
-
-
-def agree(value: int, world_size: int) -> tuple[int, int]:
-    """(min, max) of ``value`` over all ranks (one all-reduce of two ints)."""
-    if not _distributed(world_size):
-        return value, value
-    import torch
-    import torch.distributed as dist
-
-    pair = torch.tensor([-value, value], dtype=torch.int64)
-    dist.all_reduce(pair, op=dist.ReduceOp.MAX)
-    return -int(pair[0]), int(pair[1])

@@ -11,6 +11,7 @@ import torch
 from failslow.adapters.common import swap
 from failslow.core.topology import Topology, inverse_placement
 from failslow.errors import ConfigError, FailslowError
+from failslow.runtime.agreement import all_ranks_ok
 
 
 def _topology(gpus_per_host: int = 1) -> Topology:
@@ -67,7 +68,7 @@ def _exchange_rank(rank: int, world: int, port: int, out: str) -> None:
     state = {"role": rank, "w": torch.full((3, 5), float(rank)), "nested": [torch.arange(rank + 1)]}
     dest = (1, 2, 0)  # a 3-cycle: 0 -> 1 -> 2 -> 0
     got = swap.exchange_state(state, dest, rank=rank, step=7)
-    ok = swap.agree(got["role"] == inverse_placement(dest)[rank])
+    ok = all_ranks_ok(got["role"] == inverse_placement(dest)[rank], world)
     torch.save({"got": got, "ok": ok}, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()
 

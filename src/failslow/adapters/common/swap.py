@@ -14,7 +14,8 @@ part every adapter that swaps in place shares:
   default group (one send and one receive per moving process, all hosts at once - greyhound
   Fig. 19: the pause depends on the state per GPU, not on the job's size), in the snapshot
   format (:mod:`failslow.core.checkpoint.blob`), so what arrives is verified and bitwise;
-- :func:`together` runs one phase and agrees with every rank (:func:`agree`) that it worked
+- :func:`together` runs one phase and agrees with every rank
+  (:func:`~failslow.runtime.agreement.all_ranks_ok`) that it worked
   everywhere: nothing is torn down unless every rank holds its new role's state.
 
 :func:`~failslow.core.topology.host_name` is the host a rank reports: the hostname, or
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 
 from failslow.core.topology import inverse_placement
 from failslow.errors import FailslowError
+from failslow.runtime.agreement import all_ranks_ok
 
 T = TypeVar("T")
 
@@ -71,7 +73,7 @@ def _wait(*works: Any) -> None:
 
 
 def together(phase: Callable[[], T], elsewhere: str) -> T:
-    """Run ``phase`` on this rank, then agree with every rank (:func:`agree`) that it worked
+    """Run ``phase`` on this rank, then agree with every rank that it worked
     everywhere: its result, else this rank's own error, else FailslowError(``elsewhere``)."""
     error: BaseException | None = None
     result: T | None = None
@@ -79,18 +81,10 @@ def together(phase: Callable[[], T], elsewhere: str) -> T:
         result = phase()
     except Exception as exc:
         error = exc
-    if not agree(error is None):
+    import torch.distributed as dist
+
+    if not all_ranks_ok(error is None, dist.get_world_size()):
         if error is not None:
             raise error
         raise FailslowError(elsewhere)
     return result  # type: ignore[return-value]
-
-
-def agree(ok: bool) -> bool:
-    """True if every rank of the default group says ``ok`` (one 4-byte all-reduce)."""
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([0 if ok else 1], dtype=torch.int32)
-    dist.all_reduce(flag)
-    return int(flag.item()) == 0

@@ -4,7 +4,7 @@ Megatron builds every group from the global rank: ``initialize_model_parallel`` 
 grid in rank space (``tp-cp-ep-dp-pp``: rank = tp + TP * (dp + DP * pp)) and keeps the groups
 whose rank lists contain ``torch.distributed.get_rank()``. After a topology swap process ``p``
 runs the *role* ``role_of[p]``, so :func:`rebuild_grid` runs Megatron's own initialization in
-role space and maps it onto processes:
+role space (:func:`~failslow.core.topology.megatron_rank`) and maps it onto processes:
 
 - while it runs, ``torch.distributed.get_rank()`` answers the role, and ``new_group`` gets each
   role list mapped to processes with ``sort_ranks=False`` (position in the list is the group
@@ -28,12 +28,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-
-
-def role_number(coord: Sequence[int], tp: int, dp: int) -> int:
-    """Megatron's rank of the role at ``(tp, dp, pp)`` coordinates (default order, CP = EP = 1)."""
-    t, d, p = coord
-    return t + tp * (d + dp * p)
 
 
 def swap_refusal() -> str:

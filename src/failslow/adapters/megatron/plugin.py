@@ -44,6 +44,7 @@ from failslow.core.control.plan_channel import PlanResult
 from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan
 from failslow.core.topology import Topology
 from failslow.errors import ConfigError, FailslowError
+from failslow.runtime.agreement import all_ranks_ok
 
 NO_MODEL_PROVIDER = (
     "a topology swap rebuilds the model through model_provider; "
@@ -101,9 +102,7 @@ class MegatronAdapter:
             micro_batch_size=micro_batch_size,
             microbatch_multiple=group if len(self.model) > 1 else 1,
         )
-        self.role_of = tuple(
-            grid.role_number(c, self.topology.tp, dp) for c in self.topology.coords
-        )
+        self.role_of = self.topology.megatron_ranks()
         """Megatron rank (role) each process runs: the identity until a topology swap."""
         self._grid_sizes = grid.grid_sizes()
         self._swap_refusal = grid.swap_refusal()
@@ -191,9 +190,8 @@ class MegatronAdapter:
             f"topology plan at step {step}: another rank's state move failed",
         )  # nothing is torn down unless every rank holds its new role's state
         topology = self.topology.moved(dest)
-        role_of = tuple(grid.role_number(c, topology.tp, topology.dp) for c in topology.coords)
         self._undo = (own, self.role_of, self.topology)
-        self._become(role_of, topology, received, step, split=False)
+        self._become(topology.megatron_ranks(), topology, received, step, split=False)
         return True
 
     @hookimpl
@@ -263,23 +261,28 @@ class MegatronAdapter:
             "iteration": self.iteration,
             "calculator": _calculator_state(),
             "split": self.split.state_dict(step),
-            "coord": list(self.topology.coords[self.rank]),
-            "role_of": list(self.role_of),
+            "role": self.role_of[self.rank],
             "step": step,
         }
 
     @hookimpl
     def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
-        role_of = tuple(state.get("role_of", self.role_of))
-        if role_of != self.role_of:
-            # the snapshot was taken after a topology swap and this process started in its
-            # launch role (a restart in place): every rank rebuilds the swapped placement first
-            self.failslow_capabilities().require("topology_plans")
-            coords = dict(zip(self.role_of, self.topology.coords, strict=True))
-            topology = replace(self.topology, coords=tuple(coords[r] for r in role_of))
-            self._become(role_of, topology, state, step, split=True)
-        else:
+        """Every rank resumes together. A snapshot taken after a topology swap holds another
+        role than this process's launch role (a restart in place): then every rank gathers the
+        snapshots' roles once and rebuilds that placement before restoring."""
+        import torch.distributed as dist
+
+        role = int(state.get("role", self.role_of[self.rank]))
+        if all_ranks_ok(role == self.role_of[self.rank], len(self.role_of)):
             self._restore(state, step, split=True)
+            return True
+        self.failslow_capabilities().require("topology_plans")
+        roles: list[int | None] = [None] * len(self.role_of)
+        dist.all_gather_object(roles, role)
+        role_of = tuple(int(r) for r in roles)  # type: ignore[arg-type]
+        coords = dict(zip(self.role_of, self.topology.coords, strict=True))
+        topology = replace(self.topology, coords=tuple(coords[r] for r in role_of))
+        self._become(role_of, topology, state, step, split=True)
         return True
 
     def _restore(self, state: dict[str, Any], step: int, *, split: bool) -> None:
@@ -287,11 +290,11 @@ class MegatronAdapter:
         live loaders already stand at this step boundary)."""
         from megatron.core import tensor_parallel
 
-        coord = list(self.topology.coords[self.rank])
-        if state.get("coord", coord) != coord:
+        mine = self.role_of[self.rank]
+        if state.get("role", mine) != mine:
             raise FailslowError(
-                f"the snapshot of step {step} holds the role at (tp, dp, pp) = "
-                f"{tuple(state['coord'])}, this rank runs {tuple(coord)}"
+                f"the snapshot of step {step} holds Megatron rank {state['role']}'s state, "
+                f"this process runs rank {mine}"
             )
 
         for chunk, chunk_state in zip(self.model, state["model"], strict=True):
