@@ -148,3 +148,33 @@ def test_share_loader_yields_tensors_of_the_share():
     for loader in loaders:
         got += [int(v) for (batch,) in loader for v in batch]
     assert len(got) == len(set(got)) == 3 * M * MBS
+
+
+@pytest.mark.parametrize("counts", [None, (1, 3), (3, 1)])
+def test_parts_of_a_replica_split_its_micro_batches(counts):
+    """HSDP: 2 replicas x 2 shard ranks; each shard rank reads its own half of every
+    micro-batch of its replica, and together they read the global batch once, in order."""
+    kw = dict(micro_batch_size=MBS, micro_batches=4, replicas=2, parts=2, counts=counts, seed=1)
+    ranks = [
+        ShareSampler(N, replica=r, part=p, **kw)  # type: ignore[arg-type]
+        for r in range(2)
+        for p in range(2)
+    ]
+    whole = ShareSampler(N, micro_batch_size=2 * MBS, micro_batches=4, replica=0, replicas=2,
+                         seed=1)  # fmt: skip
+    for step in range(2):
+        expected = [i for mb in whole.global_batch_indices(step) for i in mb]
+        got = {}
+        for s in ranks:
+            got[(s.replica, s.part)] = take_step(s)
+            assert all(len(mb) == MBS for mb in got[(s.replica, s.part)])
+        union = [
+            i
+            for r in range(2)
+            for k in range(len(got[(r, 0)]))
+            for p in range(2)
+            for i in got[(r, p)][k]
+        ]
+        assert union == expected
+    with pytest.raises(ConfigError, match="part must be in"):
+        ShareSampler(N, replica=0, part=2, **kw)  # type: ignore[arg-type]

@@ -17,7 +17,12 @@ shares:
   whatever the counts.
 
 :class:`ShareSampler` is a batch sampler (one micro-batch of indices per item) for
-``DataLoader(dataset, batch_sampler=...)``; :func:`share_loader` builds that loader. A new
+``DataLoader(dataset, batch_sampler=...)``; :func:`share_loader` builds that loader. Where
+several ranks run one replica on different samples (an HSDP shard group: every shard rank
+computes on its own part of the replica's micro-batch), each micro-batch holds ``parts *
+micro_batch_size`` indices and rank ``part`` of the replica reads its contiguous
+``micro_batch_size`` of them (``parts=1``: the replica's ranks read the same micro-batch, as
+Megatron's TP ranks do). A new
 ``counts`` takes effect at a step boundary (:meth:`ShareSampler.set_counts`). The sampler hands
 out indices lazily, step by step; a DataLoader with workers reads it ahead of training (each
 worker prefetches). So before it hands out the first indices of a step, the sampler asks
@@ -79,22 +84,29 @@ class ShareSampler(Sampler[list[int]]):
         shuffle: bool = True,
         seed: int = 0,
         start_step: int = 0,
+        part: int = 0,
+        parts: int = 1,
     ) -> None:
         for name, value in (
             ("micro_batch_size", micro_batch_size),
             ("micro_batches", micro_batches),
             ("replicas", replicas),
+            ("parts", parts),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ShareSampler: {name} must be an integer >= 1, got {value!r}")
         if not 0 <= replica < replicas:
             raise ConfigError(f"ShareSampler: replica must be in [0, {replicas}), got {replica}")
-        self.global_batch = micro_batches * micro_batch_size
+        if not 0 <= part < parts:
+            raise ConfigError(f"ShareSampler: part must be in [0, {parts}), got {part}")
+        self.global_batch = micro_batches * micro_batch_size * parts
         if dataset_len < self.global_batch:
             raise ConfigError(
                 f"ShareSampler: the dataset has {dataset_len} samples, fewer than one global "
-                f"batch ({micro_batches} micro-batches x {micro_batch_size})"
+                f"batch ({micro_batches} micro-batches x {parts * micro_batch_size})"
             )
+        self.part = part
+        self.parts = parts
         self.dataset_len = dataset_len
         self.micro_batch_size = micro_batch_size
         self.micro_batches = micro_batches
@@ -162,16 +174,19 @@ class ShareSampler(Sampler[list[int]]):
         return self._perm
 
     def global_batch_indices(self, step: int) -> list[list[int]]:
-        """All ``M`` micro-batches of global step ``step`` (every replica's), in order."""
+        """All ``M`` micro-batches of global step ``step`` (every replica's, all ``parts`` of
+        each), in order."""
         epoch, k = divmod(step, self.steps_per_epoch)
         flat = self._permutation(epoch)[k * self.global_batch : (k + 1) * self.global_batch]
-        return [chunk.tolist() for chunk in flat.split(self.micro_batch_size)]
+        return [chunk.tolist() for chunk in flat.split(self.micro_batch_size * self.parts)]
 
     def share(self, step: int) -> list[list[int]]:
-        """This replica's micro-batches of global step ``step``."""
+        """This rank's micro-batches of global step ``step`` (its replica's, its part)."""
         counts = self.counts_at(step)
         first = sum(counts[: self.replica])
-        return self.global_batch_indices(step)[first : first + counts[self.replica]]
+        lo = self.part * self.micro_batch_size
+        mine = self.global_batch_indices(step)[first : first + counts[self.replica]]
+        return [batch[lo : lo + self.micro_batch_size] for batch in mine]
 
     def _skip_finished_step(self) -> None:
         if self.offset and self.offset >= self.counts_at(self.step)[self.replica]:
@@ -237,12 +252,15 @@ def share_loader(
     shuffle: bool = True,
     seed: int = 0,
     start_step: int = 0,
+    part: int = 0,
+    parts: int = 1,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     **loader_kwargs: Any,
 ) -> DataLoader[Any]:
-    """A DataLoader yielding replica ``replica``'s micro-batches of ``dataset`` (one per item);
-    its :class:`ShareSampler` is ``loader.batch_sampler``. ``loader_kwargs`` go to DataLoader
-    (``num_workers`` defaults to 0, see the module docstring)."""
+    """A DataLoader yielding replica ``replica``'s micro-batches of ``dataset`` (one per item;
+    part ``part`` of ``parts`` of each); its :class:`ShareSampler` is ``loader.batch_sampler``.
+    ``loader_kwargs`` go to DataLoader (``num_workers`` defaults to 0, see the module
+    docstring)."""
     sampler = ShareSampler(
         len(dataset),  # type: ignore[arg-type]
         micro_batch_size=micro_batch_size,
@@ -253,5 +271,7 @@ def share_loader(
         shuffle=shuffle,
         seed=seed,
         start_step=start_step,
+        part=part,
+        parts=parts,
     )
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, **loader_kwargs)

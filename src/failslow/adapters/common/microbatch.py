@@ -151,11 +151,15 @@ class ReplicaSplit:
         start_step: int = 0,
         shuffle: bool = True,
         seed: int = 0,
+        part: int = 0,
+        parts: int = 1,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         **loader_kwargs: Any,
     ) -> Any:
         """A DataLoader of this replica's exact share of every global batch, one micro-batch
-        per item, steps numbered from ``start_step`` (:func:`~.data.share_loader`), tracked."""
+        per item, steps numbered from ``start_step`` (:func:`~.data.share_loader`; ``part`` of
+        ``parts``: this rank's part of each where the replica's ranks split its micro-batches),
+        tracked."""
         loader = share_loader(
             dataset,
             micro_batch_size=micro_batch_size,
@@ -166,6 +170,8 @@ class ReplicaSplit:
             shuffle=shuffle,
             seed=seed,
             start_step=start_step,
+            part=part,
+            parts=parts,
             collate_fn=collate_fn,
             **loader_kwargs,
         )

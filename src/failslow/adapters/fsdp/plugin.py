@@ -1,0 +1,323 @@
+"""FSDP2, HSDP and DDP jobs as a failslow plugin (greyhound 5.2, S2; byterobust 6.3, snapshots).
+
+Translates only; the bookkeeping is the adapter kit's (:mod:`failslow.adapters.common`). The
+unit of a micro-batch plan (S2) is a data-parallel replica, and what a replica is depends on
+how the model is wrapped:
+
+- **DDP** (``DistributedDataParallel``): every rank is a replica. Its non-final micro-batches
+  run without the gradient all-reduce (DDP's ``require_backward_grad_sync``, what ``no_sync()``
+  sets), so each rank reduces once per step whatever its count;
+- **HSDP** (``fully_shard`` on a 2-D mesh, dims (replicate, shard)): a replicate coordinate is
+  a replica, and all shard ranks of one replica run its count, each on its own part of every
+  micro-batch (:class:`~failslow.adapters.common.data.ShareSampler` ``parts``). All-gathers and
+  reduce-scatters stay inside the shard group (equal counts there); the all-reduce across
+  replicas (``set_requires_all_reduce``) runs once, on the last micro-batch. The topology reports
+  the shard group where the planner expects the heavy, per-layer traffic (its ``tp``);
+- **FSDP** (``fully_shard`` on a 1-D mesh: one shard group over every rank): every rank is a
+  replica, but its all-gathers run per layer in every micro-batch's forward and backward, so
+  uneven counts would stall them. ``unshard_once=True`` is the explicit opt-in that allows
+  plans: parameters are gathered in the step's first forward and stay unsharded until the last
+  backward (``set_reshard_after_forward(False)``; per micro-batch
+  ``set_requires_gradient_sync(last)`` and ``set_reshard_after_backward(last)``), so every rank
+  issues one all-gather and one reduce-scatter per module per step - DDP-like memory for
+  parameters and gradients. Without it, plans are declared unsupported with that reason.
+
+The weight: the gradient reduction averages over all ``W`` ranks, and every micro-loss is
+scaled by ``1 / G`` (:attr:`FSDPAdapter.loss_scale`, ``G = M / D`` the even split's count per
+replica - the usual gradient-accumulation scaling). A replica that runs ``m_r`` micro-batches
+thus contributes ``m_r / G`` times its mean, which is the kit's weight ``w_r = m_r * D / M``:
+the even split's gradient, with no per-plan rescaling.
+
+Snapshots are per rank and issue no collective: local shards of the parameters and of the
+optimizer state (:mod:`.shards`), the scheduler, the RNGs, the optimizer-step count and the
+loaders' positions. The optimizer step waits for the pending snapshot's copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from failslow import hookimpl
+from failslow.adapters.common.loop import call_model
+from failslow.adapters.common.microbatch import ReplicaSplit
+from failslow.adapters.common.state import restore_rng_state, rng_state, wait_for_snapshot_before
+from failslow.adapters.common.topology import gather_topology
+from failslow.adapters.fsdp.shards import (
+    local_model_state,
+    local_optimizer_state,
+    restore_model_state,
+    restore_optimizer_state,
+)
+from failslow.capabilities import SUPPORTED, Capabilities
+from failslow.core.planner.plans import MicroBatchPlan
+from failslow.core.topology import Topology
+from failslow.errors import ConfigError
+
+PURE_FSDP = (
+    "pure FSDP (one shard group over every rank) all-gathers every layer in every "
+    "micro-batch, so all ranks must run the same count; attach with unshard_once=True "
+    "(parameters gathered once per step, DDP-like memory) to allow micro-batch plans"
+)
+NO_SWAP = (
+    "a topology swap in place is not implemented for FSDP2/DDP yet (an HSDP swap through "
+    "model_factory is planned); plans on this job use micro-batches (S2) or a restart"
+)
+
+
+def flavor_of(model: Any, mesh: Any) -> str:
+    """``"ddp"``, ``"fsdp"`` (1-D mesh) or ``"hsdp"`` (2-D mesh: replicate, shard)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        return "ddp"
+    if isinstance(model, FSDPModule):
+        if mesh is None or mesh.ndim not in (1, 2):
+            raise ConfigError(
+                "failslow.fsdp.attach: pass mesh=, the DeviceMesh the model was fully_shard-ed "
+                "on (1-D: FSDP; 2-D (replicate, shard): HSDP)"
+            )
+        return "fsdp" if mesh.ndim == 1 else "hsdp"
+    raise ConfigError(
+        f"failslow.fsdp.attach: the model is a {type(model).__name__}; attach after "
+        "fully_shard(model, mesh=...) (FSDP2/HSDP) or DistributedDataParallel(model)"
+    )
+
+
+def pin_bucket_layout(ddp: Any) -> None:
+    """Fix DDP's gradient buckets now, in the layout DDP starts with, for the whole run.
+
+    DDP lays its buckets out by parameter order at construction and rebuilds them once, after
+    the first synchronised backward, in the order gradients became ready. The all-reduce sums
+    each element in an order that depends on its place in the flattened bucket, so a process
+    that restarts from a snapshot (its first step on the construction layout) would differ
+    from the uninterrupted run (on the rebuilt one) by float rounding. Rebuilding at once with
+    every parameter in the construction order makes both runs use one layout (what DDP keeps
+    under ``find_unused_parameters=True``); the cost is the ready-order layout's earlier start
+    of the first bucket's all-reduce in a multi-bucket model. One broadcast, at attach."""
+    if getattr(ddp, "_failslow_pinned", False):
+        return
+    ddp.reducer._push_all_rebuilt_params()
+    ddp.reducer._rebuild_buckets()
+    ddp._failslow_pinned = True
+
+
+class FSDPAdapter:
+    """One data-parallel job's plugin on a :class:`~failslow.runtime.session.Session`."""
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        *,
+        mesh: Any = None,
+        scheduler: Any = None,
+        model_factory: Callable[..., Any] | None = None,
+        accumulation_steps: int = 1,
+        micro_batch_size: int = 1,
+        unshard_once: bool = False,
+        iteration: int = 0,
+        framework: str = "FSDP",
+    ) -> None:
+        for name, value in (("accumulation_steps", accumulation_steps),
+                            ("micro_batch_size", micro_batch_size)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"failslow.fsdp.attach: {name} must be an integer >= 1")
+        self.flavor = flavor_of(model, mesh)
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.model_factory = model_factory
+        self.mesh = mesh
+        self.unshard_once = unshard_once and self.flavor == "fsdp"
+        self.session: Any = None
+        self.iteration = iteration
+        """Optimizer steps taken: the global step the session's boundary numbers."""
+        self._begun: int | None = None
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if self.flavor == "hsdp":
+            replica, shard = mesh.get_coordinate()
+            replicas, self.parts, self.part = mesh.size(0), mesh.size(1), shard
+        else:
+            replica, shard, replicas, self.parts, self.part = rank, 0, world, 1, 0
+        self.split = ReplicaSplit(
+            replica=replica,
+            replicas=replicas,
+            micro_batches=accumulation_steps * replicas,
+            framework=framework,
+        )
+        self.micro_batch_size = micro_batch_size
+        self.topology = gather_topology(
+            (shard, replica, 0),
+            dp=replicas,
+            pp=1,
+            micro_batches=accumulation_steps * replicas,
+            micro_batch_size=micro_batch_size,
+        )
+        if self.unshard_once:
+            model.set_reshard_after_forward(False)
+        if self.flavor == "ddp":
+            pin_bucket_layout(model)
+        self._step_hook = optimizer.register_step_post_hook(self._stepped)
+
+    # ---- hooks -------------------------------------------------------------------------------
+    @hookimpl
+    def failslow_report_topology(self) -> Topology:
+        return self.topology
+
+    @hookimpl
+    def failslow_capabilities(self) -> Capabilities:
+        microbatch = PURE_FSDP if self.flavor == "fsdp" and not self.unshard_once else SUPPORTED
+        return Capabilities(
+            microbatch_plans=microbatch,
+            topology_plans=NO_SWAP,
+            snapshots=SUPPORTED,
+            hot_update=SUPPORTED,
+        )
+
+    @hookimpl
+    def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
+        self.failslow_capabilities().require("microbatch_plans")
+        self.split.check(plan)
+        return True
+
+    @hookimpl
+    def failslow_apply_microbatch_plan(self, plan: MicroBatchPlan, step: int) -> bool:
+        self.split.apply(plan, step)
+        return True
+
+    @hookimpl
+    def failslow_snapshot_state(self, step: int) -> dict[str, Any]:
+        """This rank's shards by reference (the snapshotter copies them off the training
+        thread; the optimizer step waits for the copy)."""
+        return {
+            "model": local_model_state(self.model),
+            "optimizer": local_optimizer_state(self.optimizer),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": rng_state(),
+            "iteration": self.iteration,
+            "split": self.split.state_dict(step),
+            "step": step,
+        }
+
+    @hookimpl
+    def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
+        restore_model_state(self.model, state["model"])
+        restore_optimizer_state(self.optimizer, state["optimizer"])
+        if state["scheduler"] is not None and self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        restore_rng_state(state["rng"])
+        self.iteration = int(state["iteration"])
+        self.split.load_state_dict(state["split"])
+        return True
+
+    @hookimpl
+    def failslow_hot_update(self, code: dict[str, Any], step: int) -> bool:
+        return True  # the process restarts outside; its state is in the committed snapshot
+
+    def guard_optimizer_step(self) -> None:
+        """Before the optimizer mutates the state, the pending snapshot's copy must be complete
+        (byterobust 6.3)."""
+        wait_for_snapshot_before(self.optimizer, "step", self)
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.iteration += 1
+
+    # ---- the step ----------------------------------------------------------------------------
+    @property
+    def loss_scale(self) -> float:
+        """The factor for every micro-loss: ``1 / G``, the even split's accumulation (see the
+        module docstring: it is also right under an uneven plan)."""
+        return self.split.replicas / self.split.micro_batches
+
+    def begin_step(self) -> int:
+        """The session's step boundary for the step the optimizer is at (once per step): plans
+        due now apply before the step's first micro-batch. Returns the step."""
+        if self._begun != self.iteration:
+            self._begun = self.iteration
+            if self.session is not None:
+                self.session.step_boundary(self.iteration)
+        return self.iteration
+
+    def set_boundary(self, last: bool) -> None:
+        """Before a training micro-batch's forward: is it this replica's last of the step?"""
+        if self.flavor == "ddp":
+            self.model.require_backward_grad_sync = last
+        elif self.flavor == "hsdp":
+            self.model.set_requires_all_reduce(last)
+        elif self.unshard_once:
+            self.model.set_requires_gradient_sync(last)
+            self.model.set_reshard_after_backward(last)
+
+    def step_batches(self, data: Iterator[Any]) -> Iterator[Any]:
+        """This replica's micro-batches of the next step from ``data``, for a loop of one's own::
+
+            for batch in fs.step_batches(data):
+                (loss_fn(model(batch)) * fs.loss_scale).backward()
+            optimizer.step(); optimizer.zero_grad()
+
+        The step boundary passes before the first; the gradient reduction happens in the last
+        one's backward."""
+        self.begin_step()
+        for batch, last in self.split.step_batches(data):
+            self.set_boundary(last)
+            yield batch
+
+    def train_step(
+        self,
+        data: Iterator[Any],
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """One global step: this replica's micro-batches (the model returns the loss for
+        ``model(*batch)``/``model(**batch)``, or ``loss_fn(model(batch[0]), batch[1])``), the
+        optimizer step (and the scheduler's), zeroed gradients. Returns this replica's mean
+        micro-batch loss (no collective)."""
+        total = torch.zeros(())
+        count = 0
+        for batch in self.step_batches(data):
+            loss = call_model(self.model, batch, loss_fn)
+            (loss * self.loss_scale).backward()
+            total += loss.detach().float()
+            count += 1
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad()
+        return total / max(count, 1)
+
+    # ---- data --------------------------------------------------------------------------------
+    def loader(
+        self,
+        dataset: Any,
+        *,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        **loader_kwargs: Any,
+    ) -> torch.utils.data.DataLoader[Any]:
+        """A loader of this rank's exact share of every global batch (``micro_batch_size``
+        samples per item; an HSDP shard rank its part of its replica's), steps numbered by
+        the optimizer steps, in step with applied plans. One pass is one epoch."""
+        return self.split.loader(
+            dataset,
+            micro_batch_size=self.micro_batch_size,
+            start_step=self.iteration,
+            shuffle=shuffle,
+            seed=seed,
+            part=self.part,
+            parts=self.parts,
+            collate_fn=collate_fn,
+            **loader_kwargs,
+        )
+
+    def close(self) -> None:
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
+        if self.session is not None:
+            self.session.close()
+            self.session = None
