@@ -1,0 +1,171 @@
+"""Hugging Face Accelerate as a failslow plugin: its own ``accumulate`` loop under plans (S2).
+
+What Accelerate prepared is a DDP model or an FSDP2 module (``fsdp_version: 2``), so the
+plugin is the FSDP/DDP adapter (:class:`~failslow.adapters.fsdp.plugin.FSDPAdapter`: topology,
+capabilities, local-shard snapshots) driven by Accelerate's own loop instead of ``train_step``::
+
+    for x, y in loader:                      # fs.loader(dataset): this rank's share
+        with accelerator.accumulate(model):
+            loss = loss_fn(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step(); scheduler.step(); optimizer.zero_grad()
+
+Accelerate decides per micro-batch, in ``Accelerator._do_sync`` (called on entering
+``accumulate``), whether this micro-batch synchronises gradients: ``step % G == 0`` or the end of
+the dataloader. The plugin puts its own decision there (an instance attribute shadowing the
+method): the step boundary passes before a step's first micro-batch (plans apply), and the
+micro-batch syncs exactly when it is this replica's last under the plan in effect. Everything
+else follows from Accelerate's ``sync_gradients``: ``accumulate`` enters ``no_sync`` (DDP) or
+``set_requires_gradient_sync(False)`` (FSDP2) before the others, and the prepared optimizer and
+scheduler step only after the last. ``gradient_accumulation_steps`` stays the even split's
+``G = M / D``, so ``accelerator.backward`` keeps dividing every micro-loss by ``G``: a replica
+that runs ``m_r`` of them contributes ``m_r / G`` times its mean, the kit's weight
+``w_r = m_r * D / M`` (no rescaling per plan). Pure FSDP additionally needs ``unshard_once``
+(the FSDP adapter's reshard schedule, set in the same place).
+
+A loop without ``accumulate`` (one micro-batch per step) passes the step boundary from a forward
+pre-hook. Accelerate's prepared loader reads one batch ahead and would re-shard a per-rank
+sampler; :meth:`AccelerateAdapter.loader` builds the share-aware loader and prepares it for this
+process alone, and its sampler registers every plan before reading the plan's step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from failslow import hookimpl
+from failslow.adapters.common.loop import is_training_forward
+from failslow.adapters.common.state import counters, restore_counters
+from failslow.adapters.fsdp.plugin import FSDPAdapter
+from failslow.core.planner.plans import MicroBatchPlan
+from failslow.errors import ConfigError
+
+NO_SHARE_LOADER = (
+    "micro-batch plans need each replica to read its exact share of every global batch: "
+    "build the training loader with fs.loader(dataset)"
+)
+
+
+def prepared(accelerator: Any, model: Any = None) -> tuple[Any, Any, Any]:
+    """The model as ``accelerator.prepare`` returned it (``model``, else the one Accelerate
+    keeps - FSDP2 keeps the wrapped module, DDP only the unwrapped one), the inner optimizer
+    and the inner scheduler."""
+    if len(accelerator._models) != 1 or len(accelerator._optimizers) != 1:
+        raise ConfigError(
+            "failslow.accelerate: expected one model and one optimizer passed to "
+            f"accelerator.prepare, got {len(accelerator._models)} and "
+            f"{len(accelerator._optimizers)}"
+        )
+    scheduler = accelerator._schedulers[0].scheduler if accelerator._schedulers else None
+    return model or accelerator._models[0], accelerator._optimizers[0].optimizer, scheduler
+
+
+def mesh_of(model: Any) -> Any:
+    """The DeviceMesh of an FSDP2 module (its first DTensor parameter's), else None."""
+    from torch.distributed.tensor import DTensor
+
+    for p in model.parameters():
+        if isinstance(p, DTensor):
+            return p.device_mesh
+    return None
+
+
+class AccelerateAdapter(FSDPAdapter):
+    """The FSDP/DDP adapter driven by one :class:`accelerate.Accelerator`'s loop."""
+
+    def __init__(
+        self,
+        accelerator: Any,
+        *,
+        model: Any = None,
+        micro_batch_size: int | None = None,
+        unshard_once: bool = False,
+        model_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        model, optimizer, scheduler = prepared(accelerator, model)
+        if micro_batch_size is None:
+            loaders = accelerator._dataloaders
+            size = getattr(loaders[0], "batch_size", None) if loaders else None
+            micro_batch_size = int(size) if size else 1
+        self.accelerator = accelerator
+        super().__init__(
+            model,
+            optimizer,
+            mesh=mesh_of(model),
+            scheduler=scheduler,
+            model_factory=model_factory,
+            accumulation_steps=int(accelerator.gradient_accumulation_steps),
+            micro_batch_size=micro_batch_size,
+            unshard_once=unshard_once,
+            framework="Accelerate",
+        )
+        self._done = 0
+        """Micro-batches of the current step already entered (``accumulate``)."""
+        self._hook: Any = None
+
+    def follow_loop(self) -> None:
+        """Take over Accelerate's sync decision and see every training forward."""
+        self.accelerator._do_sync = self._do_sync
+        self._hook = self.model.register_forward_pre_hook(self._before_forward)
+
+    def _do_sync(self) -> None:
+        """Entering ``accumulate``: is this micro-batch this replica's last of the step?"""
+        if self._done == 0:
+            self.begin_step()  # plans due now change the count before it is read
+        self._done += 1
+        last = self._done >= self.split.count
+        self.accelerator.step = 0 if last else self._done
+        self.accelerator.gradient_state._set_sync_gradients(last)
+        self.set_boundary(last)
+        if last:
+            self._done = 0
+
+    def _before_forward(self, module: Any, args: Any) -> None:
+        if is_training_forward(module):
+            self.begin_step()
+
+    # ---- hooks beyond the FSDP adapter's -------------------------------------------------------
+    @hookimpl
+    def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
+        super().failslow_prepare_microbatch_plan(plan, rank)
+        if not self.split.samplers:
+            raise ConfigError(NO_SHARE_LOADER)
+        return True
+
+    @hookimpl
+    def failslow_snapshot_state(self, step: int) -> dict[str, Any]:
+        state = super().failslow_snapshot_state(step)
+        state["accelerate"] = counters(self.accelerator, ("step",))
+        return state
+
+    @hookimpl
+    def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
+        super().failslow_restore_state(state, step)
+        restore_counters(self.accelerator, state["accelerate"])
+        self._done = 0
+        return True
+
+    # ---- data --------------------------------------------------------------------------------
+    def loader(self, dataset: Any, **kwargs: Any) -> Any:
+        """The FSDP adapter's share-aware loader, prepared by Accelerate for this process alone
+        (device placement and its end-of-data tracking; no second sharding)."""
+        from accelerate.data_loader import prepare_data_loader
+
+        loader = super().loader(dataset, **kwargs)
+        shard = prepare_data_loader(
+            loader,
+            self.accelerator.device,
+            num_processes=1,
+            process_index=0,
+            put_on_device=True,
+        )
+        shard._is_accelerate_prepared = True  # accelerator.prepare(shard) keeps it as it is
+        return shard
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.accelerator.__dict__.pop("_do_sync", None)
+        super().close()
