@@ -11,6 +11,7 @@ DEMO_DEFAULTS = {
     "torch": (200, 70, 140, 0.7),
     "deepspeed": (260, 60, 180, 0.75),
     "megatron": (260, 60, 180, 0.75),
+    "accelerate": (260, 60, 180, 0.75),
 }
 
 
@@ -26,7 +27,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else None
     if args.fault != "compute" and args.framework == "torch":
         raise SystemExit("failslow demo: --fault link needs --framework megatron")
-    if args.framework in ("deepspeed", "megatron"):
+    if args.framework in ("deepspeed", "megatron", "accelerate"):
         from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
         run_mitigation_demo(
@@ -67,12 +68,12 @@ def register(sub: Any) -> None:
         "--framework",
         choices=sorted(DEMO_DEFAULTS),
         default="torch",
-        help="torch: detection on a DDP job; deepspeed / megatron: detection, diagnosis and "
-        "automatic S2 mitigation of a DeepSpeed ZeRO-1 job / a Megatron-core GPT (PP2 x DP2), "
-        "with before/after throughput",
+        help="torch: detection on a DDP job; deepspeed / megatron / accelerate: detection, "
+        "diagnosis and automatic S2 mitigation of a DeepSpeed ZeRO-1 job / a Megatron-core GPT "
+        "(PP2 x DP2) / an FSDP2 job under accelerate launch, with before/after throughput",
     )
     p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--iterations", type=int, help="steps (torch 200, deepspeed/megatron 260)")
+    p.add_argument("--iterations", type=int, help="steps (torch 200, the others 260)")
     p.add_argument("--slow-rank", type=int, default=2)
     p.add_argument("--slow-start", type=int, help="iteration the slowdown starts (70, 60)")
     p.add_argument("--slow-end", type=int, help="iteration the slowdown ends (140, 180)")

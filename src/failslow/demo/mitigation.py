@@ -10,7 +10,10 @@ switching to the uneven micro-batch counts at one step boundary, and after the r
 re-validation that reverts to the even split. The live view follows the job step by step; the
 result is a throughput table (healthy, slowed, mitigated, after), ``steps.csv`` and a plot.
 
-``--framework megatron`` runs a Megatron-core GPT instead (:mod:`failslow.demo.megatron_worker`).
+``--framework megatron`` runs a Megatron-core GPT instead (:mod:`failslow.demo.megatron_worker`),
+``--framework accelerate`` an Accelerate job under ``accelerate launch`` (FSDP2 over every rank,
+:mod:`failslow.demo.accelerate_worker`): one launcher process starts the ranks, and each rank
+tells its PID for the throttle.
 With ``--fault link`` (Megatron, root) every rank runs in its own network namespace and host
 (:mod:`failslow.demo.netns`; the launcher's stores are reached over the bridge) and the fault is
 the link between ranks 0 and 1 shaped with tc (:class:`ShapedLink`): validation names the link,
@@ -44,6 +47,7 @@ from failslow.faults import DutyCycleThrottle
 JOBS = {
     "deepspeed": ("failslow.demo.ds_worker", "DeepSpeed ZeRO-1"),
     "megatron": ("failslow.demo.megatron_worker", "Megatron-core GPT, PP2 x DP2"),
+    "accelerate": ("failslow.demo.accelerate_worker", "Accelerate FSDP2 (accelerate launch)"),
 }
 """Framework -> (the rank's module, the job's name in the live view and the summary)."""
 
@@ -51,8 +55,10 @@ JOBS = {
 @dataclass
 class MitigationDemoOptions:
     framework: str = "deepspeed"
-    """``deepspeed`` (:mod:`failslow.demo.ds_worker`) or ``megatron``
-    (:mod:`failslow.demo.megatron_worker`: GPT, TP1 x PP2 x DP2, micro-batch size 8)."""
+    """``deepspeed`` (:mod:`failslow.demo.ds_worker`), ``megatron``
+    (:mod:`failslow.demo.megatron_worker`: GPT, TP1 x PP2 x DP2, micro-batch size 8) or
+    ``accelerate`` (:mod:`failslow.demo.accelerate_worker`: the DeepSpeed demo's MLP as FSDP2
+    under ``accelerate launch``)."""
     world_size: int = 4
     steps: int = 260
     fault: str = "compute"
@@ -228,7 +234,7 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
             while any(p.poll() is None for p in procs):
                 failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
                 if failed:
-                    raise FailslowError(f"demo: rank(s) {failed} failed; see {out}/rank-<r>.log")
+                    raise FailslowError(f"demo: rank(s) {failed} failed; see {out}/{_logs(opts)}")
                 if time.monotonic() - started > opts.timeout_s:
                     raise FailslowError(f"demo: not done after {opts.timeout_s:.0f} s; see {out}")
                 _observe(run, out, plane)
@@ -237,7 +243,7 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
                         fault = ShapedLink(net, SHAPED_LINK, opts.link_rate)
                     else:
                         fault = DutyCycleThrottle(
-                            procs[opts.slow_rank].pid, opts.stopped_fraction,
+                            _rank_pid(opts, procs, out), opts.stopped_fraction,
                             opts.throttle_period_s,
                         )  # fmt: skip
                     fault.start()
@@ -267,8 +273,19 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
         del rendezvous
         shutil.rmtree(ring_dir, ignore_errors=True)
     if any(p.returncode != 0 for p in procs):
-        raise FailslowError(f"demo: a rank failed; see {out}/rank-<r>.log")
+        raise FailslowError(f"demo: a rank failed; see {out}/{_logs(opts)}")
     return summarize(run, out)
+
+
+def _logs(opts: MitigationDemoOptions) -> str:
+    return "launch.log" if opts.framework == "accelerate" else "rank-<r>.log"
+
+
+def _rank_pid(opts: MitigationDemoOptions, procs: list[Any], out: Path) -> int:
+    """The slow rank's PID: its process, or under ``accelerate launch`` the PID it wrote."""
+    if opts.framework != "accelerate":
+        return int(procs[opts.slow_rank].pid)
+    return int((out / f"pid-rank{opts.slow_rank}").read_text())
 
 
 class ShapedLink:
@@ -341,6 +358,8 @@ def _spawn(
     store_url: str,
     net: Any = None,
 ) -> list[subprocess.Popen[bytes]]:
+    if opts.framework == "accelerate":
+        return [_accelerate_launch(opts, settings, ring_dir, out, store_url)]
     procs = []
     if net is not None:  # the ranks reach this process's stores over the bridge
         from failslow.demo.netns import HOST_ADDRESS
@@ -383,6 +402,38 @@ def _spawn(
                 )
             )
     return procs
+
+
+def _accelerate_launch(
+    opts: MitigationDemoOptions,
+    settings: dict[str, Any],
+    ring_dir: Path,
+    out: Path,
+    store_url: str,
+) -> subprocess.Popen[bytes]:
+    """``accelerate launch`` of the Accelerate job: one process that starts every rank
+    (torchrun's c10d rendezvous on a free port), all output in ``launch.log``."""
+    env = launch_env(
+        out,
+        opts.steps if opts.until_mitigated is None else opts.max_steps,
+        FAILSLOW_DEMO_MICRO_BATCHES=str(opts.micro_batches_per_replica),
+        FAILSLOW_DEMO_MICRO_BATCH_SIZE=str(opts.micro_batch_size),
+        FAILSLOW_DEMO_WIDTH=str(opts.width),
+        FAILSLOW_DEMO_CONFIG=json.dumps(settings),
+        FAILSLOW_RING_DIR=str(ring_dir),
+    )
+    if opts.mitigate:
+        env["FAILSLOW_STORE"] = store_url
+    if opts.until_mitigated is not None:
+        env["FAILSLOW_DEMO_STOP_FILE"] = str(out / "stop")
+    argv = [
+        sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
+        "--multi_gpu", "--num_processes", str(opts.world_size), "--num_machines", "1",
+        "--rdzv_backend", "c10d", "--main_process_ip", "127.0.0.1", "--main_process_port", "0",
+        "-m", JOBS["accelerate"][0],
+    ]  # fmt: skip
+    with open(out / "launch.log", "wb") as log:
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _observe(run: Run, out: Path, plane: Any) -> None:

@@ -68,8 +68,9 @@ NO_SWAP = (
 )
 
 
-def flavor_of(model: Any, mesh: Any) -> str:
-    """``"ddp"``, ``"fsdp"`` (1-D mesh) or ``"hsdp"`` (2-D mesh: replicate, shard)."""
+def flavor_of(model: Any, mesh: Any, source: str = "failslow.fsdp.attach") -> str:
+    """``"ddp"``, ``"fsdp"`` (1-D mesh) or ``"hsdp"`` (2-D mesh: replicate, shard); errors
+    name ``source``."""
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
@@ -78,12 +79,17 @@ def flavor_of(model: Any, mesh: Any) -> str:
     if isinstance(model, FSDPModule):
         if mesh is None or mesh.ndim not in (1, 2):
             raise ConfigError(
-                "failslow.fsdp.attach: pass mesh=, the DeviceMesh the model was fully_shard-ed "
+                f"{source}: pass mesh=, the DeviceMesh the model was fully_shard-ed "
                 "on (1-D: FSDP; 2-D (replicate, shard): HSDP)"
             )
         return "fsdp" if mesh.ndim == 1 else "hsdp"
+    if source != "failslow.fsdp.attach":
+        raise ConfigError(
+            f"{source}: the prepared model is a {type(model).__name__}, not distributed (DDP "
+            "or FSDP2); run more than one process (accelerate launch --num_processes N)"
+        )
     raise ConfigError(
-        f"failslow.fsdp.attach: the model is a {type(model).__name__}; attach after "
+        f"{source}: the model is a {type(model).__name__}; attach after "
         "fully_shard(model, mesh=...) (FSDP2/HSDP) or DistributedDataParallel(model)"
     )
 
@@ -126,8 +132,9 @@ class FSDPAdapter:
         for name, value in (("accumulation_steps", accumulation_steps),
                             ("micro_batch_size", micro_batch_size)):  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"failslow.fsdp.attach: {name} must be an integer >= 1")
-        self.flavor = flavor_of(model, mesh)
+                raise ConfigError(f"failslow.{framework.lower()}: {name} must be an integer >= 1")
+        self.flavor = flavor_of(model, mesh, "failslow.accelerate" if framework == "Accelerate"
+                                else "failslow.fsdp.attach")  # fmt: skip
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler

@@ -1,0 +1,131 @@
+"""One rank of the Accelerate mitigation demo: the loop of its tutorials, one line of failslow.
+
+Started by ``accelerate launch`` (from :mod:`failslow.demo.mitigation`, or by hand)::
+
+    accelerate launch --multi_gpu --num_processes 4 -m failslow.demo.accelerate_worker
+
+This is an Accelerate user's script with failslow: ``fs = failslow.accelerate.attach(
+accelerator)`` right after the ``Accelerator`` is built, the share-aware loader
+``fs.loader(dataset)``, and the ordinary ``accumulate`` / ``backward`` / ``step`` loop. The
+model is FSDP2 (``FAILSLOW_DEMO_SHARDING=fsdp2``, the default: one shard group over every rank,
+with ``unshard_once`` so micro-batch plans can run) or DDP (``ddp``). Accelerate picks FSDP only
+on accelerators: on this CPU-only machine the worker switches Accelerate's state to FSDP after
+building the ``Accelerator`` (demo-only, what ``fsdp_version: 2`` in an ``accelerate config``
+gives on GPUs). The control store comes from ``$FAILSLOW_STORE``, the rings from
+``$FAILSLOW_RING_DIR`` (set by the launcher, as ``failslow run --controller`` does); the
+slowdown is injected from outside, so each rank writes its PID (``pid-rank<r>``) for the
+launcher. At the end every rank writes its step record and rank 0 the full parameters.
+
+Environment: FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per rank),
+FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH, FAILSLOW_DEMO_CONFIG,
+FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end), FAILSLOW_DEMO_SHARDING.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+
+def make_accelerator(sharding: str, accumulation: int) -> Any:
+    """The ``Accelerator`` (DDP on CPU; FSDP2 through the demo-only switch in the docstring)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    if sharding == "ddp":
+        return Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
+    if sharding != "fsdp2":
+        raise SystemExit(f"FAILSLOW_DEMO_SHARDING must be fsdp2 or ddp, got {sharding!r}")
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    accelerator = Accelerator(
+        cpu=True, fsdp_plugin=plugin, gradient_accumulation_steps=accumulation
+    )
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["fsdp_plugin"] = plugin
+    return accelerator
+
+
+def main() -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    import failslow.accelerate
+    from failslow.demo.worker_io import (
+        all_ranks_see,
+        announce_start,
+        run_record,
+        worker_env,
+        write_progress,
+    )
+
+    env = worker_env()
+    rank, steps, per_replica, out = env.rank, env.steps, env.per_replica, env.out
+    (out / f"pid-rank{rank}").write_text(str(os.getpid()))
+    sharding = os.environ.get("FAILSLOW_DEMO_SHARDING", "fsdp2")
+    accelerator = make_accelerator(sharding, per_replica)
+    fs = failslow.accelerate.attach(
+        accelerator,
+        config=json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}")),
+        micro_batch_size=int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCH_SIZE", "128")),
+        unshard_once=sharding == "fsdp2",
+    )
+    torch.manual_seed(0)
+    width = int(os.environ.get("FAILSLOW_DEMO_WIDTH", "256"))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 4 * width),
+        torch.nn.GELU(),
+        torch.nn.Linear(4 * width, 4 * width),
+        torch.nn.GELU(),
+        torch.nn.Linear(4 * width, width),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    g = torch.Generator().manual_seed(1234)
+    dataset = torch.utils.data.TensorDataset(
+        torch.randn(4096, width, generator=g), torch.randn(4096, width, generator=g)
+    )
+    loader = fs.loader(dataset)
+    stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
+    resumed = fs.session.resumed_step
+    announce_start(rank, resumed)
+    first = fs.iteration
+    step_end: list[float] = [time.time()]
+    step = first
+    stop = False
+    while step < steps and not stop:
+        for x, y in loader:  # the loop of Accelerate's tutorials
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            if fs.iteration == step:
+                continue  # the optimizer has not stepped yet: more micro-batches of this step
+            step_end.append(time.time())
+            if rank == 0:  # the launcher's view of the job's progress (it injects by step)
+                write_progress(out, rank, step_end, first, step)
+            step += 1
+            if step >= steps or (stop_file and all_ranks_see(stop_file)):
+                stop = True  # every rank ends at the same step
+                break
+    record = run_record(rank, step_end, first, resumed, fs)
+    (out / f"steps-rank{rank}.json").write_text(json.dumps(record))
+    params = {}
+    for name, p in model.named_parameters():  # full values (FSDP2: gathered on every rank)
+        value = p.full_tensor() if isinstance(p, DTensor) else p
+        params[name.removeprefix("module.")] = value.detach().cpu().numpy()
+    if rank == 0:
+        np.savez(out / "parameters.npz", **params)
+    fs.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
