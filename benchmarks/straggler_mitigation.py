@@ -2,7 +2,8 @@
 
 Usage::
 
-    python benchmarks/straggler_mitigation.py [--framework deepspeed|megatron] [--steps 200]
+    python benchmarks/straggler_mitigation.py [--framework deepspeed|megatron|accelerate]
+        [--steps 200]
         [--slow-start 60] [--repeat 1] [--loop user|train_batch]
 
 ``--framework deepspeed`` (default) runs ``failslow demo --framework deepspeed``'s job: 4 ranks,
@@ -10,7 +11,10 @@ ZeRO-1, CPU/gloo, 4 micro-batches of 128 per replica per step, trained by the lo
 tutorials teach (``--loop user``: forward, backward, step over the loader) or by
 ``engine.train_batch()``. ``--framework megatron`` runs ``failslow demo --framework megatron``'s:
 a Megatron-core GPT on TP1 x PP2 x DP2 (Megatron DDP, Adam, 1F1B), 4 micro-batches of 8
-sequences per replica per step, the Megatron-LM loop with ``fs.forward_backward``. Rank 2 is
+sequences per replica per step, the Megatron-LM loop with ``fs.forward_backward``.
+``--framework accelerate`` runs ``failslow demo --framework accelerate``'s: the DeepSpeed job's
+MLP as FSDP2 over 4 ranks (``unshard_once``) under ``accelerate launch``, in Accelerate's own
+``accumulate`` loop (rank 0 writes the full parameters). Rank 2 is
 SIGSTOP/SIGCONT-cycled from outside (75% stopped, ~4x slower) from ``--slow-start`` to the end.
 Both runs train on the same data; the unmitigated run has no control plane, the failslow run
 detects, validates, plans and applies S2 by itself. Printed (ratios, since the machine is
@@ -69,7 +73,7 @@ def one_pair(base: Path, steps: int, start: int, loop: str, framework: str) -> d
     window_u = float(np.mean(u_times[start:]))
     window_f = float(np.mean(f_times[start:]))
     rel = 0.0
-    files = ["parameters.npz"] if framework == "deepspeed" else [
+    files = ["parameters.npz"] if framework in ("deepspeed", "accelerate") else [
         f"parameters-rank{r}.npz" for r in range(4)
     ]  # fmt: skip
     for name in files:

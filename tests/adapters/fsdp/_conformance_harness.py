@@ -36,6 +36,8 @@ MICRO_BATCHES = 8
 on each shard rank of the replica)."""
 SAMPLES = 256
 FP32 = 4
+SHAPES = [s for a, b in itertools.pairwise(SIZES) for s in ((b, a), (b,))]
+"""The parameters' full shapes: each Linear's weight and bias."""
 
 
 def padded_rows(rows: int, shards: int) -> int:
@@ -49,40 +51,29 @@ class FSDPJob(AdapterJob):
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
         import failslow.fsdp
 
         self.layout = layout
         world = dist.get_world_size()
         torch.manual_seed(seed)
-        layers: list[Any] = []
-        for a, b in itertools.pairwise(SIZES):
-            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-        net = torch.nn.Sequential(*layers[:-1])
-        self.shapes = [tuple(p.shape) for p in net.parameters()]
         self.mesh: Any = None
         if layout == "ddp":
-            self.model = torch.nn.parallel.DistributedDataParallel(net)
             self.replicas, self.shards = world, 1
+        elif layout == "hsdp_2x2":
+            self.mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+            self.replicas, self.shards = 2, 2
         else:
-            if layout == "hsdp_2x2":
-                self.mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
-                self.replicas, self.shards = 2, 2
-            else:
-                self.mesh = init_device_mesh("cpu", (world,))
-                self.replicas, self.shards = world, world
-            for layer in net:
-                if isinstance(layer, torch.nn.Linear):
-                    fully_shard(layer, mesh=self.mesh)
-            self.model = fully_shard(net, mesh=self.mesh)
+            self.mesh = init_device_mesh("cpu", (world,))
+            self.replicas, self.shards = world, world
         self.forwards = 0
-        net.register_forward_pre_hook(self._count_forward)
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.model, optimizer = self._build(self.mesh)
+        self.shapes = list(SHAPES)
         self.fs = failslow.fsdp.attach(
             self.model,
             optimizer,
             mesh=self.mesh,
+            model_factory=self._build if layout == "hsdp_2x2" else None,
             config={**(settings or {}), "capture": True},
             accumulation_steps=MICRO_BATCHES // self.replicas,
             micro_batch_size=MICRO_BATCH_SIZE,
@@ -98,6 +89,27 @@ class FSDPJob(AdapterJob):
 
     def _count_forward(self, module: Any, args: Any) -> None:
         self.forwards += 1
+
+    def _build(self, mesh: Any) -> tuple[Any, Any]:
+        """The MLP wrapped for this layout and its optimizer; also the HSDP ``model_factory``
+        (a topology swap calls it with the new mesh; the values it starts from are replaced
+        by the moved state)."""
+        import torch
+        from torch.distributed.fsdp import fully_shard
+
+        layers: list[Any] = []
+        for a, b in itertools.pairwise(SIZES):
+            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+        net = torch.nn.Sequential(*layers[:-1])
+        net.register_forward_pre_hook(self._count_forward)
+        if self.layout == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(net)
+        else:
+            for layer in net:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            model = fully_shard(net, mesh=mesh)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     def run_step(self, step: int) -> None:
         import torch

@@ -41,6 +41,10 @@ from failslow.adapters.fsdp.plugin import FSDPAdapter
 from failslow.core.planner.plans import MicroBatchPlan
 from failslow.errors import ConfigError
 
+NO_REBUILD = (
+    "Accelerate keeps the prepared model, optimizer and device mesh in its own process-wide "
+    "state, which a swap cannot rebuild in place"
+)
 NO_SHARE_LOADER = (
     "micro-batch plans need each replica to read its exact share of every global batch: "
     "build the training loader with fs.loader(dataset)"
@@ -108,6 +112,9 @@ class AccelerateAdapter(FSDPAdapter):
         """Take over Accelerate's sync decision and see every training forward."""
         self.accelerator._do_sync = self._do_sync
         self._hook = self.model.register_forward_pre_hook(self._before_forward)
+
+    def _swap_reason(self) -> str:
+        return NO_REBUILD if self.flavor == "hsdp" else super()._swap_reason()
 
     def _do_sync(self) -> None:
         """Entering ``accumulate``: is this micro-batch this replica's last of the step?"""

@@ -108,10 +108,11 @@ class ReplicaSplit:
             sampler.set_counts(counts, step=step)
         self.counts = counts
 
-    def set_replica(self, replica: int, step: int) -> None:
+    def set_replica(self, replica: int, step: int, part: int | None = None) -> None:
         """Run as DP replica ``replica`` from global step ``step`` on (a topology swap gave this
-        rank another role); every tracked loader reads that replica's share from ``step``.
-        FailslowError if a loader already handed out micro-batches of ``step``."""
+        rank another role); every tracked loader reads that replica's share from ``step``
+        (``part``: this rank's part of each of its micro-batches, where a replica's ranks
+        split them). FailslowError if a loader already handed out micro-batches of ``step``."""
         if not 0 <= replica < self.replicas:
             raise ConfigError(f"replica must be in [0, {self.replicas}), got {replica}")
         for sampler in self.samplers:
@@ -122,6 +123,8 @@ class ReplicaSplit:
                 )
         for sampler in self.samplers:
             sampler.replica = replica
+            if part is not None:
+                sampler.part = part
         self.replica = replica
 
     # ---- data --------------------------------------------------------------------------------

@@ -88,3 +88,24 @@ def together(phase: Callable[[], T], elsewhere: str) -> T:
             raise error
         raise FailslowError(elsewhere)
     return result  # type: ignore[return-value]
+
+
+def built(result: Any, what: str) -> tuple[Any, Any, Any]:
+    """``(model, optimizer, scheduler)`` from what the user's builder (``what``) returned:
+    ``(model, optimizer)`` or ``(model, optimizer, scheduler)``, else FailslowError."""
+    if not isinstance(result, tuple | list) or len(result) not in (2, 3):
+        raise FailslowError(
+            f"{what} must return (model, optimizer) or (model, optimizer, scheduler), built on "
+            f"the current process groups; got {type(result).__name__}"
+        )
+    return (*result, None) if len(result) == 2 else tuple(result)  # type: ignore[return-value]
+
+
+def adopt(old: Any, new: Any, what: str) -> None:
+    """Make the object the user holds (``old``) the rebuilt one: both share ``new``'s attribute
+    dictionary from now on, so the training loop's references stay valid after a swap."""
+    if type(old) is not type(new):
+        raise FailslowError(
+            f"{what} built a {type(new).__name__} where the job has a {type(old).__name__}"
+        )
+    object.__setattr__(old, "__dict__", new.__dict__)

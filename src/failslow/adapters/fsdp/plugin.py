@@ -29,19 +29,32 @@ thus contributes ``m_r / G`` times its mean, which is the kit's weight ``w_r = m
 the even split's gradient, with no per-plan rescaling.
 
 Snapshots are per rank and issue no collective: local shards of the parameters and of the
-optimizer state (:mod:`.shards`), the scheduler, the RNGs, the optimizer-step count and the
-loaders' positions. The optimizer step waits for the pending snapshot's copy.
+optimizer state (:mod:`.shards`), the scheduler, the RNGs, the optimizer-step count, the
+loaders' positions and the rank's mesh role. The optimizer step waits for the pending
+snapshot's copy.
+
+The topology swap (S3, greyhound 5.2) is HSDP's: per-layer traffic runs in the shard groups,
+one all-reduce per step in the replicate groups, so a placement that puts a slow link between
+two replicas instead of inside a shard group hides it. In place, at one step boundary: each
+role's shards go peer to peer to the process taking the role (the kit's
+:func:`~failslow.adapters.common.swap.exchange_state`), a new mesh is built whose groups list
+processes in role order (:func:`mesh_for`), ``model_factory(mesh)`` builds the model and
+optimizer on it, the user's objects adopt the new ones, and the shards are restored - no
+process restarts. DDP and pure FSDP have one gradient group over every rank, so no placement
+helps there: declared, with that reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from failslow import hookimpl
+from failslow.adapters.common import swap
 from failslow.adapters.common.loop import call_model
 from failslow.adapters.common.microbatch import ReplicaSplit
 from failslow.adapters.common.state import restore_rng_state, rng_state, wait_for_snapshot_before
@@ -53,18 +66,24 @@ from failslow.adapters.fsdp.shards import (
     restore_optimizer_state,
 )
 from failslow.capabilities import SUPPORTED, Capabilities
-from failslow.core.planner.plans import MicroBatchPlan
+from failslow.core.control.plan_channel import PlanResult
+from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan
 from failslow.core.topology import Topology
-from failslow.errors import ConfigError
+from failslow.errors import ConfigError, FailslowError
+from failslow.runtime.agreement import all_ranks_ok
 
 PURE_FSDP = (
     "pure FSDP (one shard group over every rank) all-gathers every layer in every "
     "micro-batch, so all ranks must run the same count; attach with unshard_once=True "
     "(parameters gathered once per step, DDP-like memory) to allow micro-batch plans"
 )
-NO_SWAP = (
-    "a topology swap in place is not implemented for FSDP2/DDP yet (an HSDP swap through "
-    "model_factory is planned); plans on this job use micro-batches (S2) or a restart"
+ONE_GROUP = (
+    "every rank is in the job's one gradient group ({flavor}), so no placement moves traffic "
+    "off a link; an HSDP job (2-D mesh) can swap"
+)
+NO_FACTORY = (
+    "a topology swap rebuilds the model on a new mesh through model_factory; pass "
+    "failslow.fsdp.attach(..., model_factory=f), f(mesh) -> (model, optimizer[, scheduler])"
 )
 
 
@@ -112,6 +131,46 @@ def pin_bucket_layout(ddp: Any) -> None:
     ddp._failslow_pinned = True
 
 
+def mesh_for(topology: Topology, like: Any) -> Any:
+    """The HSDP mesh (dims replicate, shard) for ``topology``'s roles: entry ``[r][s]`` is the
+    process running replica ``r``, shard ``s``. Its groups list their processes in that order
+    (``new_group(sort_ranks=False)``): FSDP2 shards by group rank and DTensor by mesh
+    coordinate, and the two must agree. Every rank calls it (it creates every group)."""
+    import torch
+
+    grid = [[-1] * topology.tp for _ in range(topology.dp)]
+    for process, (shard, replica, _) in enumerate(topology.coords):
+        grid[replica][shard] = process
+    rows = [dist.new_group(row, sort_ranks=False) for row in grid]
+    columns = [dist.new_group(list(col), sort_ranks=False) for col in zip(*grid, strict=True)]
+    rank = dist.get_rank()
+    replica = next(r for r, row in enumerate(grid) if rank in row)
+    shard = grid[replica].index(rank)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(
+        [columns[shard], rows[replica]],
+        like.device_type,
+        mesh=torch.tensor(grid),
+        mesh_dim_names=like.mesh_dim_names,
+    )
+
+
+def adopt_module(old: Any, new: Any) -> None:
+    """:func:`~failslow.adapters.common.swap.adopt` for an FSDP2 root module: FSDP2 finds a
+    module's state through a map keyed by the module object (``torch.distributed.
+    _composable_state``), so the object the user holds is mapped to the rebuilt one's state
+    too (its own old state goes with its old attributes)."""
+    import weakref
+
+    from torch.distributed import _composable_state as composable
+
+    swap.adopt(old, new, "model_factory")
+    state = composable._get_module_state(new)
+    if state is not None:
+        composable._module_state_mapping[old] = weakref.ref(state)
+
+
 class FSDPAdapter:
     """One data-parallel job's plugin on a :class:`~failslow.runtime.session.Session`."""
 
@@ -145,7 +204,9 @@ class FSDPAdapter:
         self.iteration = iteration
         """Optimizer steps taken: the global step the session's boundary numbers."""
         self._begun: int | None = None
-        rank, world = dist.get_rank(), dist.get_world_size()
+        self._undo: tuple[dict[str, Any], Topology] | None = None
+        self.rank = rank = dist.get_rank()
+        world = dist.get_world_size()
         if self.flavor == "hsdp":
             replica, shard = mesh.get_coordinate()
             replicas, self.parts, self.part = mesh.size(0), mesh.size(1), shard
@@ -181,10 +242,16 @@ class FSDPAdapter:
         microbatch = PURE_FSDP if self.flavor == "fsdp" and not self.unshard_once else SUPPORTED
         return Capabilities(
             microbatch_plans=microbatch,
-            topology_plans=NO_SWAP,
+            topology_plans=self._swap_reason(),
             snapshots=SUPPORTED,
             hot_update=SUPPORTED,
         )
+
+    def _swap_reason(self) -> str:
+        if self.flavor != "hsdp":
+            one = "DDP" if self.flavor == "ddp" else "FSDP over a 1-D mesh"
+            return ONE_GROUP.format(flavor=one)
+        return NO_FACTORY if self.model_factory is None else SUPPORTED
 
     @hookimpl
     def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
@@ -208,19 +275,107 @@ class FSDPAdapter:
             "rng": rng_state(),
             "iteration": self.iteration,
             "split": self.split.state_dict(step),
+            "coord": list(self._coord()),
             "step": step,
         }
 
+    def _coord(self) -> tuple[int, int]:
+        """This process's role: (shard, replica) in the mesh."""
+        shard, replica, _ = self.topology.coords[self.rank]
+        return shard, replica
+
     @hookimpl
     def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
+        """Every rank resumes together. A snapshot taken after a topology swap holds another
+        role than this process's launch role (a restart in place): then every rank gathers the
+        snapshots' roles once and rebuilds that placement before restoring."""
+        coord = tuple(state.get("coord", self._coord()))
+        if all_ranks_ok(coord == self._coord(), dist.get_world_size()):
+            self._restore(state, split=True)
+            return True
+        self.failslow_capabilities().require("topology_plans")
+        coords: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(coords, (coord[0], coord[1], 0))
+        topology = replace(self.topology, coords=tuple(tuple(c) for c in coords))
+        self._become(topology, state, step, split=True)
+        return True
+
+    def _restore(self, state: dict[str, Any], *, split: bool) -> None:
+        """Put ``state`` back; ``split``: the loaders' positions too (not in a swap, where the
+        live loaders already stand at this step boundary)."""
+        if tuple(state.get("coord", self._coord())) != self._coord():
+            raise FailslowError(
+                f"the snapshot holds the state of mesh role {state['coord']}, this process "
+                f"runs {list(self._coord())}"
+            )
         restore_model_state(self.model, state["model"])
         restore_optimizer_state(self.optimizer, state["optimizer"])
         if state["scheduler"] is not None and self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         restore_rng_state(state["rng"])
         self.iteration = int(state["iteration"])
-        self.split.load_state_dict(state["split"])
+        if split:
+            self.split.load_state_dict(state["split"])
+
+    # ---- S3: a topology swap in place (HSDP) ---------------------------------------------------
+    @hookimpl
+    def failslow_prepare_topology_plan(self, plan: TopologyPlan, rank: int) -> bool:
+        self.failslow_capabilities().require("topology_plans")
+        self.topology.placement(plan.hosts)  # a plan that does not fit fails here
         return True
+
+    @hookimpl
+    def failslow_apply_topology_plan(self, plan: TopologyPlan, step: int) -> bool:
+        """Swap in place (greyhound 5.2, S3): every role's shards to its new process, a new
+        mesh whose groups list the processes in role order, model and optimizer rebuilt through
+        ``model_factory(mesh)`` and restored; the objects the loop holds become the rebuilt
+        ones (:func:`~failslow.adapters.common.swap.adopt`). The pre-swap state is kept until
+        every rank confirmed the plan (:meth:`failslow_revert_topology_plan`)."""
+        self.failslow_capabilities().require("topology_plans")
+        dest, own = swap.together(
+            lambda: (self.topology.placement(plan.hosts), self.failslow_snapshot_state(step)),
+            f"topology plan at step {step}: another rank could not snapshot its role",
+        )
+        received = swap.together(
+            lambda: swap.exchange_state(own, dest, rank=self.rank, step=step),
+            f"topology plan at step {step}: another rank's state move failed",
+        )
+        self._undo = (own, self.topology)
+        self._become(self.topology.moved(dest), received, step, split=False)
+        return True
+
+    @hookimpl
+    def failslow_revert_topology_plan(self, plan: TopologyPlan, step: int) -> bool:
+        """Back to the placement and state before ``plan`` (a rank failed to apply it)."""
+        if self._undo is None:
+            return False
+        own, topology = self._undo
+        self._undo = None
+        self._become(topology, own, step, split=False)
+        return True
+
+    @hookimpl
+    def failslow_on_plan_result(self, plan: Plan, step: int, outcome: str, detail: str) -> None:
+        if isinstance(plan, TopologyPlan) and outcome == PlanResult.APPLIED:
+            self._undo = None
+
+    def _become(self, topology: Topology, state: dict[str, Any], step: int, *, split: bool) -> None:
+        """Run this process's role under ``topology`` from ``state``: mesh, objects, state,
+        data share."""
+        assert self.model_factory is not None
+        mesh = mesh_for(topology, self.mesh)
+        model, optimizer, scheduler = swap.built(self.model_factory(mesh), "model_factory(mesh)")
+        self._step_hook = optimizer.register_step_post_hook(self._stepped)
+        wait_for_snapshot_before(optimizer, "step", self)
+        adopt_module(self.model, model)
+        swap.adopt(self.optimizer, optimizer, "model_factory")
+        if self.scheduler is not None and scheduler is not None:
+            swap.adopt(self.scheduler, scheduler, "model_factory")
+        self.mesh, self.topology = mesh, topology
+        shard, replica = self._coord()
+        self.part = shard
+        self.split.set_replica(replica, step, part=shard)
+        self._restore(state, split=split)
 
     @hookimpl
     def failslow_hot_update(self, code: dict[str, Any], step: int) -> bool:

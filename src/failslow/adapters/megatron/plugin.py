@@ -174,9 +174,10 @@ class MegatronAdapter:
         """Swap in place (greyhound 5.2, S3): every role's state to its new process, Megatron's
         groups rebuilt for the permuted grid, model/DDP/optimizer/scheduler rebuilt through
         ``model_provider`` and restored. The job's own objects stay the ones the user holds
-        (:func:`_adopt`). The pre-swap state is kept until the plan is confirmed on every rank,
-        for :meth:`failslow_revert_topology_plan`: a rank that fails to snapshot, to move state,
-        to build or to restore rolls every rank back. One failure cannot be: ``model_provider``
+        (:func:`~failslow.adapters.common.swap.adopt`). The pre-swap state is kept until the
+        plan is confirmed on every rank, for :meth:`failslow_revert_topology_plan`: a rank that
+        fails to snapshot, to move state, to build or to restore rolls every rank back. One
+        failure cannot be: ``model_provider``
         failing on one rank *before* a collective it issues on the others (Megatron's
         ``get_megatron_optimizer`` all-gathers over every rank) leaves them in that collective
         until the process group's timeout."""
@@ -224,20 +225,14 @@ class MegatronAdapter:
 
         assert self.model_provider is not None
         grid.rebuild_grid(role_of, self._grid_sizes)
-        built = self.model_provider()
-        if not isinstance(built, tuple | list) or len(built) not in (2, 3):
-            raise FailslowError(
-                "model_provider() must return (model, optimizer) or (model, optimizer, "
-                f"scheduler), built on the current process groups; got {type(built).__name__}"
-            )
-        model, optimizer, scheduler = (*built, None) if len(built) == 2 else built
+        model, optimizer, scheduler = swap.built(self.model_provider(), "model_provider()")
         chunks = list(model) if isinstance(model, list | tuple) else [model]
         wait_for_snapshot_before(optimizer, "step", self)
         for old, new in zip(self.model, chunks, strict=True):
-            _adopt(old, new)
-        _adopt(self.optimizer, optimizer)
+            swap.adopt(old, new, "model_provider()")
+        swap.adopt(self.optimizer, optimizer, "model_provider()")
         if self.scheduler is not None and scheduler is not None:
-            _adopt(self.scheduler, scheduler)
+            swap.adopt(self.scheduler, scheduler, "model_provider()")
         self.config = get_model_config(self.model[0])
         self.role_of, self.topology = role_of, topology
         self.split.set_replica(topology.coords[self.rank][1], step)
@@ -383,17 +378,6 @@ class MegatronAdapter:
         if self.session is not None:
             self.session.close()
             self.session = None
-
-
-def _adopt(old: Any, new: Any) -> None:
-    """Make the object the user holds (``old``) the rebuilt one: both share ``new``'s attribute
-    dictionary from now on, so the training loop's references stay valid after a swap."""
-    if type(old) is not type(new):
-        raise FailslowError(
-            f"model_provider() built a {type(new).__name__} where the job has a "
-            f"{type(old).__name__}"
-        )
-    object.__setattr__(old, "__dict__", new.__dict__)
 
 
 def _vp_group(config: Any, pp: int) -> int:
