@@ -58,6 +58,9 @@ class Topology:
     ``microbatch_multiple`` the granularity of a replica's count under a micro-batch plan, as
     the framework's schedule needs it (0: greyhound's rule, footnote 4 - a multiple of PP for a
     1F1B pipeline; Megatron-core's 1F1B runs any count, its interleaved schedule whole groups).
+    ``sharded``: the ``tp`` dimension is a shard group of FSDP/HSDP (every rank of a replica
+    holds a shard of every layer; per-layer all-gathers and reduce-scatters run in it, and it
+    may span hosts), not tensor parallelism (which stays inside a host).
     """
 
     tp: int
@@ -69,6 +72,7 @@ class Topology:
     micro_batch_size: int = 1
     layers_per_stage: tuple[int, ...] = ()
     microbatch_multiple: int = 0
+    sharded: bool = False
     _index: dict[Coord, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -188,6 +192,7 @@ class Topology:
             "micro_batch_size": self.micro_batch_size,
             "layers_per_stage": list(self.layers_per_stage),
             "microbatch_multiple": self.microbatch_multiple,
+            "sharded": self.sharded,
         }
 
     @classmethod
@@ -203,6 +208,7 @@ class Topology:
                 micro_batch_size=int(data.get("micro_batch_size", 1)),
                 layers_per_stage=tuple(int(n) for n in data.get("layers_per_stage", ())),
                 microbatch_multiple=int(data.get("microbatch_multiple", 0)),
+                sharded=bool(data.get("sharded", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"topology: malformed record ({exc!r}): {dict(data)}") from exc
@@ -260,4 +266,5 @@ class Topology:
             micro_batch_size=self.micro_batch_size,
             layers_per_stage=self.layers_per_stage,
             microbatch_multiple=self.microbatch_multiple,
+            sharded=self.sharded,
         )

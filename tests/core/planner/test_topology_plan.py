@@ -335,3 +335,53 @@ def test_traffic_weights_decide_between_dp_and_pp() -> None:
         == 1
     )
     assert after.slow_pp_links == 0
+
+
+def hsdp_2x2(**kw: object) -> Topology:
+    """HSDP 2 x 2, one rank per host: tp = shard (0, 1 on replica 0; 2, 3 on replica 1)."""
+    return Topology(
+        tp=2, dp=2, pp=1,
+        coords=((0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)),
+        hosts=("h0", "h1", "h2", "h3"),
+        micro_batches=8,
+        **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_a_sharded_job_moves_a_congested_shard_link_between_replicas() -> None:
+    """HSDP: the link inside a shard group carries per-layer all-gathers and reduce-scatters
+    (4 micro-batches per replica: 6x a replica all-reduce); after the plan its hosts are in
+    different shard groups (2 x 2: diagonal roles, so the link carries nothing)."""
+    topology = hsdp_2x2(sharded=True)
+    diagnosis = links((0, 1, 4.0))
+    plan = plan_topology(topology, diagnosis, **ARGS)  # type: ignore[arg-type]
+    assert plan is not None
+    assert plan.moves
+    moved = topology.with_hosts(plan.hosts)
+    a, b = (moved.ranks_on(h)[0] for h in ("h0", "h1"))
+    assert moved.coords[a][1] != moved.coords[b][1]  # no longer one replica's shard group
+    before = placement_cost(topology, diagnosis, traffic=_sharded(topology))
+    after = placement_cost(moved, diagnosis, diagnosed_on=topology, traffic=_sharded(topology))
+    assert (before.slow_tp_links, after.slow_tp_links) == (1, 0)
+    assert after.link_cost < before.link_cost
+    assert "shard-group traffic 1 -> 0" in plan.reason
+
+
+def _sharded(topology: Topology) -> LinkTraffic:
+    from failslow.core.planner.topology_cost import link_traffic
+
+    traffic = link_traffic(topology)
+    assert traffic.tp_bytes == 1.5 * 4 * GREYHOUND_LINK_TRAFFIC.dp_bytes
+    return traffic
+
+
+def test_tensor_parallel_across_hosts_is_still_refused_when_not_sharded() -> None:
+    with pytest.raises(FailslowError, match="TP group"):
+        plan_topology(hsdp_2x2(), links((0, 1, 4.0)), **ARGS)  # type: ignore[arg-type]
+
+
+def test_the_sharded_flag_survives_the_job_record() -> None:
+    topology = hsdp_2x2(sharded=True)
+    assert Topology.from_dict(topology.to_dict()).sharded
+    assert topology.with_hosts(("h1", "h0", "h2", "h3")).sharded
+    assert not Topology.from_dict({**topology.to_dict(), "sharded": False}).sharded

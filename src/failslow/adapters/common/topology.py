@@ -19,12 +19,14 @@ def gather_topology(
     micro_batches: int,
     micro_batch_size: int,
     microbatch_multiple: int = 0,
+    sharded: bool = False,
     group: object = None,
 ) -> Topology:
     """The job's :class:`Topology` from this rank's ``(tp, dp, pp)`` coordinates; every rank
     of the default group (or ``group``) calls it. TP size is the world over ``dp * pp``;
     ``microbatch_multiple``: the granularity the framework's schedule needs of a replica's
-    count (0: the planner's default)."""
+    count (0: the planner's default); ``sharded``: TP is an FSDP shard group
+    (:attr:`Topology.sharded`)."""
     import torch.distributed as dist
 
     world = dist.get_world_size(group=group)
@@ -39,4 +41,5 @@ def gather_topology(
         micro_batches=micro_batches,
         micro_batch_size=micro_batch_size,
         microbatch_multiple=microbatch_multiple,
+        sharded=sharded,
     )

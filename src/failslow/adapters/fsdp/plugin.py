@@ -225,6 +225,7 @@ class FSDPAdapter:
             pp=1,
             micro_batches=accumulation_steps * replicas,
             micro_batch_size=micro_batch_size,
+            sharded=self.flavor == "hsdp",
         )
         if self.unshard_once:
             model.set_reshard_after_forward(False)

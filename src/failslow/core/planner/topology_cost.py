@@ -13,7 +13,14 @@ Traffic model (per step, per pair of *neighbouring* roles whose hosts differ):
 * PP: stages ``p`` and ``p+1`` of one pipeline exchange ``traffic.pp_bytes`` (activations and
   their gradients for all micro-batches). The paper puts DP at tens of GB per GPU and step, PP
   at tens to hundreds of MB: :data:`GREYHOUND_LINK_TRAFFIC`.
-* TP traffic stays inside a host (the planner refuses layouts where it does not).
+* TP traffic stays inside a host (the planner refuses layouts where it does not) - except in a
+  sharded job (:attr:`Topology.sharded`: the ``tp`` dimension is an FSDP/HSDP shard group,
+  which may span hosts). There shard-ring neighbours ``t`` and ``t+1`` exchange
+  ``traffic.tp_bytes``: an all-gather in the forward and in the backward and a reduce-scatter
+  per micro-batch, against one all-reduce per step between replicas, so
+  :func:`link_traffic` puts ``tp_bytes = 1.5 * G * dp_bytes`` (``G`` micro-batches per replica;
+  an all-reduce moves twice what an all-gather does). A placement that moves a congested link
+  from a shard group to between replicas is then the S3 of an HSDP job.
 
 A congested host pair ``(h1, h2)`` with slowdown ``s`` costs ``(s - 1) * bytes`` where
 ``bytes`` is the traffic its neighbouring role pairs put on it; pairs that are neither DP nor PP
@@ -47,19 +54,22 @@ __all__ = [
     "LinkTraffic",
     "PlacementCost",
     "link_roles",
+    "link_traffic",
     "placement_cost",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class LinkTraffic:
-    """Bytes one step sends between one pair of DP ring neighbours and of PP neighbours."""
+    """Bytes one step sends between one pair of DP ring neighbours, of PP neighbours and (in a
+    sharded job) of shard-group ring neighbours."""
 
     dp_bytes: float
     pp_bytes: float
+    tp_bytes: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("dp_bytes", "pp_bytes"):
+        for name in ("dp_bytes", "pp_bytes", "tp_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (math.isfinite(value) and value >= 0):
                 raise FailslowError(
@@ -69,6 +79,17 @@ class LinkTraffic:
 
 GREYHOUND_LINK_TRAFFIC = LinkTraffic(dp_bytes=10e9, pp_bytes=100e6)
 """Orders of magnitude from greyhound 5.2: DP tens of GB, PP tens to hundreds of MB per step."""
+
+
+def link_traffic(topology: Topology, base: LinkTraffic = GREYHOUND_LINK_TRAFFIC) -> LinkTraffic:
+    """``base`` for ``topology``: a sharded job's shard-group traffic added (module docstring)
+    unless ``base`` has its own; none otherwise (TP inside hosts)."""
+    if not topology.sharded or topology.tp < 2 or base.tp_bytes:
+        return base
+    per_replica = topology.micro_batches / topology.dp
+    return LinkTraffic(
+        dp_bytes=base.dp_bytes, pp_bytes=base.pp_bytes, tp_bytes=1.5 * per_replica * base.dp_bytes
+    )
 
 
 def canonical(x: float) -> float:
@@ -90,6 +111,8 @@ class PlacementCost:
     """PP stages that contain at least one straggling GPU."""
     edge_straggler_stages: int
     """Of those, how many are the first or the last stage."""
+    slow_tp_links: int = 0
+    """Congested host pairs that carry shard-group traffic (sharded jobs)."""
 
     @property
     def key(self) -> tuple[float, int, int]:
@@ -105,15 +128,19 @@ def role_grid(topology: Topology) -> np.ndarray:
     return grid
 
 
+def ring_pairs(grid: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) rank arrays of ring neighbours along ``axis`` of the grid (each pair once)."""
+    size = grid.shape[axis]
+    if size == 1:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    if size == 2:
+        return np.take(grid, 0, axis=axis).ravel(), np.take(grid, 1, axis=axis).ravel()
+    return grid.ravel(), np.roll(grid, -1, axis=axis).ravel()
+
+
 def neighbour_pairs(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(a, b) rank arrays of DP ring neighbours, then of PP neighbours (each pair once)."""
-    dp = grid.shape[1]
-    if dp == 1:
-        dp_a = dp_b = np.empty(0, dtype=np.int64)
-    elif dp == 2:
-        dp_a, dp_b = grid[:, 0, :].ravel(), grid[:, 1, :].ravel()
-    else:
-        dp_a, dp_b = grid.ravel(), np.roll(grid, -1, axis=1).ravel()
+    dp_a, dp_b = ring_pairs(grid, 1)
     pp_a, pp_b = grid[:, :, :-1].ravel(), grid[:, :, 1:].ravel()
     return dp_a, dp_b, pp_a, pp_b
 
@@ -188,15 +215,20 @@ def placement_cost(
         return dict(zip(keys.tolist(), counts.tolist(), strict=True))
 
     dp_pairs, pp_pairs = pair_counts(dp_a, dp_b), pair_counts(pp_a, pp_b)
-    link_cost, slow_dp, slow_pp = 0.0, 0, 0
+    tp_pairs = pair_counts(*ring_pairs(role_grid(topology), 0)) if traffic.tp_bytes else {}
+    link_cost, slow_dp, slow_pp, slow_tp = 0.0, 0, 0, 0
     for (h1, h2), slowdown in found.links.items():
         if h1 not in index or h2 not in index:
             continue  # a host that runs no role here carries none of this job's traffic
         i, j = sorted((index[h1], index[h2]))
-        n_dp, n_pp = dp_pairs.get(i * n_hosts + j, 0), pp_pairs.get(i * n_hosts + j, 0)
-        link_cost += (slowdown - 1.0) * (n_dp * traffic.dp_bytes + n_pp * traffic.pp_bytes)
+        key = i * n_hosts + j
+        n_dp, n_pp, n_tp = dp_pairs.get(key, 0), pp_pairs.get(key, 0), tp_pairs.get(key, 0)
+        link_cost += (slowdown - 1.0) * (
+            n_dp * traffic.dp_bytes + n_pp * traffic.pp_bytes + n_tp * traffic.tp_bytes
+        )
         slow_dp += n_dp > 0
         slow_pp += n_pp > 0
+        slow_tp += n_tp > 0
 
     stages: set[int] = set()
     for host, position in found.devices:
@@ -212,6 +244,7 @@ def placement_cost(
         link_cost=link_cost,
         slow_dp_links=slow_dp,
         slow_pp_links=slow_pp,
+        slow_tp_links=slow_tp,
         straggler_stages=len(stages),
         edge_straggler_stages=edge,
     )
@@ -239,7 +272,7 @@ class SlotCost:
             )
         grid = role_grid(topology)
         split = (host_of[grid] != host_of[grid[:1]]).any(axis=0)
-        if split.any():
+        if split.any() and not traffic.tp_bytes:
             d, p = (int(x) for x in np.argwhere(split)[0])
             raise FailslowError(
                 f"topology plan: TP group (dp={d}, pp={p}) spans several hosts; node-granular "
@@ -254,10 +287,15 @@ class SlotCost:
         self._stage_rows: list[list[int]] = self.slot_stages.tolist()
 
         dp_a, dp_b, pp_a, pp_b = neighbour_pairs(grid)
-        a = np.concatenate([host_of[dp_a], host_of[pp_a]])
-        b = np.concatenate([host_of[dp_b], host_of[pp_b]])
+        tp_a, tp_b = ring_pairs(grid, 0) if traffic.tp_bytes else (dp_a[:0], dp_b[:0])
+        a = np.concatenate([host_of[dp_a], host_of[pp_a], host_of[tp_a]])
+        b = np.concatenate([host_of[dp_b], host_of[pp_b], host_of[tp_b]])
         weight = np.concatenate(
-            [np.full(len(dp_a), traffic.dp_bytes), np.full(len(pp_a), traffic.pp_bytes)]
+            [
+                np.full(len(dp_a), traffic.dp_bytes),
+                np.full(len(pp_a), traffic.pp_bytes),
+                np.full(len(tp_a), traffic.tp_bytes),
+            ]
         )
         cross = a != b
         lo, hi = np.minimum(a, b)[cross], np.maximum(a, b)[cross]

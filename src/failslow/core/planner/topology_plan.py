@@ -64,6 +64,7 @@ from failslow.core.planner.topology_cost import (
     GREYHOUND_LINK_TRAFFIC,
     LinkTraffic,
     SlotCost,
+    link_traffic,
     placement_cost,
 )
 from failslow.core.topology import Topology
@@ -279,10 +280,12 @@ def plan_topology(
     takes to copy. ``overhead_s = pause_s + max per-host bytes sent or received /
     transfer_bandwidth_bytes_per_s``: all hosts copy in parallel, each sending and receiving at
     once (greyhound Fig. 19), so the busiest host bounds the copy. ``traffic`` weighs DP against
-    PP traffic on congested links. Placements of up to ``exact_search_limit`` candidates are
-    searched exhaustively, larger ones constructively (module docstring). Raises
-    :class:`FailslowError` for bad arguments or a layout that does not allow node-granular swaps
-    (hosts holding different numbers of roles, TP groups spanning hosts).
+    PP traffic on congested links (a sharded job's shard-group traffic is added:
+    :func:`~failslow.core.planner.topology_cost.link_traffic`). Placements of up to
+    ``exact_search_limit`` candidates are searched exhaustively, larger ones constructively
+    (module docstring). Raises :class:`FailslowError` for bad arguments or a layout that does
+    not allow node-granular swaps (hosts holding different numbers of roles, TP groups spanning
+    hosts unless sharded).
     """
     nbytes = _integer("state_bytes_per_rank", state_bytes_per_rank)
     bandwidth = _number(
@@ -290,6 +293,7 @@ def plan_topology(
     )
     pause = _number("pause_s", pause_s, positive=False)
     limit = _integer("exact_search_limit", exact_search_limit)
+    traffic = link_traffic(topology, traffic)
     cost = SlotCost(topology, diagnosis, traffic)
     if not cost.affected:
         return None
@@ -328,7 +332,13 @@ def plan_topology(
     reason = (
         f"S3 topology swap: {moved_hosts} hosts exchange roles ({len(moves)} roles); congested "
         f"links carrying DP traffic {before.slow_dp_links} -> {after.slow_dp_links}, carrying "
-        f"PP traffic {before.slow_pp_links} -> {after.slow_pp_links}; PP stages with stragglers "
+        f"PP traffic {before.slow_pp_links} -> {after.slow_pp_links}"
+        + (
+            f", carrying shard-group traffic {before.slow_tp_links} -> {after.slow_tp_links}"
+            if traffic.tp_bytes
+            else ""
+        )
+        + "; PP stages with stragglers "
         f"{before.straggler_stages} -> {after.straggler_stages} (first/last "
         f"{before.edge_straggler_stages} -> {after.edge_straggler_stages})"
     )
