@@ -12,6 +12,7 @@ DEMO_DEFAULTS = {
     "deepspeed": (260, 60, 180, 0.75),
     "megatron": (260, 60, 180, 0.75),
     "accelerate": (260, 60, 180, 0.75),
+    "fsdp": (260, 60, 180, 0.75),
 }
 
 
@@ -26,8 +27,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
     out_dir = Path(args.out) if args.out else None
     if args.fault != "compute" and args.framework == "torch":
-        raise SystemExit("failslow demo: --fault link needs --framework megatron")
-    if args.framework in ("deepspeed", "megatron", "accelerate"):
+        raise SystemExit("failslow demo: --fault link needs --framework megatron or fsdp")
+    if args.framework in ("deepspeed", "megatron", "accelerate", "fsdp"):
         from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
         run_mitigation_demo(
@@ -70,7 +71,8 @@ def register(sub: Any) -> None:
         default="torch",
         help="torch: detection on a DDP job; deepspeed / megatron / accelerate: detection, "
         "diagnosis and automatic S2 mitigation of a DeepSpeed ZeRO-1 job / a Megatron-core GPT "
-        "(PP2 x DP2) / an FSDP2 job under accelerate launch, with before/after throughput",
+        "(PP2 x DP2) / an FSDP2 job under accelerate launch / FSDP2 HSDP 2 x 2, with "
+        "before/after throughput",
     )
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--iterations", type=int, help="steps (torch 200, the others 260)")
@@ -86,11 +88,13 @@ def register(sub: Any) -> None:
         "--fault",
         choices=("compute", "link"),
         default="compute",
-        help="deepspeed/megatron: compute - the slow rank is SIGSTOP-cycled (S2); link "
-        "(megatron, root) - every rank in its own network namespace, the link between ranks 0 "
-        "and 1 shaped with tc (S3 swaps roles in place)",
+        help="compute - the slow rank is SIGSTOP-cycled (S2); link (megatron or fsdp, root) - "
+        "every rank in its own network namespace, the link between ranks 0 and 1 shaped with "
+        "tc (S3 swaps roles in place)",
     )
-    p.add_argument("--link-rate", default="25mbit", help="--fault link: the link's rate")
+    p.add_argument(
+        "--link-rate", help="--fault link: the link's rate (megatron 25mbit, fsdp 200mbit)"
+    )
     p.add_argument("--out", help="run directory (default: runs/demo-<time>)")
     p.add_argument("--no-live", action="store_true", help="no live display (plain log lines)")
     p.add_argument(

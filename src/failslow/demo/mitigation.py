@@ -18,6 +18,9 @@ With ``--fault link`` (Megatron, root) every rank runs in its own network namesp
 (:mod:`failslow.demo.netns`; the launcher's stores are reached over the bridge) and the fault is
 the link between ranks 0 and 1 shaped with tc (:class:`ShapedLink`): validation names the link,
 the planner buys S3 (greyhound 5.2, Fig. 11) and every rank swaps roles in place.
+``--framework fsdp`` runs an FSDP2 HSDP job (2 replicas x 2 shards,
+:mod:`failslow.demo.fsdp_worker`); its ``--fault link`` shapes a link inside a shard group
+(per-layer traffic), and S3 moves it between replicas.
 
 With ``mitigate=False`` the same job runs without a control plane (the benchmark's baseline).
 """
@@ -48,6 +51,7 @@ JOBS = {
     "deepspeed": ("failslow.demo.ds_worker", "DeepSpeed ZeRO-1"),
     "megatron": ("failslow.demo.megatron_worker", "Megatron-core GPT, PP2 x DP2"),
     "accelerate": ("failslow.demo.accelerate_worker", "Accelerate FSDP2 (accelerate launch)"),
+    "fsdp": ("failslow.demo.fsdp_worker", "FSDP2 HSDP, 2 replicas x 2 shards"),
 }
 """Framework -> (the rank's module, the job's name in the live view and the summary)."""
 
@@ -66,7 +70,9 @@ class MitigationDemoOptions:
     ``link`` (Megatron, root): every rank in its own network namespace and host, and the link
     between ranks 0 and 1 - stage 0 of two replicas, their gradient all-reduce - shaped to
     ``link_rate`` (S3 swaps roles so that link carries no DP traffic)."""
-    link_rate: str = "25mbit"
+    link_rate: str | None = None
+    """Default: Megatron 25mbit; FSDP 200mbit (its shard groups move every layer's shards per
+    micro-batch, so a slower link makes a step take seconds)."""
     slow_rank: int = 2
     slow_start: int = 60
     slow_end: int | None = 180
@@ -105,22 +111,24 @@ class MitigationDemoOptions:
             raise FailslowError(
                 f"demo: --framework must be one of {sorted(JOBS)}, got {self.framework!r}"
             )
-        megatron = self.framework == "megatron"
+        megatron, fsdp = self.framework == "megatron", self.framework == "fsdp"
         if self.micro_batch_size is None:
-            self.micro_batch_size = 8 if megatron else 128
+            self.micro_batch_size = 8 if megatron else 64 if fsdp else 128
         if self.width is None:
-            self.width = 128 if megatron else 256
-        if self.framework == "megatron" and self.world_size % 2:
+            self.width = 128 if megatron or fsdp else 256
+        if self.link_rate is None:
+            self.link_rate = "200mbit" if fsdp else "25mbit"
+        if (megatron or fsdp) and self.world_size % 2:
             raise FailslowError(
-                f"demo: the Megatron job has 2 pipeline stages; --world-size must be even, "
-                f"got {self.world_size}"
+                f"demo: the {self.framework} job has 2 pipeline stages / replicas; --world-size "
+                f"must be even, got {self.world_size}"
             )
         if self.fault not in ("compute", "link"):
             raise FailslowError(f"demo: --fault must be compute or link, got {self.fault!r}")
-        if self.fault == "link" and not megatron:
+        if self.fault == "link" and not (megatron or fsdp):
             raise FailslowError(
-                "demo: --fault link needs --framework megatron (the topology swap, S3, is "
-                "Megatron's)"
+                "demo: --fault link needs --framework megatron or fsdp (the topology swap, S3, "
+                "is theirs)"
             )
         if self.fault == "link" and hasattr(os, "geteuid") and os.geteuid() != 0:
             raise FailslowError(
