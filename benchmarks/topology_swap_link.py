@@ -3,7 +3,8 @@ vs the planner's topology swap applied in place.
 
 Usage (root: network namespaces)::
 
-    python benchmarks/topology_swap_link.py [--rate 50mbit] [--steps 30] [--repeat 1]
+    python benchmarks/topology_swap_link.py [--framework megatron|fsdp] [--rate 50mbit]
+        [--steps 30] [--repeat 1]
 
 Four ranks, each in its own network namespace and its own host (``FAILSLOW_HOST``), on one
 bridge (:mod:`failslow.demo.netns`; gloo binds to the rank's veth, so every byte crosses the
@@ -15,6 +16,9 @@ shaped to ``--rate`` in both directions (htb). Greyhound 5.2, S3 (Fig. 11): the 
 link carries less traffic; the failslow run applies its plan in place two steps after the
 shaping (``session.schedule``), the unmitigated run never does. Both runs train on the same
 data; every role's parameters are compared between them at the end (bitwise expected).
+``--framework fsdp``: ``failslow demo --framework fsdp``'s FSDP2 HSDP job (2 replicas x 2
+shards) instead, the link between ranks 0 and 1 then inside replica 0's shard group (every
+layer's all-gathers and reduce-scatters cross it); the planner knows the job is sharded.
 
 Printed per run: the healthy step (median before the shaping), the shaped step unmitigated, the
 shaped step after the swap, the share of the slowdown removed ``(unmit - swapped) / (unmit -
@@ -44,24 +48,22 @@ def _rank_main(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
+    from swap_jobs import fsdp_job, megatron_job
 
-    import failslow.megatron
     from failslow.core.diagnosis.record import Diagnosis, Kind, SlowLink
     from failslow.core.planner import plan_topology
-    from failslow.demo.megatron_job import GptShape, build_gpt, train_step
 
     torch.set_num_threads(1)
     rank, out = args.rank, Path(args.out)
     timeout = datetime.timedelta(seconds=120)
     store = dist.TCPStore(args.master, PORT, WORLD, is_master=rank == 0, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timeout)
-    shape = GptShape(hidden=args.hidden, vocab=512, seq=64, micro_batch_size=8, samples=2048)
-    job = build_gpt(1, 2, seed=0, shape=shape)
-    fs = failslow.megatron.attach(
-        job.model, job.optimizer, job.scheduler, model_provider=job.extra["model_provider"],
-        config={"capture": False}, num_microbatches=4, micro_batch_size=shape.micro_batch_size,
-    )  # fmt: skip
-    data = fs.data_iterator(job.dataset, seed=0)
+    if args.framework == "fsdp":
+        fs, train_step, parameters = fsdp_job(args.hidden, world=WORLD)
+    else:
+        fs, train_step, parameters = megatron_job(
+            args.hidden, vocab=512, micro_batch_size=8, samples=2048
+        )
     plan = None
     if args.mode == "swap":
         link = Diagnosis(Kind.COMMUNICATION, slow_links=(SlowLink(*SHAPED, 10.0),))
@@ -79,10 +81,9 @@ def _rank_main(args: argparse.Namespace) -> None:
                 time.sleep(0.01)
             dist.barrier()
         t0 = time.monotonic()
-        train_step(job, fs, data)
+        train_step()
         steps.append(time.monotonic() - t0)
-    params = {n: p.detach().numpy() for n, p in job.model[0].module.named_parameters()}
-    np.savez(out / f"{args.mode}.rank{rank}.npz", **params)
+    np.savez(out / f"{args.mode}.rank{rank}.npz", **parameters())
     record = {
         "steps": steps,
         "coord": list(fs.topology.coords[rank]),
@@ -103,7 +104,7 @@ def _world(net: object, mode: str, out: Path, args: argparse.Namespace) -> list[
         cmd = [sys.executable, __file__, "--rank", str(rank), "--mode", mode, "--out", str(out),
                "--master", net.ranks[0].address,  # type: ignore[attr-defined]
                "--hidden", str(args.hidden), "--steps", str(args.steps),
-               "--healthy", str(args.healthy)]  # fmt: skip
+               "--healthy", str(args.healthy), "--framework", args.framework]  # fmt: skip
         log = open(out / f"{mode}.rank{rank}.log", "w")  # closed below
         procs.append((net.popen(rank, cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))  # type: ignore[attr-defined]
     try:
@@ -159,6 +160,7 @@ def one_run(net: object, args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--framework", choices=("megatron", "fsdp"), default="megatron")
     parser.add_argument("--rate", default="50mbit", help="the congested link's rate (tc htb)")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--steps", type=int, default=30)
@@ -187,7 +189,8 @@ def main() -> None:
                 progress.advance(task)
     except NetnsUnavailable as exc:
         raise SystemExit(f"topology_swap_link: needs network namespaces (root): {exc}") from None
-    table = Table(title=f"S3 on a shaped DP link ({args.rate}), Megatron GPT TP1 x PP2 x DP2")
+    job = "FSDP2 HSDP 2 x 2" if args.framework == "fsdp" else "Megatron GPT TP1 x PP2 x DP2"
+    table = Table(title=f"S3 on a shaped link 0-1 ({args.rate}), {job}")
     for column in ("run", "healthy", "shaped, unmitigated", "shaped, swapped", "removed",
                    "swap pause", "roles after (tp, dp, pp) per host", "params"):  # fmt: skip
         table.add_column(column, justify="right")

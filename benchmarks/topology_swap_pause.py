@@ -2,7 +2,8 @@
 
 Usage::
 
-    python benchmarks/topology_swap_pause.py [--hidden 256] [--repeat 2] [--warm 3]
+    python benchmarks/topology_swap_pause.py [--framework megatron|fsdp] [--hidden 256]
+        [--repeat 2] [--warm 3]
 
 Greyhound 5.2 ("Implementation and overhead", Fig. 19) swaps the parallel topology in place:
 pause at a step boundary, copy each moved role's state peer to peer, rebuild, resume - 6.72x
@@ -10,7 +11,9 @@ faster than stopping the job, writing a checkpoint, and relaunching it on the ne
 Both sides here run the Megatron-core GPT of ``failslow demo --framework megatron`` (TP1 x PP2
 x DP2, Megatron DDP, Adam, 4 ranks on CPU/gloo, each rank its own host via ``FAILSLOW_HOST``)
 and apply the same swap: every role moves to the next rank's host (a rotation; every rank's
-state travels).
+state travels). ``--framework fsdp`` runs the FSDP2 HSDP job of ``failslow demo --framework
+fsdp`` instead (2 replicas x 2 shards, width ``--hidden``, SGD with momentum;
+``failslow.fsdp.attach(..., model_factory=build)``), the same rotation.
 
 - **in place** (failslow): ``failslow.megatron.attach(..., model_provider=...)``, the swap
   scheduled with ``session.schedule(TopologyPlan, step)``; the pause is the swap step's time
@@ -48,23 +51,21 @@ def _rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    import failslow.megatron
     from failslow.core.planner.plans import TopologyPlan
-    from failslow.demo.megatron_job import GptShape, build_gpt, train_step
 
     torch.set_num_threads(1)
     rank, out = args.rank, Path(args.out)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=WORLD
     )
-    shape = GptShape(hidden=args.hidden, vocab=1024, seq=64, micro_batch_size=4, samples=512)
-    job = build_gpt(1, 2, seed=0, shape=shape)
-    fs = failslow.megatron.attach(
-        job.model, job.optimizer, job.scheduler, model_provider=job.extra["model_provider"],
-        config={"capture": False}, num_microbatches=4, micro_batch_size=shape.micro_batch_size,
-        iteration=args.start,
-    )  # fmt: skip
-    data = fs.data_iterator(job.dataset, seed=0)
+    from swap_jobs import fsdp_job, megatron_job
+
+    if args.framework == "fsdp":
+        fs, train_step, parameters = fsdp_job(args.hidden, world=WORLD, start=args.start)
+    else:
+        fs, train_step, parameters = megatron_job(
+            args.hidden, vocab=1024, micro_batch_size=4, samples=512, start=args.start
+        )
     record: dict[str, object] = {"rank": rank}
     if args.mode == "relaunch":  # this process now runs the role whose checkpoint is named so
         state = torch.load(out / f"role{rank}.pt", weights_only=False)
@@ -88,20 +89,21 @@ def _rank_main(args: argparse.Namespace) -> None:
             record["state_bytes"] = path.stat().st_size
             break
         t0 = time.monotonic()
-        train_step(job, fs, data)
+        train_step()
         steps.append(time.monotonic() - t0)
     record["steps"] = steps
     record["coord"] = list(fs.topology.coords[rank])
     if args.mode != "stop":
-        params = {n: p.detach().numpy() for n, p in job.model[0].module.named_parameters()}
-        np.savez(out / f"{args.mode}.rank{rank}.npz", **params)
+        np.savez(out / f"{args.mode}.rank{rank}.npz", **parameters())
     (out / f"{args.mode}.rank{rank}.json").write_text(json.dumps(record))
     fs.close()
     dist.destroy_process_group()
 
 
 # ---- driver ------------------------------------------------------------------------------------
-def _world(mode: str, out: Path, hidden: int, warm: int, start: int = 0) -> float:
+def _world(
+    mode: str, out: Path, hidden: int, warm: int, start: int = 0, framework: str = "megatron"
+) -> float:
     """Run four ranks of ``mode``; return the wall time from launch to the last exit."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,7 +115,7 @@ def _world(mode: str, out: Path, hidden: int, warm: int, start: int = 0) -> floa
                "FAILSLOW_DISABLE_PLUGIN_AUTOLOAD": "1"}  # fmt: skip
         cmd = [sys.executable, __file__, "--rank", str(rank), "--mode", mode, "--out", str(out),
                "--port", str(port), "--hidden", str(hidden), "--warm", str(warm),
-               "--start", str(start)]  # fmt: skip
+               "--start", str(start), "--framework", framework]  # fmt: skip
         log = open(out / f"{mode}.rank{rank}.log", "w")
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     for proc, log in procs:
@@ -129,24 +131,24 @@ def _records(out: Path, mode: str) -> list[dict]:
     return [json.loads((out / f"{mode}.rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-def one_run(hidden: int, warm: int) -> dict[str, float]:
+def one_run(hidden: int, warm: int, framework: str) -> dict[str, float]:
     import numpy as np
 
     with tempfile.TemporaryDirectory(prefix="swap-pause-", dir=Path.home()) as tmp:
         out = Path(tmp)
-        _world("inplace", out, hidden, warm)
+        _world("inplace", out, hidden, warm, framework=framework)
         inplace = _records(out, "inplace")
         pauses = []
         for rec in inplace:
             steps = rec["steps"]
             ordinary = steps[1:warm] + steps[warm + 1 :]  # the first step warms up
             pauses.append(steps[warm] - statistics.median(ordinary))
-        _world("stop", out, hidden, warm)
+        _world("stop", out, hidden, warm, framework=framework)
         stopped = _records(out, "stop")
         # the relaunch: roles rotate one host on, so the process on host k runs role k - 1;
         # a relaunch renumbers ranks by role, which is what this launch does
         t_spawn = time.time()
-        _world("relaunch", out, hidden, warm, start=warm)
+        _world("relaunch", out, hidden, warm, start=warm, framework=framework)
         relaunched = _records(out, "relaunch")
         stop = min(r["stop"] for r in stopped)
         saved = max(r["saved"] for r in stopped)
@@ -172,6 +174,7 @@ def one_run(hidden: int, warm: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--framework", choices=("megatron", "fsdp"), default="megatron")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--warm", type=int, default=3, help="steps before the swap")
@@ -192,9 +195,14 @@ def main() -> None:
     with Progress(transient=True) as progress:
         task = progress.add_task("swap pause: in place, then stop + relaunch", total=args.repeat)
         for _ in range(args.repeat):
-            results.append(one_run(args.hidden, args.warm))
+            results.append(one_run(args.hidden, args.warm, args.framework))
             progress.advance(task)
-    table = Table(title=f"S3 swap pause, Megatron GPT hidden {args.hidden}, TP1 x PP2 x DP2")
+    job = (
+        f"FSDP2 HSDP 2 x 2, width {args.hidden}"
+        if args.framework == "fsdp"
+        else f"Megatron GPT hidden {args.hidden}, TP1 x PP2 x DP2"
+    )
+    table = Table(title=f"S3 swap pause, {job}")
     for column in ("run", "state/rank", "step", "in place", "stop+disk+relaunch", "ratio",
                    "save", "restart+build+load", "max |diff|"):  # fmt: skip
         table.add_column(column, justify="right")
