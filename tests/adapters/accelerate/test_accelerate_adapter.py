@@ -72,3 +72,12 @@ def test_a_single_process_job_is_refused_with_what_to_do():
     accelerator._optimizers = [SimpleNamespace(optimizer=None)]
     with pytest.raises(ConfigError, match=r"not distributed.*accelerate launch --num_processes"):
         AccelerateAdapter(accelerator, micro_batch_size=2)
+
+
+def test_an_hsdp_swap_is_declared_with_accelerates_reason():
+    from failslow.adapters.accelerate.plugin import NO_REBUILD
+
+    adapter = AccelerateAdapter.__new__(AccelerateAdapter)
+    adapter.flavor, adapter.unshard_once, adapter.model_factory = "hsdp", False, lambda m: m
+    adapter.split = ReplicaSplit(replica=0, replicas=2, micro_batches=4, framework="Accelerate")
+    assert adapter.failslow_capabilities().topology_plans == NO_REBUILD

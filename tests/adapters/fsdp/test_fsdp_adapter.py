@@ -43,6 +43,7 @@ def _adapter(flavor: str, unshard_once: bool = False) -> FSDPAdapter:
     adapter = FSDPAdapter.__new__(FSDPAdapter)
     adapter.flavor = flavor
     adapter.unshard_once = unshard_once
+    adapter.model_factory = None
     adapter.split = ReplicaSplit(replica=0, replicas=4, micro_batches=8, framework="FSDP")
     return adapter
 
@@ -67,6 +68,15 @@ def test_counts_that_leave_a_replica_idle_or_miss_the_batch_are_refused():
         adapter.failslow_prepare_microbatch_plan(_plan(0, 4, 2, 2), rank=0)
     with pytest.raises(ConfigError, match="must sum to the 8"):
         adapter.failslow_prepare_microbatch_plan(_plan(1, 1, 1, 1), rank=0)
+
+
+def test_topology_swaps_are_declared_with_their_reason():
+    assert "one gradient group (DDP)" in _adapter("ddp").failslow_capabilities().topology_plans
+    assert "1-D mesh" in _adapter("fsdp", True).failslow_capabilities().topology_plans
+    hsdp = _adapter("hsdp")
+    assert "model_factory" in hsdp.failslow_capabilities().topology_plans
+    hsdp.model_factory = lambda mesh: None
+    assert hsdp.failslow_capabilities().topology_plans == ""
 
 
 def test_the_loss_scale_is_the_even_split_accumulation_under_any_plan():

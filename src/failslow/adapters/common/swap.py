@@ -16,7 +16,10 @@ part every adapter that swaps in place shares:
   format (:mod:`failslow.core.checkpoint.blob`), so what arrives is verified and bitwise;
 - :func:`together` runs one phase and agrees with every rank
   (:func:`~failslow.runtime.agreement.all_ranks_ok`) that it worked
-  everywhere: nothing is torn down unless every rank holds its new role's state.
+  everywhere: nothing is torn down unless every rank holds its new role's state;
+- :class:`InPlaceSwap` is the hooks' flow (snapshot, move, become, revert), and
+  :func:`built` / :func:`adopt` turn the user's builder's result into the objects the loop
+  already holds.
 
 :func:`~failslow.core.topology.host_name` is the host a rank reports: the hostname, or
 ``FAILSLOW_HOST`` where one machine stands for several (the CPU demo and the tests give each rank
@@ -28,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from failslow import hookimpl
 from failslow.core.topology import inverse_placement
 from failslow.errors import FailslowError
 from failslow.runtime.agreement import all_ranks_ok
@@ -109,3 +113,62 @@ def adopt(old: Any, new: Any, what: str) -> None:
             f"{what} built a {type(new).__name__} where the job has a {type(old).__name__}"
         )
     object.__setattr__(old, "__dict__", new.__dict__)
+
+
+class InPlaceSwap:
+    """The S3 hooks of an adapter that swaps in place; the adapter supplies :meth:`_become`.
+
+    At the plan's step boundary every rank snapshots its role and agrees, moves the state to
+    the role's new process (:func:`exchange_state`) and agrees again - nothing is torn down
+    unless every rank holds its new role's state - then becomes its new role. The pre-swap
+    state and topology are kept until the plan is confirmed on every rank, for
+    ``failslow_revert_topology_plan`` (a rank that failed to build or restore rolls every
+    rank back). The adapter has ``rank``, ``topology``, ``failslow_capabilities()`` and
+    ``failslow_snapshot_state(step)``."""
+
+    _undo: tuple[Any, Any] | None = None
+
+    def _become(self, topology: Any, state: Any, step: int, *, split: bool) -> None:
+        """Run this process's role under ``topology`` from ``state`` (rebuild the framework's
+        groups and objects, restore; ``split``: the loaders' positions from ``state`` too)."""
+        raise NotImplementedError
+
+    @hookimpl
+    def failslow_prepare_topology_plan(self, plan: Any, rank: int) -> bool:
+        self.failslow_capabilities().require("topology_plans")  # type: ignore[attr-defined]
+        self.topology.placement(plan.hosts)  # type: ignore[attr-defined]  # must fit
+        return True
+
+    @hookimpl
+    def failslow_apply_topology_plan(self, plan: Any, step: int) -> bool:
+        self.failslow_capabilities().require("topology_plans")  # type: ignore[attr-defined]
+        topology = self.topology  # type: ignore[attr-defined]
+        dest, own = together(
+            lambda: (topology.placement(plan.hosts), self.failslow_snapshot_state(step)),  # type: ignore[attr-defined]
+            f"topology plan at step {step}: another rank could not snapshot its role",
+        )
+        received = together(
+            lambda: exchange_state(own, dest, rank=self.rank, step=step),  # type: ignore[attr-defined]
+            f"topology plan at step {step}: another rank's state move failed",
+        )
+        self._undo = (own, topology)
+        self._become(topology.moved(dest), received, step, split=False)
+        return True
+
+    @hookimpl
+    def failslow_revert_topology_plan(self, plan: Any, step: int) -> bool:
+        """Back to the placement and state before ``plan`` (a rank failed to apply it)."""
+        if self._undo is None:
+            return False  # it failed before anything was torn down: nothing to undo
+        own, topology = self._undo
+        self._undo = None
+        self._become(topology, own, step, split=False)
+        return True
+
+    @hookimpl
+    def failslow_on_plan_result(self, plan: Any, step: int, outcome: str, detail: str) -> None:
+        from failslow.core.control.plan_channel import PlanResult
+        from failslow.core.planner.plans import TopologyPlan
+
+        if isinstance(plan, TopologyPlan) and outcome == PlanResult.APPLIED:
+            self._undo = None  # every rank switched: the pre-swap state can go

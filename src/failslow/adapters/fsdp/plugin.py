@@ -66,8 +66,7 @@ from failslow.adapters.fsdp.shards import (
     restore_optimizer_state,
 )
 from failslow.capabilities import SUPPORTED, Capabilities
-from failslow.core.control.plan_channel import PlanResult
-from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan
+from failslow.core.planner.plans import MicroBatchPlan
 from failslow.core.topology import Topology
 from failslow.errors import ConfigError, FailslowError
 from failslow.runtime.agreement import all_ranks_ok
@@ -171,7 +170,7 @@ def adopt_module(old: Any, new: Any) -> None:
         composable._module_state_mapping[old] = weakref.ref(state)
 
 
-class FSDPAdapter:
+class FSDPAdapter(swap.InPlaceSwap):
     """One data-parallel job's plugin on a :class:`~failslow.runtime.session.Session`."""
 
     def __init__(
@@ -204,7 +203,6 @@ class FSDPAdapter:
         self.iteration = iteration
         """Optimizer steps taken: the global step the session's boundary numbers."""
         self._begun: int | None = None
-        self._undo: tuple[dict[str, Any], Topology] | None = None
         self.rank = rank = dist.get_rank()
         world = dist.get_world_size()
         if self.flavor == "hsdp":
@@ -318,48 +316,7 @@ class FSDPAdapter:
         if split:
             self.split.load_state_dict(state["split"])
 
-    # ---- S3: a topology swap in place (HSDP) ---------------------------------------------------
-    @hookimpl
-    def failslow_prepare_topology_plan(self, plan: TopologyPlan, rank: int) -> bool:
-        self.failslow_capabilities().require("topology_plans")
-        self.topology.placement(plan.hosts)  # a plan that does not fit fails here
-        return True
-
-    @hookimpl
-    def failslow_apply_topology_plan(self, plan: TopologyPlan, step: int) -> bool:
-        """Swap in place (greyhound 5.2, S3): every role's shards to its new process, a new
-        mesh whose groups list the processes in role order, model and optimizer rebuilt through
-        ``model_factory(mesh)`` and restored; the objects the loop holds become the rebuilt
-        ones (:func:`~failslow.adapters.common.swap.adopt`). The pre-swap state is kept until
-        every rank confirmed the plan (:meth:`failslow_revert_topology_plan`)."""
-        self.failslow_capabilities().require("topology_plans")
-        dest, own = swap.together(
-            lambda: (self.topology.placement(plan.hosts), self.failslow_snapshot_state(step)),
-            f"topology plan at step {step}: another rank could not snapshot its role",
-        )
-        received = swap.together(
-            lambda: swap.exchange_state(own, dest, rank=self.rank, step=step),
-            f"topology plan at step {step}: another rank's state move failed",
-        )
-        self._undo = (own, self.topology)
-        self._become(self.topology.moved(dest), received, step, split=False)
-        return True
-
-    @hookimpl
-    def failslow_revert_topology_plan(self, plan: TopologyPlan, step: int) -> bool:
-        """Back to the placement and state before ``plan`` (a rank failed to apply it)."""
-        if self._undo is None:
-            return False
-        own, topology = self._undo
-        self._undo = None
-        self._become(topology, own, step, split=False)
-        return True
-
-    @hookimpl
-    def failslow_on_plan_result(self, plan: Plan, step: int, outcome: str, detail: str) -> None:
-        if isinstance(plan, TopologyPlan) and outcome == PlanResult.APPLIED:
-            self._undo = None
-
+    # ---- S3: a topology swap in place (HSDP; the flow is the kit's InPlaceSwap) -----------
     def _become(self, topology: Topology, state: dict[str, Any], step: int, *, split: bool) -> None:
         """Run this process's role under ``topology`` from ``state``: mesh, objects, state,
         data share."""

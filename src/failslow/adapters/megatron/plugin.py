@@ -40,8 +40,7 @@ from failslow.adapters.common.state import restore_rng_state, rng_state, wait_fo
 from failslow.adapters.common.topology import gather_topology
 from failslow.adapters.megatron import grid
 from failslow.capabilities import SUPPORTED, Capabilities
-from failslow.core.control.plan_channel import PlanResult
-from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan
+from failslow.core.planner.plans import MicroBatchPlan
 from failslow.core.topology import Topology
 from failslow.errors import ConfigError, FailslowError
 from failslow.runtime.agreement import all_ranks_ok
@@ -52,7 +51,7 @@ NO_MODEL_PROVIDER = (
 )
 
 
-class MegatronAdapter:
+class MegatronAdapter(swap.InPlaceSwap):
     """One Megatron-core job's plugin on a :class:`~failslow.runtime.session.Session`."""
 
     def __init__(
@@ -106,7 +105,6 @@ class MegatronAdapter:
         """Megatron rank (role) each process runs: the identity until a topology swap."""
         self._grid_sizes = grid.grid_sizes()
         self._swap_refusal = grid.swap_refusal()
-        self._undo: tuple[dict[str, Any], tuple[int, ...], Topology] | None = None
 
     # ---- hooks -------------------------------------------------------------------------------
     @hookimpl
@@ -163,67 +161,21 @@ class MegatronAdapter:
         self.split.apply(plan, step)
         return True
 
-    @hookimpl
-    def failslow_prepare_topology_plan(self, plan: TopologyPlan, rank: int) -> bool:
-        self.failslow_capabilities().require("topology_plans")
-        self.topology.placement(plan.hosts)  # a plan that does not fit fails here
-        return True
-
-    @hookimpl
-    def failslow_apply_topology_plan(self, plan: TopologyPlan, step: int) -> bool:
-        """Swap in place (greyhound 5.2, S3): every role's state to its new process, Megatron's
-        groups rebuilt for the permuted grid, model/DDP/optimizer/scheduler rebuilt through
-        ``model_provider`` and restored. The job's own objects stay the ones the user holds
-        (:func:`~failslow.adapters.common.swap.adopt`). The pre-swap state is kept until the
-        plan is confirmed on every rank, for :meth:`failslow_revert_topology_plan`: a rank that
-        fails to snapshot, to move state, to build or to restore rolls every rank back. One
-        failure cannot be: ``model_provider``
-        failing on one rank *before* a collective it issues on the others (Megatron's
-        ``get_megatron_optimizer`` all-gathers over every rank) leaves them in that collective
-        until the process group's timeout."""
-        self.failslow_capabilities().require("topology_plans")
-        dest, own = swap.together(
-            lambda: (self.topology.placement(plan.hosts), self.failslow_snapshot_state(step)),
-            f"topology plan at step {step}: another rank could not snapshot its role",
-        )  # no rank moves state unless every rank has its own ready
-        received = swap.together(
-            lambda: swap.exchange_state(own, dest, rank=self.rank, step=step),
-            f"topology plan at step {step}: another rank's state move failed",
-        )  # nothing is torn down unless every rank holds its new role's state
-        topology = self.topology.moved(dest)
-        self._undo = (own, self.role_of, self.topology)
-        self._become(topology.megatron_ranks(), topology, received, step, split=False)
-        return True
-
-    @hookimpl
-    def failslow_revert_topology_plan(self, plan: TopologyPlan, step: int) -> bool:
-        """Back to the placement and state before ``plan`` (a rank failed to apply it)."""
-        if self._undo is None:
-            return False  # it failed before anything was torn down: nothing to undo
-        own, role_of, topology = self._undo
-        self._undo = None
-        self._become(role_of, topology, own, step, split=False)
-        return True
-
-    @hookimpl
-    def failslow_on_plan_result(self, plan: Plan, step: int, outcome: str, detail: str) -> None:
-        if isinstance(plan, TopologyPlan) and outcome == PlanResult.APPLIED:
-            self._undo = None  # every rank switched: the pre-swap state can go
-
-    def _become(
-        self,
-        role_of: tuple[int, ...],
-        topology: Topology,
-        state: dict[str, Any],
-        step: int,
-        *,
-        split: bool,
-    ) -> None:
-        """Run role ``role_of[rank]`` from ``state``: groups, objects, state, data share
-        (``split``: the loaders' positions from ``state`` too, see :meth:`_restore`)."""
+    # ---- S3: the swap in place (its flow is the kit's InPlaceSwap) -----------------------------
+    def _become(self, topology: Topology, state: dict[str, Any], step: int, *, split: bool) -> None:
+        """Run this process's role under ``topology`` from ``state`` (greyhound 5.2, S3):
+        Megatron's groups rebuilt for the permuted grid, model/DDP/optimizer/scheduler rebuilt
+        through ``model_provider``, the user's objects adopting them
+        (:func:`~failslow.adapters.common.swap.adopt`), the state restored, the data share
+        switched (``split``: the loaders' positions from ``state`` too, see :meth:`_restore`).
+        A ``model_provider`` failing on one rank *before* a collective it issues on the others
+        (Megatron's ``get_megatron_optimizer`` all-gathers over every rank) leaves them in that
+        collective until the process group's timeout: the one failure the swap's rollback
+        cannot undo."""
         from megatron.core.utils import get_model_config
 
         assert self.model_provider is not None
+        role_of = topology.megatron_ranks()
         grid.rebuild_grid(role_of, self._grid_sizes)
         model, optimizer, scheduler = swap.built(self.model_provider(), "model_provider()")
         chunks = list(model) if isinstance(model, list | tuple) else [model]
@@ -277,7 +229,7 @@ class MegatronAdapter:
         role_of = tuple(int(r) for r in roles)  # type: ignore[arg-type]
         coords = dict(zip(self.role_of, self.topology.coords, strict=True))
         topology = replace(self.topology, coords=tuple(coords[r] for r in role_of))
-        self._become(role_of, topology, state, step, split=True)
+        self._become(topology, state, step, split=True)
         return True
 
     def _restore(self, state: dict[str, Any], step: int, *, split: bool) -> None:
