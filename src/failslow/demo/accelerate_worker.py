@@ -50,15 +50,14 @@ def make_accelerator(sharding: str, accumulation: int) -> Any:
 
 
 def main() -> None:
-    import numpy as np
     import torch
-    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
     import failslow.accelerate
     from failslow.demo.worker_io import (
         all_ranks_see,
         announce_start,
+        finish,
         run_record,
         worker_env,
         write_progress,
@@ -114,17 +113,11 @@ def main() -> None:
             if step >= steps or (stop_file and all_ranks_see(stop_file)):
                 stop = True  # every rank ends at the same step
                 break
-    record = run_record(rank, step_end, first, resumed, fs)
-    (out / f"steps-rank{rank}.json").write_text(json.dumps(record))
     params = {}
     for name, p in model.named_parameters():  # full values (FSDP2: gathered on every rank)
         value = p.full_tensor() if isinstance(p, DTensor) else p
         params[name.removeprefix("module.")] = value.detach().cpu().numpy()
-    if rank == 0:
-        np.savez(out / "parameters.npz", **params)
-    fs.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(out, rank, run_record(rank, step_end, first, resumed, fs), params, fs)
 
 
 if __name__ == "__main__":

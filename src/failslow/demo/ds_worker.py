@@ -50,6 +50,7 @@ def main() -> None:
     from failslow.demo.worker_io import (
         all_ranks_see,
         announce_start,
+        finish,
         join_world,
         run_record,
         worker_env,
@@ -130,15 +131,8 @@ def main() -> None:
             write_progress(out, rank, step_end, first, step)
     record = run_record(rank, step_end, first, resumed, adapter)
     suffix = f"-{os.environ['FAILSLOW_RESTART']}" if os.environ.get("FAILSLOW_RESTART") else ""
-    (out / f"steps-rank{rank}{suffix}.json").write_text(json.dumps(record))
-    if rank == 0:
-        import numpy as np
-
-        params = {n: p.detach().cpu().numpy() for n, p in engine.module.named_parameters()}
-        np.savez(out / "parameters.npz", **params)
-    adapter.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    params = {n: p.detach().cpu().numpy() for n, p in engine.module.named_parameters()}
+    finish(out, rank, record, params, adapter, suffix=suffix)
 
 
 if __name__ == "__main__":

@@ -44,15 +44,14 @@ def build(mesh: Any, width: int) -> tuple[Any, Any]:
 
 
 def main() -> None:
-    import numpy as np
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     import failslow.fsdp
     from failslow.demo.worker_io import (
         all_ranks_see,
         announce_start,
+        finish,
         join_world,
         run_record,
         worker_env,
@@ -94,13 +93,8 @@ def main() -> None:
             write_progress(out, rank, step_end, first, step)
     record = run_record(rank, step_end, first, resumed, fs)
     record["coords"] = list(fs.topology.coords[rank])  # the role it ends in (after a swap)
-    (out / f"steps-rank{rank}.json").write_text(json.dumps(record))
     params = {n: p.full_tensor().detach().numpy() for n, p in model.named_parameters()}
-    if rank == 0:
-        np.savez(out / "parameters.npz", **params)
-    fs.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(out, rank, record, params, fs)
 
 
 if __name__ == "__main__":

@@ -28,14 +28,13 @@ PIPELINE_STAGES = 2
 
 
 def main() -> None:
-    import numpy as np
-    import torch.distributed as dist
 
     import failslow.megatron
     from failslow.demo.megatron_job import GptShape, build_gpt, train_step
     from failslow.demo.worker_io import (
         all_ranks_see,
         announce_start,
+        finish,
         join_world,
         run_record,
         worker_env,
@@ -76,14 +75,8 @@ def main() -> None:
             write_progress(out, rank, step_end, first, step)
     record = run_record(rank, step_end, first, resumed, fs)
     record["coords"] = list(fs.topology.coords[rank])  # the role it ends in (after a swap)
-    (out / f"steps-rank{rank}.json").write_text(json.dumps(record))
     params = {n: p.detach().cpu().numpy() for n, p in job.model[0].module.named_parameters()}
-    np.savez(out / f"parameters-rank{rank}.npz", **params)
-    if rank == 0:
-        np.savez(out / "parameters.npz", **params)
-    fs.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(out, rank, record, params, fs, every_rank=True)
 
 
 if __name__ == "__main__":

@@ -374,24 +374,11 @@ def _spawn(
 
         store_url = store_url.replace("127.0.0.1", HOST_ADDRESS)
     for rank in range(opts.world_size):
-        env = launch_env(
-            out,
-            opts.steps if opts.until_mitigated is None else opts.max_steps,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(opts.world_size),
-            FAILSLOW_DEMO_STORE_PORT=str(port),
-            FAILSLOW_DEMO_LOOP=opts.loop,
-            FAILSLOW_DEMO_MICRO_BATCHES=str(opts.micro_batches_per_replica),
-            FAILSLOW_DEMO_MICRO_BATCH_SIZE=str(opts.micro_batch_size),
-            FAILSLOW_DEMO_WIDTH=str(opts.width),
-            FAILSLOW_DEMO_CONFIG=json.dumps(settings),
-            FAILSLOW_RING_DIR=str(ring_dir),
-        )
-        if opts.mitigate:
-            env["FAILSLOW_STORE"] = store_url
-        if opts.until_mitigated is not None:
-            env["FAILSLOW_DEMO_STOP_FILE"] = str(out / "stop")
+        env = _job_env(
+            opts, settings, ring_dir, out, store_url,
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(opts.world_size),
+            FAILSLOW_DEMO_STORE_PORT=str(port), FAILSLOW_DEMO_LOOP=opts.loop,
+        )  # fmt: skip
         argv = [sys.executable, "-m", JOBS[opts.framework][0]]
         if net is not None:  # its own namespace (gloo on its veth) and its own host
             env.update(
@@ -412,6 +399,34 @@ def _spawn(
     return procs
 
 
+def _job_env(
+    opts: MitigationDemoOptions,
+    settings: dict[str, Any],
+    ring_dir: Path,
+    out: Path,
+    store_url: str,
+    **extra: str,
+) -> dict[str, str]:
+    """The environment every demo rank gets (:func:`~failslow.demo.worker_io.launch_env`): the
+    job's shape, its failslow settings, the rings, the control store (with mitigation) and the
+    stop file (``until_mitigated``), plus ``extra``."""
+    env = launch_env(
+        out,
+        opts.steps if opts.until_mitigated is None else opts.max_steps,
+        FAILSLOW_DEMO_MICRO_BATCHES=str(opts.micro_batches_per_replica),
+        FAILSLOW_DEMO_MICRO_BATCH_SIZE=str(opts.micro_batch_size),
+        FAILSLOW_DEMO_WIDTH=str(opts.width),
+        FAILSLOW_DEMO_CONFIG=json.dumps(settings),
+        FAILSLOW_RING_DIR=str(ring_dir),
+        **extra,
+    )
+    if opts.mitigate:
+        env["FAILSLOW_STORE"] = store_url
+    if opts.until_mitigated is not None:
+        env["FAILSLOW_DEMO_STOP_FILE"] = str(out / "stop")
+    return env
+
+
 def _accelerate_launch(
     opts: MitigationDemoOptions,
     settings: dict[str, Any],
@@ -421,19 +436,7 @@ def _accelerate_launch(
 ) -> subprocess.Popen[bytes]:
     """``accelerate launch`` of the Accelerate job: one process that starts every rank
     (torchrun's c10d rendezvous on a free port), all output in ``launch.log``."""
-    env = launch_env(
-        out,
-        opts.steps if opts.until_mitigated is None else opts.max_steps,
-        FAILSLOW_DEMO_MICRO_BATCHES=str(opts.micro_batches_per_replica),
-        FAILSLOW_DEMO_MICRO_BATCH_SIZE=str(opts.micro_batch_size),
-        FAILSLOW_DEMO_WIDTH=str(opts.width),
-        FAILSLOW_DEMO_CONFIG=json.dumps(settings),
-        FAILSLOW_RING_DIR=str(ring_dir),
-    )
-    if opts.mitigate:
-        env["FAILSLOW_STORE"] = store_url
-    if opts.until_mitigated is not None:
-        env["FAILSLOW_DEMO_STOP_FILE"] = str(out / "stop")
+    env = _job_env(opts, settings, ring_dir, out, store_url)
     argv = [
         sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
         "--multi_gpu", "--num_processes", str(opts.world_size), "--num_machines", "1",

@@ -124,3 +124,29 @@ def applied_plans(session: Any) -> list[list[Any]]:
     """``[plan epoch, apply step, committed]`` of every plan this rank's session received."""
     receiver = session.receiver
     return [[o[0], o[2], o[3]] for o in receiver.outcomes] if receiver else []
+
+
+def finish(
+    out: Path,
+    rank: int,
+    record: dict[str, Any],
+    params: dict[str, Any],
+    adapter: Any,
+    *,
+    every_rank: bool = False,
+    suffix: str = "",
+) -> None:
+    """A worker's ending: its record (``steps-rank<r><suffix>.json``), the parameters (rank 0's
+    as ``parameters.npz``; with ``every_rank`` each rank's as ``parameters-rank<r>.npz``), the
+    adapter closed, and every rank out of the process group together."""
+    import numpy as np
+    import torch.distributed as dist
+
+    (out / f"steps-rank{rank}{suffix}.json").write_text(json.dumps(record))
+    if every_rank:
+        np.savez(out / f"parameters-rank{rank}.npz", **params)
+    if rank == 0:
+        np.savez(out / "parameters.npz", **params)
+    adapter.close()
+    dist.barrier()
+    dist.destroy_process_group()
