@@ -28,7 +28,14 @@ import numpy as np
 
 from failslow.conformance import AdapterHarness, AdapterJob, Collective
 
-from ..fsdp._conformance_harness import FP32, MICRO_BATCH_SIZE, MICRO_BATCHES, SAMPLES, SIZES
+from ..fsdp._conformance_harness import (
+    FP32,
+    MICRO_BATCH_SIZE,
+    MICRO_BATCHES,
+    SAMPLES,
+    SIZES,
+    full_parameters,
+)
 
 LAYOUTS = ("ddp", "fsdp2", "fsdp2_default")
 
@@ -118,13 +125,7 @@ class AccelerateJob(AdapterJob):
         return self.forwards
 
     def parameters(self) -> dict[str, np.ndarray]:
-        from torch.distributed.tensor import DTensor
-
-        out = {}
-        for name, p in self.model.named_parameters():
-            value = p.full_tensor() if isinstance(p, DTensor) else p
-            out[name.removeprefix("module.")] = value.detach().float().numpy().copy()
-        return out
+        return full_parameters(self.model)
 
     def expected_collectives(self, step: int) -> Sequence[Collective] | None:
         """DDP: one all-reduce of every gradient per step (one bucket; pinned at attach).

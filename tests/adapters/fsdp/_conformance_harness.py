@@ -46,6 +46,18 @@ def padded_rows(rows: int, shards: int) -> int:
     return -(-rows // shards)
 
 
+def full_parameters(model: Any) -> dict[str, np.ndarray]:
+    """Full parameter values by name, DDP's ``module.`` prefix dropped (FSDP: gathered, a
+    collective every rank makes here)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in model.named_parameters():
+        value = p.full_tensor() if isinstance(p, DTensor) else p
+        out[name.removeprefix("module.")] = value.detach().float().numpy().copy()
+    return out
+
+
 class FSDPJob(AdapterJob):
     def __init__(self, layout: str, seed: int, settings: Mapping[str, Any] | None) -> None:
         import torch
@@ -122,14 +134,7 @@ class FSDPJob(AdapterJob):
         return self.forwards
 
     def parameters(self) -> dict[str, np.ndarray]:
-        """Full parameter values (FSDP: gathered, a collective every rank makes here)."""
-        from torch.distributed.tensor import DTensor
-
-        out = {}
-        for name, p in self.model.named_parameters():
-            value = p.full_tensor() if isinstance(p, DTensor) else p
-            out[name.removeprefix("module.")] = value.detach().float().numpy().copy()
-        return out
+        return full_parameters(self.model)
 
     def expected_collectives(self, step: int) -> Sequence[Collective] | None:
         """What one step issues on CPU/gloo, from the parameter shapes and FSDP2's schedule.
