@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _netns import require_network_namespaces
 
 from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
@@ -46,13 +47,7 @@ def _options(out: Path, **kw: object) -> MitigationDemoOptions:
 
 
 def test_a_congested_link_is_swapped_away_and_the_model_is_unchanged(tmp_path: Path) -> None:
-    from failslow.demo.netns import NetnsUnavailable, netns_network
-
-    try:  # not root, no iproute2, or a sandbox that refuses namespaces: skip, never fake one
-        with netns_network(1):
-            pass
-    except NetnsUnavailable as exc:
-        pytest.skip(f"network namespaces unavailable here: {exc}")
+    require_network_namespaces()
     summary = run_mitigation_demo(_options(tmp_path / "swapped", fault="link", until_mitigated=20))
     steps_run = summary["steps_run"]
     reference = run_mitigation_demo(

@@ -207,9 +207,9 @@ class FSDPAdapter(swap.InPlaceSwap):
         world = dist.get_world_size()
         if self.flavor == "hsdp":
             replica, shard = mesh.get_coordinate()
-            replicas, self.parts, self.part = mesh.size(0), mesh.size(1), shard
+            replicas = mesh.size(0)
         else:
-            replica, shard, replicas, self.parts, self.part = rank, 0, world, 1, 0
+            replica, shard, replicas = rank, 0, world
         self.split = ReplicaSplit(
             replica=replica,
             replicas=replicas,
@@ -331,7 +331,6 @@ class FSDPAdapter(swap.InPlaceSwap):
             swap.adopt(self.scheduler, scheduler, "model_factory")
         self.mesh, self.topology = mesh, topology
         shard, replica = self._coord()
-        self.part = shard
         self.split.set_replica(replica, step, part=shard)
         self._restore(state, split=split)
 
@@ -428,8 +427,8 @@ class FSDPAdapter(swap.InPlaceSwap):
             start_step=self.iteration,
             shuffle=shuffle,
             seed=seed,
-            part=self.part,
-            parts=self.parts,
+            part=self._coord()[0],  # an HSDP shard rank's part of its replica's micro-batches
+            parts=self.topology.tp,
             collate_fn=collate_fn,
             **loader_kwargs,
         )
