@@ -42,6 +42,7 @@ class JobControl:
         log_dir: Path | None = None,
         plugins: Iterable[Any] = (),
         on_diagnosis: Callable[[Diagnosis], None] | None = None,
+        observers: Iterable[Callable[[dict[str, Any]], None]] = (),
     ) -> None:
         self.store = store
         self.plane: ControlPlane | None = None
@@ -54,6 +55,7 @@ class JobControl:
                 log_dir=log_dir,
                 hooks=plugin_manager(plugins).hook,
                 on_diagnosis=on_diagnosis,
+                observers=observers,
             )
         self.publisher = NodePublisher(LocalAnalyzer(ring_dir), store) if ring_dir else None
         self._stop = threading.Event()

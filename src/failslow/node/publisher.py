@@ -8,7 +8,10 @@ points; the GlobalAnalyzer (the controller) asks for per-group profiles only whe
   onset or relief: rank, type, iteration, levels, wall time);
 - ``{prefix}/summaries/{rank}`` (the rank's :class:`~failslow.core.localize.summaries.GroupSummary`
   list, refreshed every ``summary_every_s``; each rank's key is overwritten, so the store does
-  not grow).
+  not grow);
+- ``{prefix}/ranks/{rank}`` (the rank's tracker state, at the same period: iterations so far, the
+  last iteration's time and the median of the recent ones, slow since an onset not yet
+  relieved) - what ``failslow top`` and the metrics exporter show per rank.
 
 Per poll, store traffic is O(events + local ranks / summary period): it does not grow with the
 world size on any node, and raw events never leave the node. :meth:`NodePublisher.run` is the
@@ -18,7 +21,9 @@ controller on a thread (:mod:`failslow.node.control`).
 
 from __future__ import annotations
 
+import collections
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +33,9 @@ from failslow.core.control.store import Store
 from failslow.core.tracking.analyzer import LocalAnalyzer, RankUpdate
 
 log = logging.getLogger(__name__)
+
+RECENT = 9
+"""Iteration times kept per local rank for its published median."""
 
 
 class NodePublisher:
@@ -48,6 +56,12 @@ class NodePublisher:
         self._last_summary = 0.0
         self.iterations: dict[int, int] = {}
         """Iterations seen so far per local rank (the analyzer's count)."""
+        self.recent: dict[int, collections.deque[float]] = {}
+        """The last iteration times (seconds) per local rank."""
+        self.slow: dict[int, bool] = {}
+        """Per local rank: an onset was reported and no relief since."""
+        self.latest_states: dict[int, dict[str, Any]] = {}
+        """The last published :meth:`rank_states` (the metrics exporter reads it)."""
 
     def run(self, stop: Callable[[], bool], poll_s: float = 0.05) -> None:
         """Poll every ``poll_s`` until ``stop()``; a failing poll is logged, never raised (the
@@ -63,7 +77,10 @@ class NodePublisher:
         updates = self.analyzer.poll()
         for update in updates:
             self.iterations[update.rank] = update.first_iteration + len(update.new_times)
+            times = self.recent.setdefault(update.rank, collections.deque(maxlen=RECENT))
+            times.extend(float(t) for t in update.new_times)
             for event, reported in zip(update.events, update.reported_at, strict=True):
+                self.slow[update.rank] = event.type == "onset"
                 self._publish_event(update.rank, event, reported)
         now = time.monotonic()
         if now - self._last_summary >= self.summary_every_s:
@@ -90,3 +107,22 @@ class NodePublisher:
             by_rank.setdefault(summary.rank, []).append(summary.to_dict())
         for rank, items in by_rank.items():
             self.store.set_json(f"{self.prefix}/summaries/{rank}", items)
+        self.latest_states = self.rank_states()  # replaced whole: other threads read it
+        for rank, state in self.latest_states.items():
+            self.store.set_json(f"{self.prefix}/ranks/{rank}", state)
+
+    def rank_states(self) -> dict[int, dict[str, Any]]:
+        """Each local rank's tracker state (the ``{prefix}/ranks/{rank}`` records)."""
+        wall = time.time()
+        return {
+            rank: {
+                "rank": rank,
+                "iterations": self.iterations.get(rank, 0),
+                "last_s": times[-1],
+                "median_s": statistics.median(times),
+                "slow": self.slow.get(rank, False),
+                "wall": wall,
+            }
+            for rank, times in self.recent.items()
+            if times
+        }

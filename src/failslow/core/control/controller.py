@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from failslow.core.control import keys
+from failslow.core.control.journal import event
 from failslow.core.control.phase import align
 from failslow.core.control.store import Store
 from failslow.core.control.validator import (
@@ -80,8 +81,11 @@ class Controller:
         on_diagnosis: Callable[[Diagnosis], None] | None = None,
         mitigation_active: Callable[[], bool] | None = None,
         on_healthy: Callable[[], None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.store = store
+        self.on_event = on_event
+        """Gets every state change and every onset taken in (:mod:`.journal`'s events)."""
         self.world_size = world_size
         self.detection = detection or DetectionConfig()
         self.validation = validation or ValidationConfig()
@@ -107,6 +111,11 @@ class Controller:
         self.state = state
         self.history.append(Transition(state, time.time(), detail))
         log.info("failslow controller: %s %s", state.value, detail or "")
+        self._emit("state", state=state.value, detail=detail)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(event(kind, **fields))
 
     # ---- one tick of the state machine -------------------------------------------------------
     def tick(self) -> State:
@@ -144,6 +153,7 @@ class Controller:
             record = self.store.get_json(key)
             if record is not None:
                 new.append(record)
+                self._emit("onset", **{k: v for k, v in record.items() if k != "wall"})
         relief = any(r.get("type") == "relief" for r in new)
         if relief:
             self._diagnosed_at = -math.inf  # the fail-slow is over: the next onset is new
@@ -267,7 +277,7 @@ class Controller:
             "target": target,
         }
         self._pending = diagnose(gemm, links, threshold=self.detection.threshold, evidence=evidence)
-        self._enter(State.DIAGNOSED, healthy=self._pending is None)
+        self._enter(State.DIAGNOSED, healthy=self._pending is None, paused_s=result.paused_s)
 
     def _abandon(self, error: str) -> None:
         self._recheck, self._last_round = False, time.time()
@@ -284,6 +294,7 @@ class Controller:
                 log.warning("failslow: on_healthy observer failed", exc_info=True)
         if diagnosis is not None:
             self.diagnoses.append(diagnosis)
+            self._emit("diagnosis", diagnosis=json.loads(diagnosis.to_json()))
             n = self.store.add(keys.DIAGNOSES, 1)
             self.store.set(f"{keys.DIAGNOSES}/{n}", diagnosis.to_json().encode())
             if self.log_dir is not None:

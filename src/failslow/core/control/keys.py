@@ -23,6 +23,9 @@ NODE = "failslow/node"
 (:mod:`failslow.node.publisher`)."""
 PLANS = "failslow/plans"
 """The two-phase plan channel (:mod:`failslow.core.control.plan_channel`)."""
+STATUS = "failslow/status"
+"""The control plane's status: state, last diagnosis, plan in effect, last action, newest step
+(:class:`failslow.core.control.journal.StatusBoard`; ``failslow top`` reads it)."""
 
 
 def authorized(record: dict[str, object], token: str | None) -> bool:

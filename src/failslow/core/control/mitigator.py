@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from failslow.core.control import keys
+from failslow.core.control.journal import event
 from failslow.core.control.plan_channel import PlanOutcome, PlanResult, dispatch, horizon_steps
 from failslow.core.control.store import Store
 from failslow.core.diagnosis.record import Diagnosis
 from failslow.core.planner.allocation import even_plan
 from failslow.core.planner.config import PlannerConfig
 from failslow.core.planner.planner import MitigationCosts, Planner
-from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan
+from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan, plan_to_dict
 from failslow.core.planner.ski_rental import Decision
 from failslow.core.topology import Topology
 
@@ -69,8 +70,11 @@ class Mitigator:
         hooks: Any = None,
         clock: Callable[[], float] = time.time,
         token: str | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.store = store
+        self.on_event = on_event
+        """Gets the new step times and every decision with its outcome (:mod:`.journal`)."""
         self.config = config
         self.world_size = world_size
         self.hooks = hooks
@@ -130,11 +134,14 @@ class Mitigator:
         record = self.store.get_json(keys.STEPS)
         if not record:
             return []
-        new = []
+        new, fresh = [], []
         for step, seconds in record.get("steps", []):
             if int(step) not in self.step_times:
                 self.step_times[int(step)] = (float(seconds), self._clock())
                 new.append(float(seconds))
+                fresh.append([int(step), float(seconds)])
+        if fresh and self.on_event is not None:
+            self.on_event(event("steps", steps=fresh))
         return new
 
     def healthy_step_s(self, diagnosis: Diagnosis) -> float:
@@ -236,6 +243,7 @@ class Mitigator:
                 self.in_effect = None if plan == self._even_plan() else plan
                 if isinstance(plan, TopologyPlan):
                     self._roles_moved(plan)
+            self._journal(action)
             if self.hooks is not None:
                 outcome = action.outcome
                 self.hooks.failslow_on_plan_result(
@@ -244,6 +252,24 @@ class Mitigator:
                     outcome=PlanResult.COMMITTED if outcome.committed else PlanResult.ABORTED,
                     detail=outcome.reason,
                 )
+
+    def _journal(self, action: Action) -> None:
+        if self.on_event is None or action.outcome is None:
+            return
+        outcome = action.outcome
+        self.on_event(
+            event(
+                "plan",
+                action=action.action,
+                strategy=action.strategy,
+                plan=plan_to_dict(action.plan),
+                reason=action.reason,
+                apply_step=outcome.apply_step,
+                committed=outcome.committed,
+                detail=outcome.reason,
+                in_effect=None if self.in_effect is None else plan_to_dict(self.in_effect),
+            )
+        )
 
     def _roles_moved(self, plan: TopologyPlan) -> None:
         """After a topology swap, plan from the new placement: diagnoses keep naming processes,
