@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -123,6 +124,10 @@ class TCPStoreBackend(Store):
         system resolver; where DNS is slow or drops queries (sandboxes, air-gapped clusters) one
         connection can take the resolver's 5 s timeout whatever ``timeout_s`` is. Operations on
         an open connection do not resolve names.
+
+        torch's handshake itself has no timeout: on a port that accepts connections and never
+        answers (not a TCPStore) it waits forever. It runs on a daemon thread, abandoned (it
+        holds one socket) when the deadline passes.
         """
         try:
             budget = max(deadline - time.monotonic(), 0.001)
@@ -132,12 +137,27 @@ class TCPStoreBackend(Store):
         import torch.distributed as dist
 
         left = max(deadline - time.monotonic(), 0.1)
-        try:
-            store = dist.TCPStore(self.host, port, None, False, timedelta(seconds=left))
-            store.set_timeout(timedelta(seconds=self.timeout_s))
-        except (self._dist_error, RuntimeError, OSError) as exc:
-            raise StoreUnavailable(self.url, "connect", exc) from None
-        return store
+        outcome: list[Any] = []
+
+        def handshake() -> None:
+            try:
+                store = dist.TCPStore(self.host, port, None, False, timedelta(seconds=left))
+                store.set_timeout(timedelta(seconds=self.timeout_s))
+                outcome.append(store)
+            except BaseException as exc:  # handed to the caller's thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=handshake, name="failslow-store-connect", daemon=True)
+        thread.start()
+        thread.join(left + 1.0)
+        if not outcome:
+            why = f"no TCPStore answered within {left:.0f} s (is this the job's control store?)"
+            raise StoreUnavailable(self.url, "connect", why)
+        if isinstance(outcome[0], self._dist_error | RuntimeError | OSError):
+            raise StoreUnavailable(self.url, "connect", outcome[0]) from None
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
 
     def _call(self, action: str, fn: Callable[[], T]) -> T:
         if self._closed:
