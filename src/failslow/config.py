@@ -33,7 +33,27 @@ from failslow.errors import ConfigError
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_ZERO_OK = ("min_gain", "cooldown_s", "microbatch_apply_s", "every_steps")
+_ZERO_OK = ("min_gain", "cooldown_s", "microbatch_apply_s", "every_steps", "metrics_port")
+
+
+@dataclass(kw_only=True, slots=True)
+class ObserveConfig:
+    """Where what failslow knows is published (:mod:`failslow.observe`); everything is off by
+    default and turned on by one setting."""
+
+    metrics_port: int | None = None
+    """Prometheus metrics of the controller and the node publisher on this port (0: a free one,
+    printed at start); None: no endpoint. ``failslow run --metrics-port`` sets it."""
+    metrics_addr: str = "127.0.0.1"
+    """The address the metrics endpoint binds to (``0.0.0.0`` to be scraped from elsewhere)."""
+    tensorboard_dir: str | None = None
+    """TensorBoard notifier: rank 0's step times and the controller's diagnoses and plans as
+    scalars and text under this directory (needs the ``tensorboard`` package)."""
+    wandb_project: str | None = None
+    """W&B notifier: log into this project (rank 0 into the run it already has, if any; the
+    controller into a run of its own). Needs ``wandb``."""
+    wandb_mode: str = "online"
+    """``online``, ``offline`` or ``disabled`` (``wandb.init(mode=...)``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,6 +72,7 @@ class FailslowConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)
@@ -242,6 +263,17 @@ def _check_values(config: Any, path: str, origin: Mapping[str, str]) -> None:
                 raise ConfigError(
                     f"{_where(origin, dotted)}: {dotted!r} must be {low}, got {value!r}"
                 )
+    if isinstance(config, ObserveConfig):
+        if config.metrics_port is not None and config.metrics_port > 65535:
+            raise ConfigError(
+                f"{_where(origin, path + 'metrics_port')}: 'observe.metrics_port' must be a "
+                f"port (0-65535), got {config.metrics_port}"
+            )
+        if config.wandb_mode not in ("online", "offline", "disabled"):
+            raise ConfigError(
+                f"{_where(origin, path + 'wandb_mode')}: 'observe.wandb_mode' must be online, "
+                f"offline or disabled, got {config.wandb_mode!r}"
+            )
     if isinstance(config, PlannerConfig):
         for name in config.strategies:
             if name not in STRATEGIES:

@@ -2,8 +2,8 @@
 
 Subcommands, one module each group: ``analyze``, ``export``, ``simulate`` (:mod:`.analysis`),
 ``demo`` (:mod:`.demo`), ``controller``, ``node``, ``config`` (:mod:`.control`), ``run``,
-``update``, ``doctor`` (:mod:`.launch`). User errors print one line and exit with status 2;
-nothing prints a traceback for them.
+``update``, ``doctor`` (:mod:`.launch`), ``report``, ``top`` (:mod:`.observe`). User errors
+print one line and exit with status 2; nothing prints a traceback for them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from failslow import __version__
-from failslow.cli import analysis, control, demo, launch
+from failslow.cli import analysis, control, demo, launch, observe
 from failslow.errors import EXIT_USAGE, FailslowError
 
 
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"failslow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (analysis, demo, control, launch):
+    for group in (analysis, demo, control, launch, observe):
         group.register(sub)
     return parser
 

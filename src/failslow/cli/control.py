@@ -49,10 +49,21 @@ def _cmd_controller(args: argparse.Namespace) -> int:
             "detection.threshold": args.threshold,
             "validation.link_mb": args.link_mb,
             "job_token": args.job_token,
+            "observe.metrics_port": args.metrics_port,
         },
     )
     store = open_store(args.store)  # unreachable: StoreUnavailable -> one line, exit 2
     print(f"failslow controller: {args.world_size} ranks, store {store.url}", flush=True)
+    observers, server = [], None
+    if config.observe.metrics_port is not None:
+        from failslow.observe.metrics import ControlMetrics, MetricsServer, new_registry
+
+        registry = new_registry()
+        observers.append(ControlMetrics(registry))
+        server = MetricsServer(
+            registry, port=config.observe.metrics_port, addr=config.observe.metrics_addr
+        ).start()
+        print(f"failslow controller: metrics on {server.url}", flush=True)
     plane = ControlPlane(
         store,
         config,
@@ -60,13 +71,18 @@ def _cmd_controller(args: argparse.Namespace) -> int:
         log_dir=Path(args.log_dir) if args.log_dir else None,
         hooks=plugin_manager().hook,
         on_diagnosis=lambda d: print(d.to_json(), flush=True),
+        observers=observers,
     ).start()
     stop = _until_signalled()
     import time
 
-    while not stop():
-        time.sleep(0.2)
-    plane.stop()
+    try:
+        while not stop():
+            time.sleep(0.2)
+    finally:
+        plane.stop()
+        if server is not None:
+            server.stop()
     return 0
 
 
@@ -90,9 +106,21 @@ def _cmd_node(args: argparse.Namespace) -> int:
     from failslow.node.publisher import NodePublisher
 
     publisher = NodePublisher(LocalAnalyzer(Path(args.ring_dir)), ResilientStore(args.store))
+    server = None
+    if args.metrics_port is not None:
+        from failslow.observe.metrics import MetricsServer, NodeCollector, new_registry
+
+        registry = new_registry()
+        registry.register(NodeCollector(rank_states=lambda: publisher.latest_states))
+        server = MetricsServer(registry, port=args.metrics_port, addr=args.metrics_addr).start()
+        print(f"failslow node: metrics on {server.url}", flush=True)
     stop = _until_signalled()
     print(f"failslow node: {args.ring_dir} -> {args.store}", flush=True)
-    publisher.run(stop, args.poll_s)
+    try:
+        publisher.run(stop, args.poll_s)
+    finally:
+        if server is not None:
+            server.stop()
     return 0
 
 
@@ -106,6 +134,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--job-token", help="the job's token the ranks hold (default: $FAILSLOW_JOB_TOKEN)"
     )
+    p.add_argument(
+        "--metrics-port", type=int, metavar="PORT",
+        help="serve Prometheus metrics on 127.0.0.1:PORT (0: a free port; observe.metrics_addr "
+        "to bind elsewhere)",
+    )  # fmt: skip
     _config_args(p)
     p.set_defaults(func=_cmd_controller)
 
@@ -117,4 +150,6 @@ def register(sub: Any) -> None:
     p.add_argument("--store", required=True, help="tcp://HOST:PORT or redis://HOST:PORT/DB")
     p.add_argument("--ring-dir", required=True)
     p.add_argument("--poll-s", type=float, default=0.1)
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="its address (127.0.0.1)")
     p.set_defaults(func=_cmd_node)

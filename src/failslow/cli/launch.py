@@ -35,6 +35,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir) if args.state_dir else None,
         snapshot_dir=Path(args.snapshot_dir) if args.snapshot_dir else None,
         code_dir=Path(args.code_dir) if args.code_dir else None,
+        metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
         agent=AgentOptions(
             max_restarts=args.max_restarts,
             probation_s=args.probation,
@@ -145,6 +147,19 @@ def register(sub: Any) -> None:
         type=float,
         default=1.1,
         help="embedded controller: slow when > this x the peers' median (default 1.1)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics of this node (and of the controller) on PORT (0: a free "
+        "port, printed); default: observe.metrics_port, else none",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        metavar="ADDR",
+        help="the metrics endpoint's address (default 127.0.0.1; 0.0.0.0 to be scraped from "
+        "other machines)",
     )
     p.add_argument("--state-dir", help="the update history's directory (default: the ring dir)")
     p.add_argument("--snapshot-dir", help="FAILSLOW_SNAPSHOT_DIR (default: in /dev/shm)")

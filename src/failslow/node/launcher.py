@@ -75,6 +75,11 @@ class RunOptions:
     code_dir: Path | None = None
     """CMD's code directory (its working directory; hot updates may replace it)."""
     agent: AgentOptions = field(default_factory=lambda: _agent_options())
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (0: a free one); None: ``observe.metrics_port``
+    of failslow's settings (``FAILSLOW__OBSERVE__METRICS_PORT``), else no endpoint."""
+    metrics_addr: str | None = None
+    """The metrics endpoint's address (default ``observe.metrics_addr``: 127.0.0.1)."""
 
 
 @dataclass(slots=True)
@@ -141,6 +146,8 @@ def _check_options(options: RunOptions) -> None:
             raise ConfigError(f"{name} must be >= 0 seconds, got {value}")
     if not agent.poll_s > 0:
         raise ConfigError(f"--update-poll must be > 0 seconds, got {agent.poll_s}")
+    if options.metrics_port is not None and not 0 <= options.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port must be a port (0-65535), got {options.metrics_port}")
     if options.code_dir is not None and not options.code_dir.is_dir():
         raise ConfigError(f"--code-dir {options.code_dir}: not a directory")
 
@@ -227,8 +234,9 @@ def run(options: RunOptions) -> int:
         code_dir=code_dir,
         code_version=code_version(code_dir) if code_dir else None,
     )
+    metrics = _metrics_endpoint(options)
     control = (
-        _job_control(options, launch)
+        _job_control(options, launch, metrics)
         if options.controller_world_size or options.store_url
         else None
     )
@@ -261,8 +269,14 @@ def run(options: RunOptions) -> int:
         say=say,
     )
     try:
+        if metrics is not None:
+            _node_metrics(metrics[0], control, launch, state_dir, agent)
+            server = metrics[1].start()
+            say(f"metrics on {server.url}")
         status = agent.run()
     finally:
+        if metrics is not None:
+            metrics[1].stop()
         if control is not None:
             control.stop()
             control.store.close()
@@ -280,7 +294,49 @@ def _agent_options() -> AgentOptions:
     return AgentOptions()
 
 
-def _job_control(options: RunOptions, launch: Launch) -> JobControl:
+def _metrics_endpoint(options: RunOptions) -> tuple[Any, Any] | None:
+    """The registry and (not yet started) server of ``--metrics-port``, else of
+    ``observe.metrics_port``; None when neither asks for one."""
+    from failslow.config import load_config
+
+    observe = load_config().observe
+    port = options.metrics_port if options.metrics_port is not None else observe.metrics_port
+    if port is None:
+        return None
+    from failslow.observe.metrics import MetricsServer, new_registry
+
+    registry = new_registry()
+    addr = options.metrics_addr or observe.metrics_addr
+    return registry, MetricsServer(registry, port=port, addr=addr)
+
+
+def _node_metrics(
+    registry: Any, control: JobControl | None, launch: Launch, state_dir: Path, agent: Any
+) -> None:
+    """This node's collector: its ranks' tracker state (the publisher's), its snapshot
+    directory, the job's update history and the agent's incidents - read at scrape time."""
+    from failslow.node.hot_update.history import open_history
+    from failslow.observe.metrics import NodeCollector
+
+    publisher = control.publisher if control is not None else None
+
+    def updates() -> list[str]:
+        with open_history(state_dir) as history:  # sqlite: a connection for this thread
+            return [u.outcome for u in history.updates()]
+
+    registry.register(
+        NodeCollector(
+            rank_states=(lambda: publisher.latest_states) if publisher is not None else None,
+            snapshot_dir=launch.snapshot_dir,
+            updates=updates,
+            incidents=lambda: dict(agent.incidents),
+        )
+    )
+
+
+def _job_control(
+    options: RunOptions, launch: Launch, metrics: tuple[Any, Any] | None = None
+) -> JobControl:
     """This node's part of the job's control, started with CMD: the node publisher over this
     node's rings and, with ``--controller N``, the job's controller and mitigator. The store is
     ``--store`` (every node the same) or, without it, an embedded TCPStore on 127.0.0.1; CMD's
@@ -313,6 +369,11 @@ def _job_control(options: RunOptions, launch: Launch) -> JobControl:
         options.agent.world_size = world_size
     log_dir = launch.ring_dir / "diagnoses"
     overrides = {"detection.threshold": options.threshold, "job_token": token}
+    observers = []
+    if metrics is not None and world_size:
+        from failslow.observe.metrics import ControlMetrics
+
+        observers.append(ControlMetrics(metrics[0]))
     control = JobControl(
         store,
         load_config(overrides=overrides),
@@ -320,10 +381,12 @@ def _job_control(options: RunOptions, launch: Launch) -> JobControl:
         ring_dir=launch.ring_dir,
         log_dir=log_dir,
         on_diagnosis=lambda d: say(f"diagnosis {d.to_json()}"),
+        observers=observers,
     )
-    where = redacted(url) if url else "embedded, 127.0.0.1"
+    where = redacted(url) if url else f"embedded, {store.url}"
     if world_size:
         say(f"controller ({world_size} ranks), store {where}; diagnoses in {log_dir}")
+        say(f"watch it: failslow top --store {redacted(launch.env[envvars.STORE])}")
     else:
         say(f"node publisher, store {where}")
     return control

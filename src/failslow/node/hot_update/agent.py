@@ -15,6 +15,7 @@ job's update history:
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -106,6 +107,9 @@ class Agent:
         self.signalled = False
         self.launches = 0
         self.attempts: dict[int, int] = {}  # dispatches per update
+        self.incidents: collections.Counter[str] = collections.Counter()
+        """CMD's failures: ``failed`` (a restart or the end), ``failed_after_update`` (rolled
+        back within probation) - the metrics exporter's ``failslow_incidents_total``."""
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -145,10 +149,12 @@ class Agent:
                         f"CMD exited with status {status} {ended.lifetime_s:.1f} s after the "
                         f"update, within the {self.options.probation_s:g} s probation window"
                     )
+                    self.incidents["failed_after_update"] += 1
                     self._roll_back(batch, why)
                     version, batch = fallback, []
                     continue
                 self._finish(batch, "applied")
+                self.incidents["failed"] += 1
                 restarts += 1
                 if restarts > self.options.max_restarts:
                     self.say(
