@@ -51,6 +51,19 @@ def failslow_session_end(rank: int) -> None:
     """
 
 
+@hookspec
+def failslow_control_start(config: FailslowConfig, world_size: int) -> None:
+    """The job's control plane (controller and mitigator) started in this process (``failslow
+    run --controller``, ``failslow controller``, the demo's launcher); notifiers open here what
+    the controller's notifications go to. Observation hook: called on every plugin.
+    """
+
+
+@hookspec
+def failslow_control_end() -> None:
+    """The control plane stopped (its threads joined). Observation hook."""
+
+
 # -------------------------------------------------------------------------------------------
 # Adapter: what the job looks like and what it can do - called in every rank process, by its
 # session (rank 0 also publishes both to the controller in the job record)

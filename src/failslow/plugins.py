@@ -24,7 +24,11 @@ from failslow.errors import ConfigError
 PROJECT = "failslow"
 ENTRY_POINT_GROUP = "failslow"
 
-DEFAULT_PLUGINS: tuple[str, ...] = ("failslow.builtin.log_notifier",)
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "failslow.builtin.log_notifier",
+    "failslow.builtin.tensorboard_notifier",
+    "failslow.builtin.wandb_notifier",
+)
 """Modules registered in every plugin manager (each module is the plugin)."""
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,11 @@ ski-rental planner and have every rank switch to fewer micro-batches on replica 
 boundary; after the release, find every rank healthy again and switch every rank back to the
 even split.
 
+Observability rides along (issue 20): the mitigated run has the TensorBoard notifier on (one
+setting in the failslow block), whose event files must hold rank 0's step times and the
+controller's diagnosis and plans; its run directory's ``failslow report`` must render in headless
+Chromium with no console error (the screenshot is kept as a test artifact).
+
 Correctness: the parameters at the end equal those of a run of the same job on the same data
 with no slowdown and no failslow control plane (invariant 2): fp32, <= 1e-6 relative - the
 same per-sample gradients are summed in another grouping, so only rounding differs (the
@@ -36,22 +41,32 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(90
 STEPS, START, END, SLOW = 240, 50, 110, 2
 
 
-def _options(out: Path, **kw: object) -> MitigationDemoOptions:
+def _options(out: Path, observe: dict | None = None, **kw: object) -> MitigationDemoOptions:
     kw.setdefault("steps", STEPS)
+    failslow = {"validation": {"recheck_every_s": 8.0}, "detection": {"cooldown_s": 8.0}}
+    if observe:
+        failslow["observe"] = observe
     return MitigationDemoOptions(
         slow_start=START,
         slow_end=END,
         slow_rank=SLOW,
         out_dir=out,
         live=False,
-        failslow={"validation": {"recheck_every_s": 8.0}, "detection": {"cooldown_s": 8.0}},
+        failslow=failslow,
         loop="user",
         **kw,  # type: ignore[arg-type]
     )
 
 
 def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path: Path) -> None:
-    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=30))
+    tensorboard = tmp_path / "tb"
+    summary = run_mitigation_demo(
+        _options(
+            tmp_path / "mitigated",
+            observe={"tensorboard_dir": str(tensorboard)},
+            until_mitigated=30,
+        )
+    )
     steps_run = summary["steps_run"]
     reference = run_mitigation_demo(
         _options(tmp_path / "reference", mitigate=False, inject=False, steps=steps_run)
@@ -92,3 +107,29 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
         scale = float(np.abs(want[name]).max())
         assert float(np.abs(got[name] - want[name]).max()) <= 1e-6 * scale, name
     assert reference["phases"]["healthy"]["median_step_s"] > 0
+
+    _check_observability(tmp_path / "mitigated", tensorboard, summary)
+
+
+def _check_observability(run_dir: Path, tensorboard: Path, summary: dict) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def events(name: str) -> EventAccumulator:
+        acc = EventAccumulator(str(tensorboard / name), size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        return acc
+
+    # rank 0's session wrote every step's time; the controller its diagnoses and plans
+    rank0 = events("failslow-rank0")
+    steps = [e.step for e in rank0.Scalars("failslow/step_time_s")]
+    assert len(steps) >= summary["steps_run"] - 2 and steps == sorted(steps), steps[:5]
+    controller = events("failslow-controller")
+    assert [e.value for e in controller.Scalars(f"failslow/slowdown/rank{SLOW}")]
+    plans = [t.tensor_proto.string_val[0].decode()
+             for t in controller.Tensors("failslow/plans/text_summary")]  # fmt: skip
+    assert any(p.startswith("apply MicroBatchPlan") for p in plans), plans
+    assert any(p.startswith("revert MicroBatchPlan") for p in plans), plans
+    # the control plane's journal, what failslow report draws from
+    journal = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    kinds = {e["kind"] for e in journal}
+    assert {"state", "onset", "diagnosis", "steps", "plan"} <= kinds, kinds
