@@ -133,3 +133,13 @@ def _check_observability(run_dir: Path, tensorboard: Path, summary: dict) -> Non
     journal = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     kinds = {e["kind"] for e in journal}
     assert {"state", "onset", "diagnosis", "steps", "plan"} <= kinds, kinds
+    # the demo wrote its report; it renders in a real browser with no console message
+    from observe.browser import keep_artifact, render_in_chromium
+
+    report = run_dir / "report.html"
+    console, dom, shot = render_in_chromium(report, run_dir / "shots", window=(1280, 4400))
+    assert console == [], "console messages:\n" + "\n".join(console)
+    assert 'data-rendered="1"' in dom and "apply S2" in dom, "the report's script did not finish"
+    assert f"rank {SLOW}" in dom
+    shot = shot.rename(shot.with_name("deepspeed-e2e-report.png"))
+    keep_artifact(shot)

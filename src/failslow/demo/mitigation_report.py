@@ -3,8 +3,8 @@
 Phases of the run, by step: *healthy* (before the injection), *slowed* (injected, no plan yet:
 detection, validation and the planner's break-even), *mitigated* (the S2 plan in effect while the
 slowdown lasts), *after* (released). Throughput is the global batch over the job's step time
-(the slowest rank's step ends). Written to the run directory: ``summary.json``, ``steps.csv``
-and ``steps.png`` (with matplotlib).
+(the slowest rank's step ends). Written to the run directory: ``summary.json``, ``steps.csv``,
+``steps.png`` (with matplotlib) and ``report.html`` (``failslow report``).
 """
 
 from __future__ import annotations
@@ -97,7 +97,11 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
     healthy = rows.get("healthy", {}).get("median_step_s")
     for row in rows.values():
         row["vs_healthy"] = row["median_step_s"] / healthy if healthy else None
+    from failslow.demo.mitigation import JOBS
+
     summary = {
+        "framework": opts.framework,
+        "job": JOBS[opts.framework][1],
         "mitigate": opts.mitigate,
         "world_size": opts.world_size,
         "fault": opts.fault,
@@ -114,7 +118,24 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
     (out / "steps.csv").write_text("\n".join(lines) + "\n")
     _plot(times, summary, out / "steps.png")
     _print_table(summary)
+    _report(out)
     return summary
+
+
+def _report(out: Path) -> None:
+    """``failslow report`` of the run, beside its summary (a failure is one line, not the
+    demo's end: the run's files are all there to report on later)."""
+    from rich.console import Console
+
+    from failslow.errors import FailslowError
+    from failslow.observe.report import write_report
+
+    try:
+        path = write_report(out, None)
+    except FailslowError as exc:
+        Console().print(f"report: not written ({exc})")
+        return
+    Console().print(f"report: {path} (open it in a browser)")
 
 
 def _print_table(summary: dict[str, Any]) -> None:

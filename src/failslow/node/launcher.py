@@ -283,7 +283,7 @@ def run(options: RunOptions) -> int:
         history.close()
     say(
         f"{options.command[0]} exited with status {status}; rings kept in {launch.ring_dir} "
-        f"(failslow export {launch.ring_dir})"
+        f"(failslow export {launch.ring_dir}; failslow report {launch.ring_dir})"
     )
     return status
 
