@@ -309,6 +309,26 @@ def test_unreachable_url_raises_within_the_timeout(scheme: str, unused_port: int
     _assert_names(info.value, url)
 
 
+@pytest.mark.parametrize("scheme", BACKENDS)
+def test_a_port_that_accepts_and_never_answers_is_given_up_on(scheme: str) -> None:
+    """Not a store at all (a socket that listens and says nothing): torch's TCPStore handshake
+    alone would wait forever; the connect gives up within its timeout."""
+    import socket
+
+    import torch.distributed  # noqa: F401 - imported by the connect; not part of its timing
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        url = f"{scheme}://127.0.0.1:{port}" + ("/0" if scheme == "redis" else "")
+        start = time.monotonic()
+        with pytest.raises(StoreUnavailable) as info:
+            open_store(url, timeout_s=1.0)
+        assert time.monotonic() - start < 2.0 + SLACK_S
+    _assert_names(info.value, url)
+
+
 @pytest.mark.parametrize(
     "url",
     [
