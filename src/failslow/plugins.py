@@ -26,10 +26,11 @@ ENTRY_POINT_GROUP = "failslow"
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "failslow.builtin.log_notifier",
-    "failslow.builtin.tensorboard_notifier",
-    "failslow.builtin.wandb_notifier",
+    "failslow.builtin.tensorboard_notifier:NOTIFIER",
+    "failslow.builtin.wandb_notifier:NOTIFIER",
 )
-"""Modules registered in every plugin manager (each module is the plugin)."""
+"""Plugins registered in every plugin manager: a module (the module is the plugin) or
+``module:attribute`` (that object is)."""
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,9 @@ def plugin_manager(
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
     for name in DEFAULT_PLUGINS:
-        pm.register(importlib.import_module(name), name=name)
+        module, _, attribute = name.partition(":")
+        plugin = importlib.import_module(module)
+        pm.register(getattr(plugin, attribute) if attribute else plugin, name=name)
     if autoload is None:
         autoload = not os.environ.get(envvars.DISABLE_PLUGIN_AUTOLOAD)
     if autoload:

@@ -15,12 +15,15 @@ import logging
 import threading
 from typing import Any
 
+from failslow import hookimpl
+
 log = logging.getLogger("failslow")
 
 
 class Notifier:
-    """One backend, opened at most once per process role; subclasses implement ``_open``,
-    ``_scalars(values, step)``, ``_text(tag, text, step)`` and ``_close``."""
+    """One backend, opened at most once per process role; subclasses implement ``enabled``,
+    ``_open``, ``_scalars(values, step)``, ``_text(tag, text, step)`` and ``_close``. An
+    instance is the plugin (its ``failslow_*`` methods are the hook implementations)."""
 
     name = "notifier"
 
@@ -58,6 +61,51 @@ class Notifier:
             self.sink = None
             self.role = None
 
+    # ---- the hooks ----------------------------------------------------------------------------
+    @hookimpl
+    def failslow_session_start(self, config: Any, rank: int, world_size: int) -> None:
+        if rank == 0:
+            self.start(config, "rank0")
+
+    @hookimpl
+    def failslow_session_end(self, rank: int) -> None:
+        if self.role == "rank0":
+            self.end()
+
+    @hookimpl
+    def failslow_control_start(self, config: Any, world_size: int) -> None:
+        self.start(config, "controller")
+
+    @hookimpl
+    def failslow_control_end(self) -> None:
+        if self.role == "controller":
+            self.end()
+
+    @hookimpl
+    def failslow_on_step(self, step: int, step_time_s: float) -> None:
+        if self.sink is not None:
+            self.scalars({"failslow/step_time_s": step_time_s}, step)
+
+    @hookimpl
+    def failslow_on_diagnosis(self, diagnosis: Any) -> None:
+        if self.sink is not None:
+            self.text("failslow/diagnoses", diagnosis.to_json())
+            self.scalars(diagnosis_values(diagnosis))
+
+    @hookimpl
+    def failslow_on_plan(self, plan: Any, action: str, reason: str) -> None:
+        if self.sink is not None:
+            self.text("failslow/plans", describe_plan(plan, action, reason))
+
+    @hookimpl
+    def failslow_on_plan_result(
+        self, plan: Any, step: int | None, outcome: str, detail: str
+    ) -> None:
+        if self.sink is not None:
+            where = f" from step {step}" if step is not None else ""
+            self.text("failslow/plans", f"{type(plan).__name__} {outcome}{where} {detail}")
+
+    # ---- plumbing -------------------------------------------------------------------------------
     def _guard(self, action: Any, what: str) -> None:
         with self._lock:
             try:

@@ -19,8 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from failslow import hookimpl
-from failslow.builtin.notifier import Notifier, describe_plan, diagnosis_values
+from failslow.builtin.notifier import Notifier
 
 
 class TensorBoardNotifier(Notifier):
@@ -47,52 +46,4 @@ class TensorBoardNotifier(Notifier):
 
 
 NOTIFIER = TensorBoardNotifier()
-
-
-@hookimpl
-def failslow_session_start(config: Any, rank: int, world_size: int) -> None:
-    if rank == 0:
-        NOTIFIER.start(config, "rank0")
-
-
-@hookimpl
-def failslow_session_end(rank: int) -> None:
-    if NOTIFIER.role == "rank0":
-        NOTIFIER.end()
-
-
-@hookimpl
-def failslow_control_start(config: Any, world_size: int) -> None:
-    NOTIFIER.start(config, "controller")
-
-
-@hookimpl
-def failslow_control_end() -> None:
-    if NOTIFIER.role == "controller":
-        NOTIFIER.end()
-
-
-@hookimpl
-def failslow_on_step(step: int, step_time_s: float) -> None:
-    if NOTIFIER.sink is not None:
-        NOTIFIER.scalars({"failslow/step_time_s": step_time_s}, step)
-
-
-@hookimpl
-def failslow_on_diagnosis(diagnosis: Any) -> None:
-    if NOTIFIER.sink is not None:
-        NOTIFIER.text("failslow/diagnoses", diagnosis.to_json())
-        NOTIFIER.scalars(diagnosis_values(diagnosis))
-
-
-@hookimpl
-def failslow_on_plan(plan: Any, action: str, reason: str) -> None:
-    if NOTIFIER.sink is not None:
-        NOTIFIER.text("failslow/plans", describe_plan(plan, action, reason))
-
-
-@hookimpl
-def failslow_on_plan_result(plan: Any, step: int | None, outcome: str, detail: str) -> None:
-    if NOTIFIER.sink is not None:
-        where = f" from step {step}" if step is not None else ""
-        NOTIFIER.text("failslow/plans", f"{type(plan).__name__} {outcome}{where} {detail}")
+"""The plugin (``failslow.plugins.DEFAULT_PLUGINS`` names it)."""

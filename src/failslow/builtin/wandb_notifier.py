@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from failslow import hookimpl
-from failslow.builtin.notifier import Notifier, describe_plan, diagnosis_values
+from failslow.builtin.notifier import Notifier
 
 
 class WandbNotifier(Notifier):
@@ -50,45 +49,4 @@ class WandbNotifier(Notifier):
 
 
 NOTIFIER = WandbNotifier()
-
-
-@hookimpl
-def failslow_session_start(config: Any, rank: int, world_size: int) -> None:
-    if rank == 0:
-        NOTIFIER.start(config, "rank0")
-
-
-@hookimpl
-def failslow_session_end(rank: int) -> None:
-    if NOTIFIER.role == "rank0":
-        NOTIFIER.end()
-
-
-@hookimpl
-def failslow_control_start(config: Any, world_size: int) -> None:
-    NOTIFIER.start(config, "controller")
-
-
-@hookimpl
-def failslow_control_end() -> None:
-    if NOTIFIER.role == "controller":
-        NOTIFIER.end()
-
-
-@hookimpl
-def failslow_on_step(step: int, step_time_s: float) -> None:
-    if NOTIFIER.sink is not None:
-        NOTIFIER.scalars({"failslow/step_time_s": step_time_s}, step)
-
-
-@hookimpl
-def failslow_on_diagnosis(diagnosis: Any) -> None:
-    if NOTIFIER.sink is not None:
-        NOTIFIER.scalars(diagnosis_values(diagnosis))
-        NOTIFIER.text("failslow/diagnoses", diagnosis.to_json())
-
-
-@hookimpl
-def failslow_on_plan(plan: Any, action: str, reason: str) -> None:
-    if NOTIFIER.sink is not None:
-        NOTIFIER.text("failslow/plans", describe_plan(plan, action, reason))
+"""The plugin (``failslow.plugins.DEFAULT_PLUGINS`` names it)."""

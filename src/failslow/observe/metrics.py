@@ -114,31 +114,16 @@ class ControlMetrics:
         )
         for name in (*STRATEGIES, "none"):
             self.in_effect.labels(name).set(1.0 if name == "none" else 0.0)
-        self.estimated = pc.Gauge(
-            "failslow_plan_estimated_step_seconds",
-            "The plan in effect: the model's step time with it",
-            **r,
-        )
-        self.baseline = pc.Gauge(
-            "failslow_plan_baseline_step_seconds",
-            "The plan in effect: the model's step time for what it replaced",
-            **r,
-        )
-        self.overhead = pc.Gauge(
-            "failslow_plan_overhead_seconds",
-            "The plan in effect: the model's one-off cost of applying it",
-            **r,
-        )
-        self.measured = pc.Gauge(
-            "failslow_plan_measured_step_seconds",
-            "The plan in effect: median measured step time since it took effect",
-            **r,
-        )
-        self.before = pc.Gauge(
-            "failslow_plan_before_step_seconds",
-            "The plan in effect: median measured step time just before it took effect",
-            **r,
-        )
+        plan_gauges = {
+            "estimated": ("step_seconds", "the model's step time with it"),
+            "baseline": ("step_seconds", "the model's step time for what it replaced"),
+            "overhead": ("seconds", "the model's one-off cost of applying it"),
+            "measured": ("step_seconds", "median measured step time since it took effect"),
+            "before": ("step_seconds", "median measured step time just before it took effect"),
+        }
+        for attr, (unit, what) in plan_gauges.items():
+            name = f"failslow_plan_{attr}_{unit}"
+            setattr(self, attr, pc.Gauge(name, f"The plan in effect: {what}", **r))
         self.step = pc.Gauge("failslow_job_step", "The newest step the job reported", **r)
         self.step_s = pc.Gauge(
             "failslow_job_step_seconds", "The newest step's time (rank 0's)", **r
