@@ -5,7 +5,7 @@ trained by the loop DeepSpeed's tutorials teach (``loss = loss_fn(engine(x), y);
 engine.backward(loss); engine.step()`` over the loader ``failslow.deepspeed.initialize``
 returns), runs with failslow enabled by its config block; rank 2 is SIGSTOP/SIGCONT-cycled from
 outside (75% stopped, ~4x slower) from step 50 until the plan has been in effect 30 steps (at
-step 110 at the earliest), and the job runs until the revert has been in effect 30 steps (240
+step 110 at the earliest), and the job runs until the revert has been in effect 30 steps (160
 steps at least): on a loaded machine detection, validation and the periodic re-validation
 (every 8 s here) that finds the fail-slow over take longer, and the job waits for them instead of
 ending first. The control plane beside
@@ -38,7 +38,7 @@ from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS, START, END, SLOW = 240, 50, 110, 2
+STEPS, START, END, SLOW = 160, 50, 110, 2
 
 
 def _options(out: Path, observe: dict | None = None, **kw: object) -> MitigationDemoOptions:

@@ -3,7 +3,9 @@
 A TCPStore (and, where ``redis-server`` is installed, a Redis server) holds what a job writes:
 the control plane's status (:class:`StatusBoard` fed with journal events), rank 0's job record
 and step times (:class:`JobReport`), each rank's tracker state (:class:`NodePublisher`), the
-diagnoses. ``failslow top`` runs as a subprocess and is checked for what it shows.
+diagnoses. ``failslow top`` runs through the CLI's entry point in this process (a subprocess
+per call would pay a torch import each); live mode runs as a real subprocess on a pty and a
+pipe, and ``tests/node/test_run_controller.py`` runs it as a subprocess against a real job.
 """
 
 from __future__ import annotations
@@ -111,14 +113,25 @@ def populate(store: Store, tmp_path: Path, *, dp: int, slow_rank: int) -> list[i
     return counts
 
 
-def top(url: str, *args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "failslow.cli", "top", "--store", url, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "160"},
-    )
+def top(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``failslow top --store URL ARGS`` through the CLI's ``main``, 160 columns wide."""
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from failslow.cli import main
+
+    argv = ["top", "--store", url, *args]
+    out, err = io.StringIO(), io.StringIO()
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "160"
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            status = main(argv)
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+    return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
 
 
 def table_rows(text: str) -> list[list[str]]:
@@ -198,7 +211,7 @@ def test_a_store_without_a_job_is_waited_for(hosted) -> None:
 
 def test_an_unreachable_store_is_one_line_and_exit_2(unused_port) -> None:
     started = time.monotonic()
-    out = top(f"tcp://127.0.0.1:{unused_port}", "--once", timeout=top_module.CONNECT_S + 30)
+    out = top(f"tcp://127.0.0.1:{unused_port}", "--once")
     assert out.returncode == 2
     assert time.monotonic() - started < top_module.CONNECT_S + 20
     lines = out.stderr.strip().splitlines()
@@ -206,7 +219,6 @@ def test_an_unreachable_store_is_one_line_and_exit_2(unused_port) -> None:
     assert out.stdout == ""
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("options", "says"),
     [
