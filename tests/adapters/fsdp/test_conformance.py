@@ -10,7 +10,7 @@ from failslow.conformance import AbstractAdapterTests
 
 from ._conformance_harness import FSDPHarness
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(500)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 class TestFSDPConformance(AbstractAdapterTests, FSDPHarness):
