@@ -28,12 +28,19 @@ from typing import Any
 from failslow import envvars
 from failslow.core.checkpoint.config import CheckpointConfig
 from failslow.core.localize.config import DetectionConfig, ValidationConfig
-from failslow.core.planner.config import STRATEGIES, PlannerConfig
+from failslow.core.planner.config import RULES, STRATEGIES, PlannerConfig
 from failslow.errors import ConfigError
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_ZERO_OK = ("min_gain", "cooldown_s", "microbatch_apply_s", "every_steps", "metrics_port")
+_ZERO_OK = (
+    "min_gain",
+    "cooldown_s",
+    "microbatch_apply_s",
+    "every_steps",
+    "metrics_port",
+    "communication_mean_s",
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -275,6 +282,16 @@ def _check_values(config: Any, path: str, origin: Mapping[str, str]) -> None:
                 f"offline or disabled, got {config.wandb_mode!r}"
             )
     if isinstance(config, PlannerConfig):
+        if config.rule not in RULES:
+            raise ConfigError(
+                f"{_where(origin, path + 'rule')}: 'planner.rule' must be one of "
+                f"{', '.join(RULES)}, got {config.rule!r}"
+            )
+        if config.earliest > 1.0:
+            raise ConfigError(
+                f"{_where(origin, path + 'earliest')}: 'planner.earliest' must be in (0, 1], "
+                f"got {config.earliest!r}"
+            )
         for name in config.strategies:
             if name not in STRATEGIES:
                 raise ConfigError(

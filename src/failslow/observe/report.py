@@ -311,7 +311,10 @@ def _load_simulation(run_dir: Path) -> RunView:
     actions = read_json(actions_path) if actions_path.is_file() else {}
     view = RunView(source="simulate", run_dir=run_dir, title="failslow simulate")
     try:
-        view.sim_results = [dict(r, policy=str(r["policy"])) for r in results]
+        # "gain" was the name of "vs_none" before the oracle column (older directories)
+        view.sim_results = [
+            {"vs_none": r.get("gain"), **r, "policy": str(r["policy"])} for r in results
+        ]
     except (KeyError, TypeError, ValueError) as exc:
         raise bad_content(results_path, exc) from None
     try:

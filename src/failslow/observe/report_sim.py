@@ -2,10 +2,10 @@
 
 The simulator (:mod:`failslow.sim`) replays a scenario - the fail-slows and fail-stops of
 greyhound 7.5, odyssey's or a 16k-GPU cluster's - under several policies; its directory holds
-``results.json`` (per policy: steps, gain over no mitigation, lost steps, pauses) and
-``actions.json`` (per policy: each action's simulated time and label). The report shows the
-policies as a table and bars, and the actions as one lane per policy over the scenario's
-fail-slows (shaded when the directory's name names a shipped scenario).
+``results.json`` (per policy: steps, ratio to no mitigation and to the hindsight oracle, lost
+steps, pauses) and ``actions.json`` (per policy: each action's simulated time and label). The
+report shows the policies as a table and bars, and the actions as one lane per policy over the
+scenario's fail-slows (shaded when the directory's name names a shipped scenario).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def _policies(view: RunView) -> str:
     if not results:
         return section("policies", "Policies", none_recorded("results.json lists no policy."))
     cols = [("steps", "steps", "{:g}"), ("steps_per_min", "steps/min", "{:.2f}"),
-            ("gain", "vs none", "{:.3f}x"), ("lost_steps", "lost steps", "{:g}"),
+            ("vs_none", "vs none", "{:.3f}x"), ("vs_oracle", "vs oracle", "{:.3f}"),
+            ("lost_steps", "lost steps", "{:g}"),
             ("paused_s", "paused (s)", "{:.0f}"), ("actions", "actions", "{:g}"),
             ("wall_s", "sim wall (s)", "{:.2f}")]  # fmt: skip
     rows = [
@@ -91,7 +92,7 @@ def policy_bars(results: list[dict[str, Any]]) -> str:
     for i, r in enumerate(results):
         ry = top + i * row_h
         steps = float(r.get("steps", 0))
-        gain = r.get("gain")
+        gain = r.get("vs_none")
         svg.append(
             f'<text x="{LEFT + 32}" y="{ry + 19}" text-anchor="end">'
             f"{escape(str(r['policy']))}</text>"

@@ -100,6 +100,25 @@ class Simulation:
                     links[pair] = max(links.get(pair, 1.0), fs.slowdown)
         return compute, links
 
+    def touching(self) -> list[FailSlow]:
+        """The active fail-slows that touch the job's hosts now (hindsight: they carry their
+        end; only the oracle policy reads this)."""
+        out = []
+        for fs in self._active:
+            if fs.gpu is not None:
+                if fs.gpu[1] < len(self.topology.ranks_on(fs.gpu[0])):
+                    out.append(fs)
+            elif fs.link is not None and all(self.topology.ranks_on(h) for h in fs.link):
+                out.append(fs)
+        return out
+
+    def upcoming(self, *kinds: str) -> float | None:
+        """When the next queued event of one of ``kinds`` ("stop", "repair", "slow-start",
+        "slow-end") after now happens (hindsight; only the oracle policy reads this)."""
+        return min(
+            (at for at, _, kind, _ in self._queue if kind in kinds and at > self.t), default=None
+        )
+
     def diagnosis(self) -> Diagnosis | None:
         compute, links = self.affecting()
         if not compute and not links:

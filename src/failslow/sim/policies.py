@@ -4,21 +4,32 @@
   remote checkpoint.
 - ``restart``: every diagnosed fail-slow and every fail-stop -> checkpoint to remote storage
   and restart without the bad host (greyhound S4 alone).
-- ``greyhound``: ski-rental over S1..S4 (greyhound 5.1 Alg. 1) with the real S2 allocator and
-  S3 topology planner; S4 and fail-stops use remote-storage checkpoint-restart.
-- ``failslow``: the same ski-rental planner, but S4 and fail-stops restart from in-memory
-  checkpoints onto warm standbys (byterobust 6) and, when no standby is left, fall back to
-  odyssey's reroute-or-reconfigure choice; a topology swap is kept after relief (reverting
-  it only costs another pause).
+- ``greyhound``: ski-rental over S1..S4 as published (greyhound 5.1 Alg. 1, the break-even
+  rule) with the real S2 allocator under the paper's rule that a replica's count is a multiple
+  of PP (footnote 4) and the real S3 topology planner; S4 and fail-stops use remote-storage
+  checkpoint-restart.
+- ``failslow``: the planner the controller runs - the expected-cost buy rule under greyhound
+  3's duration prior (:class:`~failslow.core.planner.ski_rental.ExpectedCost`), S2 at the
+  granularity the adapter declares, S4 and fail-stops restarting from in-memory checkpoints
+  onto warm standbys (byterobust 6) and, when no standby is left, odyssey's
+  reroute-or-reconfigure choice; a topology swap is kept after relief (reverting it only
+  costs another pause).
+- ``oracle``: the ceiling. It hears of onsets and reliefs when the detector does (detection is
+  not the planner's to improve) but knows how long every fail-slow lasts and what every
+  option's step time will be: at each diagnosis it takes the option (nothing, S2, S3, S3 then
+  S2, S4) that completes the most steps until the fail-slows touching the job end, and after
+  a fail-stop it gives odyssey's choice the true time to the next fault or repair.
 - ``oobleck`` / ``recycle`` / ``odyssey``: fail-stop handling only - always reconfigure,
   always reroute, or odyssey's adaptive choice (odyssey V-B baselines).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from failslow.core.diagnosis.record import Diagnosis
+from failslow.core.diagnosis.standby import spares_for_failslow
 from failslow.core.planner.odyssey import ClusterState, healthy_step_time
 from failslow.core.planner.planner import MitigationCosts, Planner
 from failslow.core.planner.plans import (
@@ -28,7 +39,7 @@ from failslow.core.planner.plans import (
     RestartPlan,
     TopologyPlan,
 )
-from failslow.core.planner.ski_rental import Decision
+from failslow.core.planner.ski_rental import BreakEven, BuyRule, Decision
 from failslow.core.topology import Topology
 from failslow.sim.stepmodel import step_time
 
@@ -92,12 +103,19 @@ class SkiRental(Policy):
     name = "greyhound"
     in_memory = False
 
+    def _rule(self) -> BuyRule | None:
+        return BreakEven()  # Algorithm 1 as published
+
+    def _layout(self, topology: Topology) -> Topology:
+        """The layout the planner plans for: greyhound's S2 counts are multiples of PP."""
+        return replace(topology, microbatch_multiple=0)
+
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
         costs = sim.costs
         model = sim.scenario.model
         self.planner = Planner(
-            sim.topology,
+            self._layout(sim.topology),
             MitigationCosts(
                 state_bytes_per_rank=costs.state_bytes_per_rank,
                 transfer_bytes_per_s=costs.transfer_bytes_per_s,
@@ -110,11 +128,13 @@ class SkiRental(Policy):
             estimate=self._estimate,
             can_restart=self._can_restart,
             revert_topology=not self.in_memory,  # greyhound reverts (7.5); failslow keeps it
+            rule=self._rule(),
         )
         self._undo: dict[int, object] = {}
 
     def _can_restart(self, diagnosis: Diagnosis) -> bool:
-        return not self.in_memory or self.sim.spares >= len(_slow_hosts(self.sim, diagnosis))
+        needed = len(_slow_hosts(self.sim, diagnosis))
+        return not self.in_memory or spares_for_failslow(self.sim.spares) >= needed
 
     def _estimate(self, plan: Plan, layout: Topology) -> float:
         """Step time the simulator's model predicts once ``plan`` is in effect."""
@@ -128,12 +148,17 @@ class SkiRental(Policy):
         return step_time(layout, sim.scenario.model, counts, compute, links)
 
     def on_diagnosis(self, diagnosis: Diagnosis) -> None:
-        self.planner.topology = self.sim.topology
-        self._apply(self.planner.onset(diagnosis, healthy_step_s=self.sim.healthy_step_s()))
+        self.planner.topology = self._layout(self.sim.topology)
+        # the steps of the detection latency are not fed to the planner: it hears their length
+        self._apply(
+            self.planner.onset(
+                diagnosis, healthy_step_s=self.sim.healthy_step_s(), age_s=self.sim.costs.detect_s
+            )
+        )
 
     def on_step(self, step_s: float) -> None:
         if self.planner.ski.active:
-            self.planner.topology = self.sim.topology
+            self.planner.topology = self._layout(self.sim.topology)
             self._apply(self.planner.observe(step_s))
 
     def on_relief(self) -> None:
@@ -213,7 +238,7 @@ class Replanning(Policy):
         )
         plan = planner.failstop(
             self.failed,
-            horizon_s=1.0 / rate if rate > 0 else scenario.duration_s,
+            horizon_s=self._horizon_s(1.0 / rate if rate > 0 else scenario.duration_s),
             options=self._options(cluster),
         )
         assert isinstance(plan, RerouteOrReconfigure)
@@ -230,6 +255,10 @@ class Replanning(Policy):
 
     def _options(self, cluster: ClusterState) -> tuple[str, ...]:
         return self.options
+
+    def _horizon_s(self, expected_s: float) -> float:
+        """How long the new layout is expected to run (odyssey: time to the next fault)."""
+        return expected_s
 
     def on_failstop(self, host: str) -> None:
         if self.sim.scenario.profile is None:
@@ -267,6 +296,12 @@ class Failslow(SkiRental, Replanning):
     name = "failslow"
     in_memory = True
 
+    def _rule(self) -> BuyRule | None:
+        return None  # the Planner's default: what the controller runs
+
+    def _layout(self, topology: Topology) -> Topology:
+        return topology  # the granularity the adapter declares
+
     def attach(self, sim: Simulation) -> None:
         SkiRental.attach(self, sim)
         self.failed = set()
@@ -289,11 +324,103 @@ class Failslow(SkiRental, Replanning):
         Replanning.on_repair(self, host)
 
 
+class Oracle(Failslow):
+    """Hindsight: the best option per diagnosis, knowing when the fail-slows end (module doc)."""
+
+    name = "oracle"
+
+    def on_step(self, step_s: float) -> None:
+        pass  # everything is decided at the diagnosis
+
+    def on_relief(self) -> None:
+        sim = self.sim
+        if sim.counts != sim.even_counts:
+            sim.set_counts(sim.even_counts)
+            sim.mark("revert S2 micro-batches")
+
+    def _horizon_s(self, expected_s: float) -> float:
+        sim = self.sim
+        upcoming = sim.upcoming("stop", "repair")
+        until = upcoming if upcoming is not None else sim.scenario.duration_s
+        return max(until - sim.t, 1.0)
+
+    def _step_under(self, layout: Topology, counts: list[int]) -> float:
+        sim = self.sim
+        saved, sim.topology = sim.topology, layout
+        try:
+            compute, links = sim.affecting()
+        finally:
+            sim.topology = saved
+        return step_time(layout, sim.scenario.model, counts, compute, links)
+
+    def _s2_under(self, layout: Topology) -> list[int]:
+        """The S2 counts the planner gives for the slowdowns as ``layout`` places them."""
+        sim = self.sim
+        saved, sim.topology = sim.topology, layout
+        try:
+            diagnosis = sim.diagnosis()
+        finally:
+            sim.topology = saved
+        if diagnosis is None:
+            return list(sim.even_counts)
+        self.planner.topology = layout
+        options = {name: plan for name, plan, _ in self.planner.ski.options(diagnosis)}
+        self.planner.topology = sim.topology
+        plan = options.get("S2 micro-batches")
+        return list(plan.counts) if isinstance(plan, MicroBatchPlan) else list(sim.even_counts)
+
+    def on_diagnosis(self, diagnosis: Diagnosis) -> None:
+        sim = self.sim
+        self.planner.topology = sim.topology
+        ends = [fs.end_s for fs in sim.touching()]
+        horizon = max(ends) - sim.t + sim.costs.relief_detect_s if ends else 0.0
+        # (label, pause, layout, counts, evict): every option from the current state
+        choices: list[tuple[str, float, Topology, list[int], list[str]]] = [
+            ("keep", 0.0, sim.topology, list(sim.counts), []),
+            ("even", 0.0, sim.topology, list(sim.even_counts), []),
+        ]
+        for name, plan, _ in self.planner.ski.options(diagnosis):
+            if isinstance(plan, MicroBatchPlan):
+                choices.append((name, plan.overhead_s, sim.topology, list(plan.counts), []))
+            elif isinstance(plan, TopologyPlan):
+                layout = sim.topology.with_hosts(plan.hosts)
+                choices.append((name, plan.overhead_s, layout, list(sim.counts), []))
+                choices.append(
+                    (f"{name} + S2", plan.overhead_s, layout, self._s2_under(layout), [])
+                )
+            elif isinstance(plan, RestartPlan):
+                fresh = sim.topology.with_hosts(
+                    [f"oracle-probe-{h}" if h in plan.evict else h for h in sim.topology.hosts]
+                )
+                choices.append(
+                    (name, plan.overhead_s, fresh, list(sim.even_counts), list(plan.evict))
+                )
+
+        def steps(choice: tuple[str, float, Topology, list[int], list[str]]) -> float:
+            _, pause, layout, counts, _ = choice
+            return max(0.0, horizon - pause) / self._step_under(layout, counts)
+
+        label, pause, layout, counts, evict = max(choices, key=steps)
+        if label in ("keep", "even") and counts == sim.counts:
+            return
+        sim.mark(f"{label} (oracle)" if label not in ("keep", "even") else "S2 undone (oracle)")
+        if evict:
+            sim.pause(pause)
+            sim.set_counts(counts)
+            sim.replace_hosts(evict, warm=True)
+            return
+        if layout is not sim.topology:
+            sim.pause(pause)
+            sim.set_topology(layout)
+        sim.set_counts(counts)
+
+
 POLICIES: dict[str, type[Policy]] = {
     "none": Policy,
     "restart": AlwaysRestart,
     "greyhound": SkiRental,
     "failslow": Failslow,
+    "oracle": Oracle,
     "oobleck": AlwaysReconfigure,
     "recycle": AlwaysReroute,
     "odyssey": Replanning,

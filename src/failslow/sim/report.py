@@ -24,7 +24,10 @@ class Result:
     policy: str
     steps: int
     steps_per_min: float
-    gain: float
+    vs_none: float
+    """Steps over the ``none`` policy's (no mitigation)."""
+    vs_oracle: float | None
+    """Steps over the hindsight ``oracle``'s (None when the oracle did not run)."""
     lost_steps: int
     paused_s: float
     actions: int
@@ -49,6 +52,8 @@ def run_policies(
             progress.advance(task)
     minutes = scenario.duration_s / 60.0
     base = traces.get("none")
+    oracle = traces.get("oracle")
+    best = _steps_at(oracle, scenario.duration_s) if oracle else None
     results = []
     for name, trace in traces.items():
         steps = _steps_at(trace, scenario.duration_s)
@@ -59,6 +64,7 @@ def run_policies(
                 steps,
                 steps / minutes,
                 steps / ref if ref else float("nan"),
+                steps / best if best else None,
                 trace.lost_steps,
                 trace.paused_s,
                 len(trace.actions),
@@ -80,6 +86,7 @@ def table(scenario: Scenario, results: Sequence[Result]) -> Table:
         "steps",
         "steps/min",
         "vs none",
+        "vs oracle",
         "lost steps",
         "paused (s)",
         "actions",
@@ -91,7 +98,8 @@ def table(scenario: Scenario, results: Sequence[Result]) -> Table:
             r.policy,
             str(r.steps),
             f"{r.steps_per_min:.2f}",
-            f"{r.gain:.3f}x",
+            f"{r.vs_none:.3f}x",
+            "" if r.vs_oracle is None else f"{r.vs_oracle:.3f}",
             str(r.lost_steps),
             f"{r.paused_s:.0f}",
             str(r.actions),
@@ -146,6 +154,9 @@ def simulate(
     chosen = list(policies or scenario.policies)
     results, traces = run_policies(scenario, chosen, console)
     console.print(table(scenario, results))
+    by = {r.policy: r for r in results}
+    if "failslow" in by and by["failslow"].vs_oracle is not None:
+        console.print(f"failslow / oracle = {by['failslow'].vs_oracle:.3f}")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(
         json.dumps([r.__dict__ for r in results], indent=2) + "\n"

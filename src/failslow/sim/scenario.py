@@ -11,6 +11,10 @@ Shipped scenarios (``failslow simulate NAME``):
   keeps 53%. ``scale-16k`` draws from the same severities.
 - ``odyssey-vb``: odyssey V-B - 32 devices (PP4 x DP8), device failures at 10% per device
   per hour for 9 hours, each repaired after a drawn repair time.
+- ``odyssey-vb-paper``: the same as the paper ran it - no repairs during the 9 hours, so the
+  degraded layouts accumulate (its Fig. 9).
+- ``mixed-1k``: failslow's own, 1,024 GPUs with heavy-tailed GPU and link fail-slows and host
+  fail-stops, where the policies differ for reasons the benchmarks README explains.
 - ``scale-16k``: 16,384 GPUs (8TP x 256DP x 8PP, 2,048 hosts), fail-slows drawn from
   greyhound's characterization (3: compute lasts ~10 min, communication ~72 min at scale)
   plus two host fail-stops, for two hours.
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -100,12 +104,21 @@ class Scenario:
     """Warm standby hosts (byterobust 6.2); a restart onto a standby needs one."""
 
 
+def _non_interleaved(topology: Topology) -> Topology:
+    """A Megatron job on the non-interleaved 1F1B schedule (the one the step model times): the
+    failslow Megatron adapter declares that any micro-batch count per replica runs
+    (``microbatch_multiple=1``); the greyhound policy keeps the paper's multiple of PP."""
+    return replace(topology, microbatch_multiple=1)
+
+
 def _host(i: int) -> str:
     return f"node{i:05d}"
 
 
 def greyhound_table6() -> Scenario:
-    topo = Topology.megatron(tp=8, dp=16, pp=2, gpus_per_host=8, micro_batches=128)
+    topo = _non_interleaved(
+        Topology.megatron(tp=8, dp=16, pp=2, gpus_per_host=8, micro_batches=128)
+    )
     # 8 micro-batches per replica: (2 + 8 - 1) x 0.15 s pipeline + 0.25 s DP sync = 1.6 s/step,
     # greyhound's 37.4 iterations/minute.
     model = StepModel(forward_s=0.05, backward_s=0.10, p2p_s=0.004, dp_sync_s=0.25)
@@ -153,13 +166,13 @@ def greyhound_table6() -> Scenario:
         model,
         3000.0,
         events,
-        policies=("none", "restart", "greyhound", "failslow"),
+        policies=("none", "restart", "greyhound", "failslow", "oracle"),
         spares=standby_count(32, 0.01),
     )
 
 
 def _poisson_times(rng: np.random.Generator, rate_per_s: float, horizon_s: float) -> list[float]:
-    times, t = [], 0.0
+    times, t = list[float](), 0.0
     while True:
         t += rng.exponential(1.0 / rate_per_s)
         if t >= horizon_s:
@@ -167,7 +180,11 @@ def _poisson_times(rng: np.random.Generator, rate_per_s: float, horizon_s: float
         times.append(t)
 
 
-def odyssey_vb(seed: int = 0) -> Scenario:
+def odyssey_vb(seed: int = 0, *, repairs: bool = True) -> Scenario:
+    """odyssey V-B. ``repairs=False`` is the paper's own run: failed devices stay down for the
+    9 hours (its Fig. 9: the active nodes only decrease), so degraded layouts accumulate; each
+    alive device fails at 10% per hour. With repairs, each failure is repaired after 30-90
+    minutes and the failure rate is over all 32 devices."""
     topo = Topology.megatron(tp=1, dp=8, pp=4, gpus_per_host=1, micro_batches=64)
     model = StepModel(forward_s=0.1, backward_s=0.2, p2p_s=0.01, dp_sync_s=0.4)
     # Llama-2-7B-like: 32 layers, 8 per stage; the per-layer times add up to StepModel's.
@@ -186,26 +203,39 @@ def odyssey_vb(seed: int = 0) -> Scenario:
     rng = np.random.default_rng(seed)
     duration = 9 * 3600.0
     events: list[FailSlow | FailStop] = []
-    # 10% per device per hour over 32 devices: one failure every ~19 minutes on average
-    for t in _poisson_times(rng, 0.10 * topo.world_size / 3600.0, duration):
-        host = _host(int(rng.integers(topo.world_size)))
-        events.append(FailStop(t, host, float(rng.uniform(1800.0, 5400.0))))
+    if repairs:
+        # 10% per device per hour over 32 devices: one failure every ~19 minutes on average
+        for t in _poisson_times(rng, 0.10 * topo.world_size / 3600.0, duration):
+            host = _host(int(rng.integers(topo.world_size)))
+            events.append(FailStop(t, host, float(rng.uniform(1800.0, 5400.0))))
+    else:
+        alive = list(range(topo.world_size))
+        t = 0.0
+        while alive:
+            t += rng.exponential(3600.0 / (0.10 * len(alive)))
+            if t >= duration:
+                break
+            device = alive.pop(int(rng.integers(len(alive))))
+            events.append(FailStop(t, _host(device), 2 * duration))  # never back in the run
+    name = "odyssey-vb" if repairs else "odyssey-vb-paper"
+    what = "repaired after 30-90 min" if repairs else "never repaired (the paper's run)"
     return Scenario(
-        "odyssey-vb",
-        "odyssey V-B: 32 devices (4PP x 8DP), 10%/device/hour failures, repaired after "
-        "30-90 min, 9 hours",
+        name,
+        f"odyssey V-B: 32 devices (4PP x 8DP), 10%/device/hour failures, {what}, 9 hours",
         topo,
         model,
         duration,
         tuple(events),
-        policies=("none", "oobleck", "recycle", "odyssey", "failslow"),
+        policies=("none", "oobleck", "recycle", "odyssey", "failslow", "oracle"),
         profile=profile,
         host_failures_per_hour=0.10,
     )
 
 
 def scale_16k(seed: int = 0) -> Scenario:
-    topo = Topology.megatron(tp=8, dp=256, pp=8, gpus_per_host=8, micro_batches=4096)
+    topo = _non_interleaved(
+        Topology.megatron(tp=8, dp=256, pp=8, gpus_per_host=8, micro_batches=4096)
+    )
     model = StepModel(forward_s=0.02, backward_s=0.04, p2p_s=0.002, dp_sync_s=0.6)
     rng = np.random.default_rng(seed)
     duration = 2 * 3600.0
@@ -224,14 +254,14 @@ def scale_16k(seed: int = 0) -> Scenario:
             )
         )
     for t in _poisson_times(rng, 2 / 3600.0, duration):  # congestion, ~72 min at scale
-        a = int(rng.integers(hosts - 8))
+        a = int(rng.integers(hosts - 1))
         events.append(
             FailSlow(
                 t,
                 float(rng.lognormal(math.log(2400), 0.5)),
                 Kind.COMMUNICATION,
                 LINK_SEVERITY["medium"],
-                link=(_host(a), _host(a + 8)),
+                link=(_host(a), _host(a + 1)),  # DP ring neighbours (one host per TP group)
                 label="medium link",
             )
         )
@@ -247,7 +277,78 @@ def scale_16k(seed: int = 0) -> Scenario:
         model,
         duration,
         tuple(sorted(events, key=_event_time)),
-        policies=("none", "restart", "greyhound", "failslow"),
+        policies=("none", "restart", "greyhound", "failslow", "oracle"),
+        spares=standby_count(hosts, 0.01),
+    )
+
+
+REACTION_ITERATIONS = 13
+"""Onset -> diagnosis, median iterations (benchmarks/reaction_time.py, benchmarks/README.md)."""
+
+
+def mixed_1k(seed: int = 0) -> Scenario:
+    """failslow's own: where the policies differ, and why (benchmarks/README.md, Simulator).
+
+    1,024 GPUs (8TP x 32DP x 4PP, 128 hosts, 8 micro-batches per replica) for 4 hours. GPU
+    fail-slows (~8 per hour) and congested links (~1.5 per hour; half on a DP ring, half between
+    pipeline stages) with greyhound 3's heavy-tailed durations (lognormal, sigma 1, means 10 and
+    72 minutes at this scale) and severities, plus host fail-stops (~1 per hour, back after 1-2
+    hours). Costs: detection is the project's measured 13 iterations onset -> diagnosis
+    (benchmarks/reaction_time.py) at this job's healthy step; the S2 switch is the planner's
+    measured solve time; the S3 pause (20 s + 10 GB per GPU at 12.5 GB/s) and the restarts
+    (120 s from memory onto a warm standby, 1500 s through remote storage) are the papers'
+    (greyhound Fig. 19 and 5.1, byterobust 6), since one CPU machine cannot measure NCCL
+    re-initialization or a scheduler's requeue at 1,024 GPUs.
+    """
+    topo = _non_interleaved(
+        Topology.megatron(tp=8, dp=32, pp=4, gpus_per_host=8, micro_batches=256)
+    )
+    model = StepModel(forward_s=0.04, backward_s=0.08, p2p_s=0.003, dp_sync_s=0.35)
+    rng = np.random.default_rng(seed)
+    duration = 4 * 3600.0
+    hosts = len(topo.host_names)
+    events: list[FailSlow | FailStop] = []
+    for t in _poisson_times(rng, 8 / 3600.0, duration):
+        label = str(rng.choice(["weak", "medium", "severe"], p=[0.3, 0.5, 0.2]))
+        events.append(
+            FailSlow(
+                t,
+                float(rng.lognormal(math.log(600) - 0.5, 1.0)),
+                Kind.COMPUTE,
+                SEVERITY[label],
+                gpu=(_host(int(rng.integers(hosts))), int(rng.integers(8))),
+                label=f"{label} GPU",
+            )
+        )
+    for t in _poisson_times(rng, 1.5 / 3600.0, duration):
+        label = str(rng.choice(["weak", "medium"], p=[0.5, 0.5]))
+        a = int(rng.integers(hosts - 32))
+        b = a + 1 if rng.random() < 0.5 else a + 32  # DP ring neighbour or next stage
+        events.append(
+            FailSlow(
+                t,
+                float(rng.lognormal(math.log(72 * 60) - 0.5, 1.0)),
+                Kind.COMMUNICATION,
+                LINK_SEVERITY[label],
+                link=(_host(a), _host(b)),
+                label=f"{label} link",
+            )
+        )
+    for t in _poisson_times(rng, 1 / 3600.0, duration):
+        events.append(
+            FailStop(t, _host(int(rng.integers(hosts))), float(rng.uniform(3600.0, 7200.0)))
+        )
+    healthy_step = (topo.pp + 8 - 1) * (model.forward_s + model.backward_s) + model.dp_sync_s
+    return Scenario(
+        "mixed-1k",
+        "failslow's own: 1,024 GPUs (8TP x 32DP x 4PP, 128 hosts), heavy-tailed GPU and link "
+        "fail-slows and host fail-stops, 4 hours, measured detection latency",
+        topo,
+        model,
+        duration,
+        tuple(sorted(events, key=_event_time)),
+        costs=Costs(detect_s=REACTION_ITERATIONS * healthy_step),
+        policies=("none", "restart", "greyhound", "failslow", "oracle"),
         spares=standby_count(hosts, 0.01),
     )
 
@@ -259,7 +360,9 @@ def _event_time(event: FailSlow | FailStop) -> float:
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "greyhound-table6": greyhound_table6,
     "odyssey-vb": odyssey_vb,
+    "odyssey-vb-paper": lambda: odyssey_vb(repairs=False),
     "scale-16k": scale_16k,
+    "mixed-1k": mixed_1k,
 }
 
 

@@ -65,7 +65,7 @@ def step_time(
         _, d, p = topology.coords[rank]
         stages = stage_factor.setdefault(d, {})
         stages[p] = max(stages.get(p, 1.0), factor)
-    dp_factor, pp_factor = 1.0, {}
+    dp_factor, pp_factor = 1.0, dict[int, float]()
     for (a, b), factor in links.items():
         dp_link, pp_replicas = link_roles(topology, a, b)
         if dp_link:

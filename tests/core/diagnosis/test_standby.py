@@ -84,3 +84,10 @@ def test_monotonic_in_machines_and_rate(
 def test_bad_input(kwargs: dict, match: str) -> None:
     with pytest.raises(FailslowError, match=match):
         standby_count(**kwargs)
+
+
+def test_a_fail_slow_eviction_never_takes_the_last_standby():
+    from failslow.core.diagnosis.standby import spares_for_failslow
+
+    assert [spares_for_failslow(n) for n in range(4)] == [0, 0, 1, 2]
+    assert spares_for_failslow(3, reserve=0) == 3 and spares_for_failslow(3, reserve=5) == 0

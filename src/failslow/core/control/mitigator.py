@@ -37,7 +37,7 @@ from failslow.core.control.store import Store
 from failslow.core.diagnosis.record import Diagnosis
 from failslow.core.planner.allocation import even_plan
 from failslow.core.planner.config import PlannerConfig
-from failslow.core.planner.planner import MitigationCosts, Planner
+from failslow.core.planner.planner import MitigationCosts, Planner, buy_rule
 from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan, plan_to_dict
 from failslow.core.planner.ski_rental import Decision
 from failslow.core.topology import Topology
@@ -193,6 +193,7 @@ class Mitigator:
             healthy_microbatch_s=healthy_step_s * topology.dp / topology.micro_batches,
             min_gain=planner_config.min_gain,
             strategies=allowed,
+            rule=buy_rule(planner_config, topology.world_size),
         )
 
     def _diagnosed(self, diagnosis: Diagnosis) -> None:

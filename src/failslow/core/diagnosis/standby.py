@@ -84,3 +84,19 @@ def standby_count(
     while k < n and binom.cdf(k, n, p) < q:
         k += 1
     return k
+
+
+FAILSTOP_RESERVE = 1
+"""Standbys an S4 restart for a fail-slow leaves in the pool (see :func:`spares_for_failslow`)."""
+
+
+def spares_for_failslow(spares: int, *, reserve: int = FAILSTOP_RESERVE) -> int:
+    """How many of ``spares`` warm standbys an S4 restart for a fail-slow may take.
+
+    The pool is sized for fail-stops (byterobust 6.2, :func:`standby_count`): a dead machine
+    has no slower fallback, while a fail-slow still trains (S2/S3) without one. So an eviction
+    for a fail-slow never takes the last ``reserve`` standbys. Measured in ``mixed-1k``
+    (benchmarks/README.md, Simulator): without the reserve, three fail-slow restarts emptied
+    the pool and the next fail-stop waited for a cold restart (1,500 s).
+    """
+    return max(0, spares - max(0, reserve))

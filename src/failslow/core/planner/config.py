@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 STRATEGIES = ("S2", "S3", "S4")
 """The levels above S1 (ignore): micro-batch redistribution, topology swap, restart."""
+RULES = ("expected", "break-even")
+"""When to buy a level: expected cost under the duration prior, or greyhound's Algorithm 1."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -20,6 +22,21 @@ class PlannerConfig:
     filter them)."""
     min_gain: float = 0.05
     """Skip a level whose estimated step time is not this much better than the observed one."""
+    rule: str = "expected"
+    """``expected``: buy the level that saves the most expected rent over the fail-slow's
+    expected remaining duration (greyhound 3's characterization as the prior), within the
+    bounds below; ``break-even``: greyhound's Algorithm 1 (buy when the impact reaches the
+    overhead, cheapest first)."""
+    earliest: float = 0.5
+    """``expected`` never buys a level before the impact reaches this share of its overhead
+    (worst case 1 + 1/earliest times the hindsight optimum)."""
+    compute_mean_s: float = 600.0
+    """Mean duration of a computation fail-slow (greyhound 3: ~10 minutes)."""
+    communication_mean_s: float = 0.0
+    """Mean duration of a communication fail-slow; 0: greyhound 3's 24 minutes, or 72 minutes
+    in jobs of 512 GPUs or more."""
+    duration_sigma: float = 1.0
+    """Log-space spread of the lognormal duration prior (heavy-tailed)."""
     microbatch_apply_s: float = 0.5
     """Estimated cost of switching micro-batch plans (prepare, commit, one step boundary)."""
     pause_s: float = 30.0

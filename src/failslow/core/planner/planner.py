@@ -16,12 +16,17 @@ from dataclasses import dataclass, replace
 
 from failslow.core.diagnosis.record import Diagnosis
 from failslow.core.planner.allocation import microbatch_plan
+from failslow.core.planner.config import PlannerConfig
+from failslow.core.planner.duration_prior import DurationPrior, DurationPriors
 from failslow.core.planner.odyssey import ClusterState, ModelProfile, plan_failstop
 from failslow.core.planner.plans import Plan, RerouteOrReconfigure, RestartPlan
 from failslow.core.planner.ski_rental import (
     ALL_KINDS,
     COMPUTE_ONLY,
+    BreakEven,
+    BuyRule,
     Decision,
+    ExpectedCost,
     MultiLevelPlanner,
     Strategy,
 )
@@ -46,6 +51,20 @@ class MitigationCosts:
     """Odyssey: restart in a new parallel layout, on top of the weight transfer."""
 
 
+def buy_rule(config: PlannerConfig, world_size: int) -> BuyRule:
+    """The buy rule ``config`` asks for, with its duration priors for a job of ``world_size``."""
+    if config.rule == "break-even":
+        return BreakEven()
+    priors = DurationPriors.characterization(world_size, sigma=config.duration_sigma)
+    priors = DurationPriors(
+        DurationPrior(config.compute_mean_s, config.duration_sigma),
+        DurationPrior(config.communication_mean_s, config.duration_sigma)
+        if config.communication_mean_s > 0
+        else priors.communication,
+    )
+    return ExpectedCost(priors, earliest=config.earliest)
+
+
 class Planner:
     """Decisions for one job. ``estimate`` (optional) predicts a plan's step time.
 
@@ -54,7 +73,10 @@ class Planner:
     layout on renamed hosts), so undoing it only pays the pause and the state moves again.
     Micro-batch plans are always undone at relief (the even split is the healthy optimum).
     ``strategies``: the levels this job may use ("S2", "S3", "S4"; the adapter's capabilities
-    and the user's config decide).
+    and the user's config decide). ``rule``: when to buy (default
+    :class:`~failslow.core.planner.ski_rental.ExpectedCost` under greyhound's characterization
+    for a job of this size; :class:`~failslow.core.planner.ski_rental.BreakEven` is Algorithm 1
+    as published).
     """
 
     def __init__(
@@ -69,6 +91,7 @@ class Planner:
         min_gain: float = 0.05,
         revert_topology: bool = False,
         strategies: Collection[str] = ("S2", "S3", "S4"),
+        rule: BuyRule | None = None,
     ) -> None:
         self.topology = topology
         self.costs = costs
@@ -86,13 +109,17 @@ class Planner:
             raise ConfigError(
                 f"planner: unknown strategies {sorted(unknown)}; allowed: {', '.join(levels)}"
             )
+        if rule is None:
+            rule = ExpectedCost(DurationPriors.characterization(topology.world_size))
         self.ski = MultiLevelPlanner(
-            [levels[name] for name in levels if name in strategies], min_gain=min_gain
+            [levels[name] for name in levels if name in strategies], min_gain=min_gain, rule=rule
         )
 
     # ---- fail-slow -------------------------------------------------------------------------
-    def onset(self, diagnosis: Diagnosis, *, healthy_step_s: float) -> list[Decision]:
-        return self.ski.onset(diagnosis, healthy_step_s=healthy_step_s)
+    def onset(
+        self, diagnosis: Diagnosis, *, healthy_step_s: float, age_s: float = 0.0
+    ) -> list[Decision]:
+        return self.ski.onset(diagnosis, healthy_step_s=healthy_step_s, age_s=age_s)
 
     def observe(self, step_time_s: float) -> list[Decision]:
         return self.ski.observe(step_time_s)
@@ -101,9 +128,11 @@ class Planner:
         return self.ski.relief()
 
     def _with_estimate(self, plan: Plan, layout: Topology) -> Plan:
+        """The plan with the job's own estimate of its step time. That estimate is on the
+        observed scale, so the builder's relative baseline (another model's) is dropped."""
         if self._estimate is None:
             return plan
-        return replace(plan, step_time_s=self._estimate(plan, layout))
+        return replace(plan, step_time_s=self._estimate(plan, layout), baseline_step_s=None)
 
     def _s2(self, diagnosis: Diagnosis) -> Plan | None:
         started = time.perf_counter()

@@ -26,15 +26,36 @@ What this object adds to the paper's loop, each as a rule a user can read here:
   straggler, expensive ones still wait for their break-even point.
 - **Restart is last**: a strategy flagged ``last_resort`` is always sorted after the others;
   applying a non-revertible one (a restart rebuilds the job) supersedes the plans before it.
+
+Two buy rules (``rule=``):
+
+- :class:`BreakEven` is Algorithm 1 as published: candidate ``j`` is bought when the impact
+  reaches its overhead ``B_j``, cheapest first. It treats every fail-slow as adversarial.
+- :class:`ExpectedCost` (the default of :class:`~failslow.core.planner.planner.Planner`) uses
+  what is known about fail-slows (:mod:`failslow.core.planner.duration_prior`): after every
+  observed step it compares, for each candidate, the expected rent it saves over the
+  fail-slow's expected remaining duration (the prior's mean residual life at the time already
+  elapsed, so a fail-slow that has lasted long is expected to last longer) with its overhead,
+  and buys the candidate with the largest expected saving. While that one's earliest point
+  (below) is not reached, a lesser one is bought meanwhile only if the rent it saves until
+  then pays for its overhead. Rent is counted per wall second,
+  ``1 - healthy / step``. Two bounds keep the worst case: a candidate is never bought before
+  the impact reaches ``earliest * B_j`` (an adversary that ends the fail-slow at once costs at
+  most ``1 + 1 / earliest`` times the hindsight optimum: 3x at the default 0.5), and a
+  candidate that is not the last resort is bought at the latest when the impact reaches
+  ``B_j``, as Algorithm 1 does (its 2-competitive bound for S2 and S3). A last resort (S4,
+  a restart) is bought only when the expected remaining duration pays for it.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from failslow.core.diagnosis.record import Diagnosis, Kind
+from failslow.core.planner.duration_prior import DurationPriors
 from failslow.core.planner.plans import Plan
 from failslow.errors import FailslowError
 
@@ -71,6 +92,28 @@ class _Candidate:
     plan: Plan
 
 
+@dataclass(frozen=True)
+class BreakEven:
+    """greyhound Algorithm 1: buy each candidate, cheapest first, when the impact reaches its
+    overhead (deterministic, 2-competitive for one buy option)."""
+
+
+@dataclass(frozen=True)
+class ExpectedCost:
+    """Buy the candidate that saves the most expected rent over the fail-slow's expected
+    remaining duration, within the worst-case bounds described in the module docstring."""
+
+    priors: DurationPriors
+    earliest: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.earliest <= 1.0:
+            raise FailslowError(f"planner: earliest must be in (0, 1], got {self.earliest}")
+
+
+BuyRule = BreakEven | ExpectedCost
+
+
 @dataclass
 class _Event:
     healthy_step_s: float
@@ -79,8 +122,12 @@ class _Event:
     next_index: int = 0
     impact_s: float = 0.0
     slow_steps: int = 0
+    elapsed_s: float = 0.0
+    """Seconds the fail-slow has lasted: its age at the diagnosis plus the steps since."""
     applied: list[_Candidate] = field(default_factory=list)
     recent: list[float] = field(default_factory=list)
+    bought: set[int] = field(default_factory=set)
+    """Indices into ``candidates`` bought for the current diagnosis (ExpectedCost)."""
 
 
 class MultiLevelPlanner:
@@ -92,6 +139,7 @@ class MultiLevelPlanner:
         *,
         min_gain: float = 0.05,
         recent_window: int = 5,
+        rule: BuyRule | None = None,
     ) -> None:
         names = [s.name for s in strategies]
         if len(set(names)) != len(names):
@@ -101,7 +149,12 @@ class MultiLevelPlanner:
         self._strategies = tuple(strategies)
         self._min_gain = min_gain
         self._recent_window = max(1, recent_window)
+        self._rule: BuyRule = rule if rule is not None else BreakEven()
         self._event: _Event | None = None
+
+    @property
+    def rule(self) -> BuyRule:
+        return self._rule
 
     @property
     def active(self) -> bool:
@@ -138,16 +191,31 @@ class MultiLevelPlanner:
         out.sort(key=lambda c: (c.strategy.last_resort, c.plan.overhead_s))
         return out
 
-    def onset(self, diagnosis: Diagnosis, *, healthy_step_s: float) -> list[Decision]:
-        """A fail-slow was detected and diagnosed; returns the decisions due right away."""
+    def options(self, diagnosis: Diagnosis) -> list[tuple[str, Plan, bool]]:
+        """(strategy, plan, revertible) of every level that has a plan for ``diagnosis``, in
+        the order the rule considers them; planning only (the state of the event is kept).
+        The simulator's hindsight oracle chooses among these."""
+        return [(c.strategy.name, c.plan, c.strategy.revertible) for c in self._build(diagnosis)]
+
+    def onset(
+        self, diagnosis: Diagnosis, *, healthy_step_s: float, age_s: float = 0.0
+    ) -> list[Decision]:
+        """A fail-slow was detected and diagnosed; returns the decisions due right away.
+
+        ``age_s``: how long the fail-slow had lasted when it was diagnosed, for steps the
+        caller does not feed to :meth:`observe` (the detection latency); ExpectedCost reads
+        the duration prior at the fail-slow's true age."""
         if not healthy_step_s > 0.0:
             raise FailslowError(f"planner: healthy step time must be > 0, got {healthy_step_s}")
+        if not (math.isfinite(age_s) and age_s >= 0.0):
+            raise FailslowError(f"planner: fail-slow age must be >= 0 seconds, got {age_s}")
         candidates = self._build(diagnosis)
         if self._event is None:
-            self._event = _Event(healthy_step_s, diagnosis, candidates)
+            self._event = _Event(healthy_step_s, diagnosis, candidates, elapsed_s=age_s)
         else:
             event = self._event
             event.diagnosis, event.candidates, event.next_index = diagnosis, candidates, 0
+            event.bought = set()
         return self._buy()
 
     def observe(self, step_time_s: float) -> list[Decision]:
@@ -156,6 +224,7 @@ class MultiLevelPlanner:
         if event is None:
             return []
         excess = step_time_s - event.healthy_step_s
+        event.elapsed_s += max(step_time_s, 0.0)
         if excess > 0.0:
             event.impact_s += excess
             event.slow_steps += 1
@@ -175,6 +244,80 @@ class MultiLevelPlanner:
         ]
 
     def _buy(self) -> list[Decision]:
+        if isinstance(self._rule, ExpectedCost):
+            return self._buy_expected(self._rule)
+        return self._buy_break_even()
+
+    def _expected_step(self, candidate: _Candidate, current: float) -> float | None:
+        """The step time ``candidate`` is expected to give, on the observed scale."""
+        expected = candidate.plan.step_time_s
+        baseline = candidate.plan.baseline_step_s
+        if expected is not None and baseline:
+            return current * expected / baseline  # the model's relative gain
+        return expected
+
+    def _apply(self, candidate: _Candidate, why: str) -> Decision:
+        event = self._event
+        assert event is not None
+        if not candidate.strategy.revertible:
+            event.applied.clear()  # a restart rebuilds the job: earlier plans are moot
+        event.applied.append(candidate)
+        event.recent.clear()
+        return Decision("apply", candidate.strategy.name, candidate.plan, why)
+
+    def _buy_expected(self, rule: ExpectedCost) -> list[Decision]:
+        event = self._event
+        assert event is not None
+        if not event.recent:
+            return []  # nothing observed since the onset or the last buy: wait for a step
+        current = statistics.median(event.recent)
+        healthy = event.healthy_step_s
+        rent = max(0.0, 1.0 - healthy / current)  # seconds lost per wall second now
+        remaining = rule.priors.of(event.diagnosis.kind).mean_residual(event.elapsed_s)
+        best: tuple[float, int, str] | None = None
+        scored: list[tuple[int, float, str]] = []  # (index, rent per second after, why)
+        for index, candidate in enumerate(event.candidates):
+            overhead = candidate.plan.overhead_s
+            if index in event.bought:
+                continue
+            expected = self._expected_step(candidate, current)
+            if expected is not None and expected > current * (1.0 - self._min_gain):
+                continue  # would not beat what is observed now: not worth its overhead
+            after = 0.0 if expected is None else max(0.0, 1.0 - healthy / max(expected, healthy))
+            saving = (rent - after) * remaining - overhead
+            late = not candidate.strategy.last_resort and event.impact_s >= overhead
+            if saving <= 0.0 and not late:
+                continue
+            why = (
+                f"expected saving {saving:.1f} s over ~{remaining:.0f} s still to come"
+                if saving > 0.0
+                else f"slow impact {event.impact_s:.1f} s >= overhead {overhead:.1f} s"
+            )
+            scored.append((index, after, why))
+            if best is None or saving > best[0]:
+                best = (saving, index, why)
+        if best is None:
+            return []
+        _, index, why = best
+        due = rule.earliest * event.candidates[index].plan.overhead_s
+        if event.impact_s < due:
+            # The best buy is not due yet. A lesser one is bought meanwhile only if the rent
+            # it saves until then pays for it (S2, nearly free, always does).
+            wait_s = (due - event.impact_s) / rent if rent > 0.0 else math.inf
+            bridge = [
+                ((rent - after) * wait_s - event.candidates[i].plan.overhead_s, i, reason)
+                for i, after, reason in scored
+                if i != index
+                and event.impact_s >= rule.earliest * event.candidates[i].plan.overhead_s
+            ]
+            bridge = [b for b in bridge if b[0] > 0.0]
+            if not bridge:
+                return []
+            _, index, why = max(bridge)
+        event.bought.add(index)
+        return [self._apply(event.candidates[index], why)]
+
+    def _buy_break_even(self) -> list[Decision]:
         event = self._event
         assert event is not None
         decisions = []
@@ -194,15 +337,9 @@ class MultiLevelPlanner:
                 and expected > current * (1.0 - self._min_gain)
             ):
                 continue  # would not beat what is observed now: not worth its overhead
-            if not candidate.strategy.revertible:
-                event.applied.clear()  # a restart rebuilds the job: earlier plans are moot
-            event.applied.append(candidate)
-            event.recent.clear()
             decisions.append(
-                Decision(
-                    "apply",
-                    candidate.strategy.name,
-                    candidate.plan,
+                self._apply(
+                    candidate,
                     f"slow impact {event.impact_s:.1f} s over {event.slow_steps} slow steps "
                     f">= overhead {candidate.plan.overhead_s:.1f} s",
                 )
