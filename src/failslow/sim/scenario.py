@@ -242,6 +242,33 @@ def odyssey_vb(seed: int = 0, *, repairs: bool = True) -> Scenario:
     )
 
 
+def _gpu_failslows(
+    rng: np.random.Generator,
+    per_hour: float,
+    duration_s: float,
+    hosts: int,
+    *,
+    mu: float,
+    sigma: float,
+) -> list[FailSlow]:
+    """GPU fail-slows as a Poisson process: 30% weak / 50% medium / 20% severe, lognormal
+    durations (``mu``, ``sigma`` in log-seconds), on a random GPU of 8 on a random host."""
+    out = []
+    for t in _poisson_times(rng, per_hour / 3600.0, duration_s):
+        label = str(rng.choice(["weak", "medium", "severe"], p=[0.3, 0.5, 0.2]))
+        out.append(
+            FailSlow(
+                t,
+                float(rng.lognormal(mu, sigma)),
+                Kind.COMPUTE,
+                SEVERITY[label],
+                gpu=(_host(int(rng.integers(hosts))), int(rng.integers(8))),
+                label=f"{label} GPU",
+            )
+        )
+    return out
+
+
 def scale_16k(seed: int = 0) -> Scenario:
     """16k GPUs with the papers' costs (:class:`Costs` defaults); links congest between DP ring
     neighbours, which the job's gradient all-reduce crosses."""
@@ -253,18 +280,7 @@ def scale_16k(seed: int = 0) -> Scenario:
     duration = 2 * 3600.0
     hosts = len(topo.host_names)
     events: list[FailSlow | FailStop] = []
-    for t in _poisson_times(rng, 12 / 3600.0, duration):  # ~12 GPU fail-slows per hour
-        label = str(rng.choice(["weak", "medium", "severe"], p=[0.3, 0.5, 0.2]))
-        events.append(
-            FailSlow(
-                t,
-                float(rng.lognormal(math.log(600), 0.6)),
-                Kind.COMPUTE,
-                SEVERITY[label],
-                gpu=(_host(int(rng.integers(hosts))), int(rng.integers(8))),
-                label=f"{label} GPU",
-            )
-        )
+    events += _gpu_failslows(rng, 12, duration, hosts, mu=math.log(600), sigma=0.6)
     for t in _poisson_times(rng, 2 / 3600.0, duration):  # congestion, ~72 min at scale
         a = int(rng.integers(hosts - 1))
         events.append(
@@ -320,18 +336,7 @@ def mixed_1k(seed: int = 0) -> Scenario:
     duration = 4 * 3600.0
     hosts = len(topo.host_names)
     events: list[FailSlow | FailStop] = []
-    for t in _poisson_times(rng, 8 / 3600.0, duration):
-        label = str(rng.choice(["weak", "medium", "severe"], p=[0.3, 0.5, 0.2]))
-        events.append(
-            FailSlow(
-                t,
-                float(rng.lognormal(math.log(600) - 0.5, 1.0)),
-                Kind.COMPUTE,
-                SEVERITY[label],
-                gpu=(_host(int(rng.integers(hosts))), int(rng.integers(8))),
-                label=f"{label} GPU",
-            )
-        )
+    events += _gpu_failslows(rng, 8, duration, hosts, mu=math.log(600) - 0.5, sigma=1.0)
     for t in _poisson_times(rng, 1.5 / 3600.0, duration):
         label = str(rng.choice(["weak", "medium"], p=[0.5, 0.5]))
         a = int(rng.integers(hosts - 32))
