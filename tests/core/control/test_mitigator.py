@@ -16,7 +16,7 @@ from failslow.config import load_config
 from failslow.core.control import keys
 from failslow.core.control.mitigator import Mitigator
 from failslow.core.control.store import Store, open_store
-from failslow.core.diagnosis.record import Diagnosis, Kind, SlowRank
+from failslow.core.diagnosis.record import Diagnosis, Kind, SlowLink, SlowRank
 from failslow.core.planner.plans import MicroBatchPlan
 from failslow.core.topology import Topology
 
@@ -88,6 +88,35 @@ def test_diagnosis_buys_s2_and_relief_reverts_to_the_even_split(url: str) -> Non
     for r in ranks:
         assert [p for _, p in r.applied] == [plan, mitigator.actions[-1].plan]
         assert r.applied[0][0] == action.outcome.apply_step
+
+
+def test_a_link_only_rediagnosis_after_the_gpu_recovered_reverts_s2(url: str) -> None:
+    """Seen in the DeepSpeed demo: after the slowed rank recovered, a re-validation on the
+    loaded machine named one link at 2.3x and nothing else; the S2 split for the recovered
+    rank must not stay in effect."""
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+    ranks = _ranks(url, 4)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        mitigator = Mitigator(store, config.planner, world_size=4)
+        mitigator.tick()
+        diagnosis = _diagnosis()
+        time.sleep(0.01)
+        store.set_json(keys.STEPS, {"steps": [[s, 0.3] for s in range(20, 30)]})
+        mitigator.tick()
+        mitigator.on_diagnosis(diagnosis)
+        mitigator.tick()
+        _wait_applied(ranks, 1)
+        link_only = Diagnosis(Kind.COMMUNICATION, slow_links=(SlowLink(2, 0, 2.3),))
+        mitigator.on_diagnosis(link_only)
+        mitigator.tick()
+        _wait_applied(ranks, 2)
+    _stop(ranks)
+    assert [a.action for a in mitigator.actions] == ["apply", "revert"]
+    assert mitigator.actions[-1].plan.counts == (4, 4, 4, 4)  # type: ignore[attr-defined]
+    assert mitigator.in_effect is None
+    for r in ranks:
+        assert [p for _, p in r.applied][-1] == mitigator.actions[-1].plan
 
 
 def test_nothing_is_planned_that_the_adapter_cannot_apply(url: str) -> None:

@@ -106,6 +106,17 @@ def test_compound_onset_replans_and_keeps_impact():
     assert planner.impact_s == pytest.approx(5.0)
 
 
+def test_a_compound_onset_without_the_compute_part_undoes_s2():
+    # the slow GPU recovered while a link stays slow: the uneven split would now only cost
+    planner = MultiLevelPlanner(three_levels(), min_gain=0.0)
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    assert run(planner, [2.0, 2.0]) == [(1, "apply", "microbatch")]
+    again = planner.onset(COMM, healthy_step_s=1.0)
+    assert [(d.action, d.strategy) for d in again] == [("revert", "microbatch")]
+    assert planner.applied == () and planner.active
+    assert [(d.action, d.strategy) for d in planner.relief()] == []  # nothing left to undo
+
+
 def test_bad_inputs_are_clear_errors():
     with pytest.raises(FailslowError, match="unique"):
         MultiLevelPlanner(three_levels() * 2)

@@ -20,7 +20,8 @@ What this object adds to the paper's loop, each as a rule a user can read here:
   applied to the observed step time, not by its absolute estimate. A strategy that proved
   ineffective keeps the impact accumulating at the old rate, so the next one is bought exactly
   when Alg. 1 says.
-- **Relief** reverts the applied plans, newest first (a restart cannot be reverted).
+- **Relief** reverts the applied plans, newest first (a restart cannot be reverted); so does a
+  new diagnosis for the plans whose root cause it no longer contains.
 - **Compound events**: a new onset while an event is active re-plans with the new diagnosis
   and keeps the accumulated impact, so cheap strategies are re-applied at once for the new
   straggler, expensive ones still wait for their break-even point.
@@ -210,13 +211,22 @@ class MultiLevelPlanner:
         if not (math.isfinite(age_s) and age_s >= 0.0):
             raise FailslowError(f"planner: fail-slow age must be >= 0 seconds, got {age_s}")
         candidates = self._build(diagnosis)
+        stale: list[Decision] = []
         if self._event is None:
             self._event = _Event(healthy_step_s, diagnosis, candidates, elapsed_s=age_s)
         else:
             event = self._event
             event.diagnosis, event.candidates, event.next_index = diagnosis, candidates, 0
             event.bought = set()
-        return self._buy()
+            # a plan for a root cause the new diagnosis no longer has (S2 after the slow GPU
+            # recovered while a link stays slow) is undone, as at relief
+            for c in reversed(event.applied):
+                if c.strategy.revertible and diagnosis.kind not in c.strategy.handles:
+                    reason = f"the {diagnosis.kind.value} fail-slow left is not one it mitigates"
+                    stale.append(Decision("revert", c.strategy.name, c.plan, reason))
+            gone = {id(d.plan) for d in stale}
+            event.applied = [c for c in event.applied if id(c.plan) not in gone]
+        return stale + self._buy()
 
     def observe(self, step_time_s: float) -> list[Decision]:
         """One finished iteration's time; returns the decisions it triggers (usually none)."""
