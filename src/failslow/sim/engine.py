@@ -132,6 +132,24 @@ class Simulation:
             kind, tuple(SlowRank(r, s) for r, s in sorted(compute.items())), slow_links
         )
 
+    def diagnosis_under(self, layout: Topology) -> Diagnosis | None:
+        """What :meth:`diagnosis` would say with the roles placed as ``layout`` places them."""
+        saved, self.topology = self.topology, layout
+        try:
+            return self.diagnosis()
+        finally:
+            self.topology = saved
+
+    def step_s_under(self, layout: Topology, counts: list[int]) -> float:
+        """The step time with the roles placed as ``layout`` and ``counts`` micro-batches per
+        replica, under the fail-slows active now (a plan's effect, before applying it)."""
+        saved, self.topology = self.topology, layout
+        try:
+            compute, links = self.affecting()
+        finally:
+            self.topology = saved
+        return step_time(layout, self.scenario.model, counts, compute, links)
+
     def healthy_step_s(self) -> float:
         return step_time(self.topology, self.scenario.model, self.even_counts, {}, {})
 

@@ -41,7 +41,6 @@ from failslow.core.planner.plans import (
 )
 from failslow.core.planner.ski_rental import BreakEven, BuyRule, Decision
 from failslow.core.topology import Topology
-from failslow.sim.stepmodel import step_time
 
 if TYPE_CHECKING:
     from failslow.sim.engine import Simulation
@@ -142,10 +141,7 @@ class SkiRental(Policy):
         if isinstance(plan, RestartPlan):
             return sim.healthy_step_s()
         counts = list(plan.counts) if isinstance(plan, MicroBatchPlan) else sim.counts
-        saved, sim.topology = sim.topology, layout
-        compute, links = sim.affecting()
-        sim.topology = saved
-        return step_time(layout, sim.scenario.model, counts, compute, links)
+        return sim.step_s_under(layout, counts)
 
     def on_diagnosis(self, diagnosis: Diagnosis) -> None:
         self.planner.topology = self._layout(self.sim.topology)
@@ -344,23 +340,10 @@ class Oracle(Failslow):
         until = upcoming if upcoming is not None else sim.scenario.duration_s
         return max(until - sim.t, 1.0)
 
-    def _step_under(self, layout: Topology, counts: list[int]) -> float:
-        sim = self.sim
-        saved, sim.topology = sim.topology, layout
-        try:
-            compute, links = sim.affecting()
-        finally:
-            sim.topology = saved
-        return step_time(layout, sim.scenario.model, counts, compute, links)
-
     def _s2_under(self, layout: Topology) -> list[int]:
         """The S2 counts the planner gives for the slowdowns as ``layout`` places them."""
         sim = self.sim
-        saved, sim.topology = sim.topology, layout
-        try:
-            diagnosis = sim.diagnosis()
-        finally:
-            sim.topology = saved
+        diagnosis = sim.diagnosis_under(layout)
         if diagnosis is None:
             return list(sim.even_counts)
         self.planner.topology = layout
@@ -398,7 +381,7 @@ class Oracle(Failslow):
 
         def steps(choice: tuple[str, float, Topology, list[int], list[str]]) -> float:
             _, pause, layout, counts, _ = choice
-            return max(0.0, horizon - pause) / self._step_under(layout, counts)
+            return max(0.0, horizon - pause) / sim.step_s_under(layout, counts)
 
         label, pause, layout, counts, evict = max(choices, key=steps)
         if label in ("keep", "even") and counts == sim.counts:

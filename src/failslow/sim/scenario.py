@@ -33,7 +33,7 @@ from failslow.core.diagnosis.standby import standby_count
 from failslow.core.planner.odyssey import ModelProfile
 from failslow.core.topology import Topology
 from failslow.errors import ConfigError
-from failslow.sim.stepmodel import StepModel
+from failslow.sim.stepmodel import StepModel, step_time
 
 SEVERITY = {"weak": 2.5, "medium": 4.0, "severe": 8.0}
 LINK_SEVERITY = {"weak": 4.0, "medium": 16.0, "severe": 32.0}
@@ -355,7 +355,7 @@ def mixed_1k(seed: int = 0) -> Scenario:
         events.append(
             FailStop(t, _host(int(rng.integers(hosts))), float(rng.uniform(3600.0, 7200.0)))
         )
-    healthy_step = (topo.pp + 8 - 1) * (model.forward_s + model.backward_s) + model.dp_sync_s
+    healthy_step = step_time(topo, model, [topo.micro_batches // topo.dp] * topo.dp, {}, {})
     return Scenario(
         "mixed-1k",
         "failslow's own: 1,024 GPUs (8TP x 32DP x 4PP, 128 hosts), heavy-tailed GPU and link "

@@ -336,17 +336,11 @@ class MultiLevelPlanner:
             if event.impact_s < candidate.plan.overhead_s:
                 break
             event.next_index += 1
-            current = statistics.median(event.recent) if event.recent else None
-            expected = candidate.plan.step_time_s
-            baseline = candidate.plan.baseline_step_s
-            if current is not None and expected is not None and baseline:
-                expected = current * expected / baseline  # the model's relative gain
-            if (
-                current is not None
-                and expected is not None
-                and expected > current * (1.0 - self._min_gain)
-            ):
-                continue  # would not beat what is observed now: not worth its overhead
+            if event.recent:
+                current = statistics.median(event.recent)
+                expected = self._expected_step(candidate, current)
+                if expected is not None and expected > current * (1.0 - self._min_gain):
+                    continue  # would not beat what is observed now: not worth its overhead
             decisions.append(
                 self._apply(
                     candidate,
