@@ -106,6 +106,10 @@ class Controller:
         self._suspects: list[Any] = []
         self._pending: Diagnosis | None = None
         self._diagnosed_at = -math.inf
+        self._held: list[dict[str, Any]] = []
+        """Onsets absorbed in the cooldown after a round that found every rank healthy: a
+        fail-slow can begin right after a false alarm, and its onsets come only once."""
+        self._last_healthy = False
 
     def _enter(self, state: State, **detail: Any) -> None:
         self.state = state
@@ -157,6 +161,7 @@ class Controller:
         relief = any(r.get("type") == "relief" for r in new)
         if relief:
             self._diagnosed_at = -math.inf  # the fail-slow is over: the next onset is new
+            self._held = []
         if self.mitigation_active is not None and self.mitigation_active():
             since = time.time() - self._last_round
             due = since >= self.validation.recheck_every_s
@@ -166,10 +171,17 @@ class Controller:
                 self._enter(State.PROFILING, recheck="relief" if relief else "periodic")
                 return
         onsets = [r for r in new if r.get("type") == "onset"]
-        if onsets and time.time() - self._diagnosed_at < self.detection.cooldown_s:
+        cooling = time.time() - self._diagnosed_at < self.detection.cooldown_s
+        if onsets and cooling:
             self.history.append(Transition(State.TRACKING, time.time(), {"absorbed": onsets}))
+            if self._last_healthy:
+                self._held += onsets
             return
+        if not onsets and self._held and not cooling:
+            # the cooldown after a healthy round is over and no relief came: still slow
+            onsets = self._held
         if onsets:
+            self._held = []
             self._onsets = onsets
             self._enter(State.PROFILING, onsets=onsets)
 
@@ -287,6 +299,7 @@ class Controller:
         diagnosis, self._pending = self._pending, None
         self._diagnosed_at = self._last_round = time.time()
         recheck, self._recheck = self._recheck, False
+        self._last_healthy = diagnosis is None and not recheck
         if diagnosis is None and recheck and self.on_healthy is not None:
             try:
                 self.on_healthy()  # every rank measured healthy while a plan is in effect
