@@ -2,26 +2,31 @@
 
 Usage::
 
-    python benchmarks/s2_prediction.py [--frameworks deepspeed,megatron,accelerate,fsdp]
+    python benchmarks/s2_prediction.py [--runs deepspeed,megatron,accelerate,fsdp,deepspeed:2]
         [--from-dirs DIR ...]
 
-Runs ``failslow demo --framework F --no-live`` for each framework (the S2 demos: a compute
-fail-slow on rank 2 from step 60 to 180; detection, validation and the planner's S2 plan by
-themselves), or reads existing demo run directories (``--from-dirs``), and prints for every
-applied micro-batch plan, from the run's ``events.jsonl`` (the control plane's journal):
+Runs ``failslow demo --framework F --no-live`` for each run (the S2 demos: a compute fail-slow
+on rank 2 from step 60 to 180; detection, validation and the planner's S2 plan by themselves;
+``F:N`` runs it with ``--world-size N``, the slowed rank the last), or reads existing demo run
+directories (``--from-dirs``), and prints for every applied micro-batch plan, from the run's
+``events.jsonl`` (the control plane's journal):
 
 - *healthy*: the median step before the injection (steps 10..slow start);
 - *before*: the median of the five steps before the plan took effect (the observed slowdown
   the planner judges the plan against);
 - *measured*: the median step while the plan is in effect (from two steps after it applied
   to its revert or the end of the injection);
-- *predicted (observed scale)*: what the planner expects on the scale of observed step times,
-  ``before * step_time_s / baseline_step_s`` (its relative rule), and *predicted (absolute)*:
-  the plan's ``step_time_s`` itself (``max_i m_i * t_i`` from the healthy per-micro-batch time
-  and the validation GEMM's slowdown);
-- their errors against *measured*. Goal (issue 17): within 10% for every S2 demo.
+- *predicted*: the plan's ``step_time_s``, and which model gave it: *rank profiles* (the ranks'
+  measured time per micro-batch, rest and optimizer part, :mod:`failslow.core.planner.
+  measured_step`), else *GEMM model* on the observed scale (``before * step_time_s /
+  baseline_step_s``, the healthy time per micro-batch and the validation GEMM's slowdown);
+- its error against *measured*. Goal (issue 17): within 10% for every S2 demo.
 
-One run per framework takes 2-5 minutes on 2 cores; run it on a quiet machine.
+The default runs have 4 ranks on this machine's 2 cores, and ``deepspeed:2`` one rank per core:
+on an oversubscribed CPU, moving micro-batches between replicas also moves CPU share between
+them, which the per-rank model (made for dedicated devices) does not see.
+
+One run takes 2-5 minutes on 2 cores; run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-FRAMEWORKS = ("deepspeed", "megatron", "accelerate", "fsdp")
+RUNS = ("deepspeed", "megatron", "accelerate", "fsdp", "deepspeed:2")
 SLOW_START, SLOW_END = 60, 180  # failslow demo's defaults for the S2 demos
 
 
@@ -74,25 +79,39 @@ def rows_of(run_dir: Path) -> list[dict[str, Any]]:
         before = _median(steps, start - 5, start)
         measured = _median(steps, start + 2, min(end, SLOW_END))
         step_s, baseline = plan.get("step_time_s"), plan.get("baseline_step_s")
-        relative = before * step_s / baseline if before and step_s and baseline else None
+        if baseline:  # the builder's relative model, on the observed scale
+            predicted = before * step_s / baseline if before and step_s else None
+        else:
+            predicted = step_s
         rows.append(
             {
                 "run": run_dir.name,
+                "ranks": _world_size(run_dir),
                 "counts": plan.get("counts"),
                 "healthy": healthy,
                 "before": before,
                 "measured": measured,
-                "relative": relative,
-                "absolute": step_s,
+                "predicted": predicted,
+                "model": "GEMM model" if baseline else "rank profiles",
             }
         )
     return rows
 
 
-def _run_demo(framework: str, out: Path, console: Console) -> Path:
-    run_dir = out / f"demo-{framework}"
-    console.print(f"running failslow demo --framework {framework} -> {run_dir}")
+def _world_size(run_dir: Path) -> int | None:
+    summary = run_dir / "summary.json"
+    if not summary.is_file():
+        return None
+    return json.loads(summary.read_text()).get("world_size")
+
+
+def _run_demo(run: str, out: Path, console: Console) -> Path:
+    framework, _, ranks = run.partition(":")
     cmd = [sys.executable, "-m", "failslow.cli", "demo", "--framework", framework, "--no-live"]
+    if ranks:
+        cmd += ["--world-size", ranks, "--slow-rank", str(int(ranks) - 1)]
+    run_dir = out / f"demo-{framework}-{ranks or 'default'}"
+    console.print(f"running {' '.join(cmd[2:])} -> {run_dir}")
     subprocess.run([*cmd, "--out", str(run_dir)], check=True, stdout=subprocess.DEVNULL)
     return run_dir
 
@@ -109,7 +128,7 @@ def _err(predicted: float | None, measured: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    parser.add_argument("--runs", default=",".join(RUNS), help="FRAMEWORK[:RANKS],...")
     parser.add_argument("--from-dirs", nargs="+", type=Path, metavar="DIR")
     parser.add_argument("--out", type=Path, help="where demo runs go (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -118,32 +137,26 @@ def main(argv: list[str] | None = None) -> int:
         dirs = list(args.from_dirs)
     else:
         out = args.out or Path(tempfile.mkdtemp(prefix="s2-prediction-"))
-        dirs = [_run_demo(f, out, console) for f in args.frameworks.split(",")]
+        dirs = [_run_demo(run, out, console) for run in args.runs.split(",")]
     table = Table(title="S2 plan: predicted vs measured step time (issue 17 goal: within 10%)")
-    for col in (
-        "run",
-        "counts",
-        "healthy",
-        "before",
-        "measured",
-        "predicted (observed scale)",
-        "error",
-        "predicted (absolute)",
-        "error",
-    ):
+    for col in ("run", "ranks", "counts", "healthy", "before", "measured", "predicted", "error"):
         table.add_column(col, justify="left" if col in ("run", "counts") else "right")
+    table.add_column("model")
     for run_dir in dirs:
-        for r in rows_of(run_dir):
+        rows = rows_of(run_dir)
+        if not rows:
+            console.print(f"{run_dir.name}: no micro-batch plan was applied (see its events.jsonl)")
+        for r in rows:
             table.add_row(
                 r["run"],
+                str(r["ranks"] or "-"),
                 str(r["counts"]),
                 _fmt(r["healthy"]),
                 _fmt(r["before"]),
                 _fmt(r["measured"]),
-                _fmt(r["relative"]),
-                _err(r["relative"], r["measured"]),
-                _fmt(r["absolute"]),
-                _err(r["absolute"], r["measured"]),
+                _fmt(r["predicted"]),
+                _err(r["predicted"], r["measured"]),
+                r["model"],
             )
     console.print(table)
     return 0

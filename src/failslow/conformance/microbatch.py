@@ -79,6 +79,23 @@ class AbstractMicroBatchPlanTests(ConformanceFixtures):
                 f"the plans say {counts}"
             )
 
+    def test_the_step_profile_sees_every_micro_batch(self, layout_run: LayoutRun) -> None:
+        """The adapter announces each training micro-batch (``Session.micro_batch``): the
+        rank's step profile, which the planner's S2 estimate reads, counts the calls of the
+        last completed step (a multiple of its micro-batches: model chunks call once each)."""
+        require(layout_run, "microbatch_plans")
+        for rank_run in layout_run.ranks:
+            for name in ("reference", "microbatch"):
+                run = rank_run.run(name)
+                profile = run.get("profile")
+                assert profile, f"rank {rank_run.rank}, {name}: no step profile (no micro-batch)"
+                m = run["micro_batches"][-2]  # the last step is closed by no boundary
+                assert profile["calls"] >= m and profile["calls"] % m == 0, (
+                    f"rank {rank_run.rank}, {name}: the profile counted {profile['calls']} calls "
+                    f"in a step of {m} micro-batches"
+                )
+                assert profile["spacing"] > 0 and profile["rest"] >= 0 and profile["post"] >= 0
+
     def test_replicas_agree_after_uneven_plans(self, layout_run: LayoutRun) -> None:
         """DP replicas apply the same all-reduced update: bitwise equal parameters."""
         require(layout_run, "microbatch_plans")

@@ -241,6 +241,7 @@ class LayoutRunner:
                 )
             if step == hold:
                 record["released"] = self._hold()
+        record["profile"] = job.session.profile.summary()  # what the S2 estimate reads
         params = job.parameters()
         np.savez(
             self.out / f"{self.layout}.{name}.rank{self.rank}.npz", allow_pickle=False, **params

@@ -108,6 +108,9 @@ class RankAgent:
         self._position = position
         self.steps = steps
         """The training step this rank is in (a session's), or None: no step pause."""
+        self.profile: Callable[[], dict[str, Any] | None] | None = None
+        """This rank's step profile (:class:`~failslow.runtime.step_profile.StepProfile`),
+        published as ``"profile"`` in its progress record for the planner's S2 estimate."""
         self._park = park
         self._step_target: int | None = None
         self._last_step: tuple[int, float] | None = None
@@ -159,7 +162,11 @@ class RankAgent:
                 # steps per second between the last two changes seen (kept between changes)
                 self._step_rate = (step - last[0]) / (now - last[1])
             self._last_step = (step, now)
-        return {"step": step, "step_rate": self._step_rate, "t": time.time()}
+        record: dict[str, Any] = {"step": step, "step_rate": self._step_rate, "t": time.time()}
+        profile = self.profile() if self.profile is not None else None
+        if profile is not None:
+            record["profile"] = profile
+        return record
 
     def at_step(self, step: int) -> None:
         """The session is about to start ``step``: park here if a step pause targets it."""

@@ -108,12 +108,14 @@ def attach_from_environment(capture: Any) -> RankAgent | None:
         return None
 
 
-def follow_steps(steps: Any) -> None:
+def follow_steps(steps: Any, profile: Any = None) -> None:
     """The running agent learns the training step from ``steps()`` (a session's): it publishes
-    it and can park at a step boundary (:meth:`RankAgent.at_step`)."""
+    it and can park at a step boundary (:meth:`RankAgent.at_step`); ``profile()`` (the
+    session's step profile summary) goes into the same progress record."""
     control = _current
     if control is not None:
         control.agent.steps = steps
+        control.agent.profile = profile
 
 
 def at_step(step: int) -> None:

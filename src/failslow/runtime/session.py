@@ -2,13 +2,17 @@
 
 One :class:`Session` per training process. An adapter registers itself as a plugin (its
 ``@failslow.hookimpl`` methods report the topology and apply plans), calls :meth:`Session.start`
-once the process group exists, and :meth:`Session.step_boundary` at the start of every global
-step - that is all an adapter does. The session is the lifecycle and the step boundary; the
-concerns behind it each have their module:
+once the process group exists, :meth:`Session.step_boundary` at the start of every global
+step, :meth:`Session.micro_batch` before each training micro-batch and
+:meth:`Session.before_optimizer_step` before the optimizer step - that is all an adapter does.
+The session is the lifecycle and the step boundary; the concerns behind it each have their
+module:
 
 - capture (greyhound 4.2) and, with a control store configured, the rank's control agent that
   pauses for validation (greyhound 4.3; :mod:`.rank_control`);
 - rank 0's job record and recent step times for the controller (:mod:`.job_report`);
+- the rank's step profile (time per micro-batch, the rest, the optimizer part), published with
+  its agent's progress record for the planner's S2 estimate (:mod:`.step_profile`);
 - plans received over the plan channel (:mod:`failslow.core.control.plan_channel`) and applied
   at the step boundary every rank agreed on, all ranks or none (:mod:`.plan_application`);
 - in-memory snapshots, backups on peers and resume (byterobust 6.3; :mod:`.snapshot_service`),
@@ -43,6 +47,7 @@ from failslow.runtime import rank_control, teardown
 from failslow.runtime.agreement import all_ranks_ok
 from failslow.runtime.plan_application import PlanApplication
 from failslow.runtime.snapshot_service import SnapshotService
+from failslow.runtime.step_profile import StepProfile
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,9 @@ class Session:
         self.step = -1
         """The last step boundary passed (-1 before the first)."""
         self.step_times: collections.deque[tuple[int, float]] = collections.deque(maxlen=64)
+        self.profile = StepProfile()
+        """Time per micro-batch and the rest of the step (the adapters call
+        :meth:`micro_batch`); published with the rank agent's progress record."""
         self.plans = PlanApplication(
             self.pm.hook,
             rank=0,
@@ -120,7 +128,7 @@ class Session:
         self.store = ResilientStore(self.config.store)
         if capture is not None and rank_control.current() is None:
             rank_control.attach(capture, self.store, token=self.config.job_token)
-        rank_control.follow_steps(lambda: self.step)
+        rank_control.follow_steps(lambda: self.step, profile=self.profile.summary)
         if self.rank == 0:
             self._job_report = JobReport(self.store, self.job_record(), self.step_times).start()
         self.receiver = PlanReceiver(
@@ -209,7 +217,9 @@ class Session:
 
     def before_optimizer_step(self) -> None:
         """The adapter calls this right before the optimizer mutates the state: the pending
-        snapshot's copy must be complete (byterobust 6.3)."""
+        snapshot's copy must be complete (byterobust 6.3); the step profile splits the step
+        here."""
+        self.profile.optimizer_step()
         if self.snapshot_service is not None:
             self.snapshot_service.before_optimizer_step()
 
@@ -252,6 +262,7 @@ class Session:
             self.pm.hook.failslow_on_step(step=self.step, step_time_s=elapsed)
         rank_control.at_step(step)  # a validation pause here is in no step's time
         self._last_boundary = time.perf_counter()
+        self.profile.boundary(now, self._last_boundary)
         self.step = step
         plan = self.plans.scheduled(step)
         if self.receiver is not None:
@@ -266,6 +277,11 @@ class Session:
         service = self.snapshot_service
         if service is not None and service.due(step):
             service.snapshot(step)
+
+    def micro_batch(self) -> None:
+        """The adapter is about to run a training micro-batch (one forward call of it):
+        O(1), it only stamps the time (:class:`~failslow.runtime.step_profile.StepProfile`)."""
+        self.profile.micro_batch()
 
     def _stop_for_update(self, plan: StopForUpdate, step: int) -> None:
         """Commit a snapshot of this step on every rank, then exit for the node agent to

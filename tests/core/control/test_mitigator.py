@@ -182,3 +182,38 @@ def test_after_a_topology_swap_the_controller_plans_from_the_new_placement(url: 
     assert mitigator.planner is not None and mitigator.planner.topology == moved
     for r in ranks:
         assert [p for _, p in r.applied] == [plan]
+
+
+def test_s2_step_time_comes_from_the_ranks_step_profiles(url: str) -> None:
+    """With step profiles in the diagnosed rank's and a healthy replica's progress records,
+    the S2 plan carries their model's step time (measured_step), not the GEMM-sized one."""
+    from failslow.core.planner.measured_step import MeasuredSteps
+
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+    ranks = _ranks(url, 4)
+    records = {
+        2: {"step": 25, "profile": {"calls": 4, "spacing": 0.06, "rest": 0.06, "rest_low": 0.05}},
+        0: {"step": 25, "profile": {"calls": 4, "spacing": 0.02, "rest": 0.22, "rest_low": 0.02}},
+    }
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        for rank, record in records.items():
+            store.set_json(f"{keys.VALIDATE}/progress/{rank}", record)
+        mitigator = Mitigator(store, config.planner, world_size=4)
+        mitigator.tick()
+        diagnosis = _diagnosis()
+        time.sleep(0.01)
+        store.set_json(keys.STEPS, {"steps": [[s, 0.3] for s in range(20, 30)]})
+        mitigator.tick()
+        mitigator.on_diagnosis(diagnosis)
+        mitigator.tick()
+        _wait_applied(ranks, 1)
+    _stop(ranks)
+    (action,) = mitigator.actions
+    plan = action.plan
+    assert isinstance(plan, MicroBatchPlan) and plan.baseline_step_s is None
+    model = MeasuredSteps.from_records(TOPOLOGY, (4, 4, 4, 4), records, [2])
+    assert model is not None and plan.step_time_s == pytest.approx(model.step_s(plan.counts))
+    assert plan.step_time_s == pytest.approx(
+        max(0.02 + max(plan.counts) * 0.02, 0.06 + plan.counts[2] * 0.06)
+    )

@@ -28,7 +28,8 @@ from typing import Any
 class StepTracker:
     """``global_step()`` counts the framework's optimizer steps, ``micro_steps()`` every
     micro-batch it stepped through, ``count()`` is this replica's micro-batches per step under
-    the plan in effect, and ``begin_step(step)`` is the session's step boundary."""
+    the plan in effect, ``begin_step(step)`` is the session's step boundary and
+    ``micro_batch()`` (optional) is told of every training micro-batch, after the boundary."""
 
     def __init__(
         self,
@@ -37,11 +38,13 @@ class StepTracker:
         micro_steps: Callable[[], int],
         count: Callable[[], int],
         begin_step: Callable[[int], None],
+        micro_batch: Callable[[], None] | None = None,
     ) -> None:
         self._global_step = global_step
         self._micro_steps = micro_steps
         self._count = count
         self._begin_step = begin_step
+        self._micro_batch = micro_batch
         self.step: int | None = None
         """The global step in progress (None before the first)."""
         self._first_micro = 0
@@ -70,6 +73,8 @@ class StepTracker:
         """Before a training forward: begin a new step if one began; True when this micro-batch
         is this replica's last of the step (its accumulation boundary)."""
         self.sync()
+        if self._micro_batch is not None:
+            self._micro_batch()
         done = self._micro_steps() - self._first_micro
         return done + 1 >= self._count()
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from failslow import hookimpl
-from failslow.adapters.common.loop import StepTracker, call_model, run_step
+from failslow.adapters.common.loop import StepTracker, call_model, is_training_forward, run_step
 from failslow.adapters.common.microbatch import ReplicaSplit
 from failslow.adapters.common.state import (
     counters,
@@ -90,6 +90,7 @@ class DeepSpeedAdapter:
             micro_steps=lambda: engine.micro_steps,
             count=lambda: self.split.count,
             begin_step=self._begin_step,
+            micro_batch=self._micro_batch,
         )
         self.topology = gather_topology(
             coord,
@@ -180,11 +181,22 @@ class DeepSpeedAdapter:
         if self.session is not None:
             self.session.step_boundary(step)
 
+    def _micro_batch(self) -> None:
+        if self.session is not None:
+            self.session.micro_batch()
+
     def follow_loop(self) -> None:
-        """Follow the user's own loop (PipelineEngine runs only through train_batch)."""
+        """Follow the user's own loop (PipelineEngine runs only through train_batch: its
+        stage module's training forwards are the micro-batches)."""
+        engine = self.engine
         if not self.pipeline:
-            engine = self.engine
             self._hook = self.tracker.follow(engine, engine.set_gradient_accumulation_boundary)
+        else:
+            self._hook = engine.module.register_forward_pre_hook(self._stage_forward)
+
+    def _stage_forward(self, module: Any, args: Any) -> None:
+        if is_training_forward(module):
+            self._micro_batch()
 
     def guard_optimizer_step(self) -> None:
         """Before DeepSpeed's optimizer mutates the state (``_take_model_step``, used by both

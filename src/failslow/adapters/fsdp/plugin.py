@@ -364,6 +364,8 @@ class FSDPAdapter(swap.InPlaceSwap):
 
     def set_boundary(self, last: bool) -> None:
         """Before a training micro-batch's forward: is it this replica's last of the step?"""
+        if self.session is not None:
+            self.session.micro_batch()
         if self.flavor == "ddp":
             self.model.require_backward_grad_sync = last
         elif self.flavor == "hsdp":

@@ -26,6 +26,7 @@ the num-microbatches calculator. The optimizer step waits for the pending snapsh
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -315,6 +316,8 @@ class MegatronAdapter(swap.InPlaceSwap):
                 f"{even}); the global batch size must not change while it is"
             )
         kwargs["num_microbatches"] = self.split.count if asked == even else asked
+        if self.session is not None and "forward_step_func" in kwargs:
+            kwargs["forward_step_func"] = _announced(kwargs["forward_step_func"], self.session)
         weight = 1.0 if self.config.calculate_per_token_loss else self.split.weight
         scale = self.config.grad_scale_func
         if weight != 1.0:
@@ -335,6 +338,18 @@ class MegatronAdapter(swap.InPlaceSwap):
 def _vp_group(config: Any, pp: int) -> int:
     """Micro-batches the interleaved schedule runs per virtual stage in a row (default PP)."""
     return config.microbatch_group_size_per_vp_stage or pp
+
+
+def _announced(forward_step_func: Callable[..., Any], session: Any) -> Callable[..., Any]:
+    """``forward_step_func`` that first tells the session a micro-batch (or, interleaved, a
+    model chunk of one) starts; Megatron reads its parameters, so the signature is kept."""
+
+    @functools.wraps(forward_step_func)
+    def announced(*args: Any, **kwargs: Any) -> Any:
+        session.micro_batch()
+        return forward_step_func(*args, **kwargs)
+
+    return announced
 
 
 def _weighted(scale: Callable[[Any], Any] | None, weight: float) -> Callable[[Any], Any]:

@@ -37,6 +37,7 @@ from failslow.core.control.store import Store
 from failslow.core.diagnosis.record import Diagnosis
 from failslow.core.planner.allocation import even_plan
 from failslow.core.planner.config import PlannerConfig
+from failslow.core.planner.measured_step import MeasuredSteps, ranks_to_read
 from failslow.core.planner.planner import MitigationCosts, Planner, buy_rule
 from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan, plan_to_dict
 from failslow.core.planner.ski_rental import Decision
@@ -87,6 +88,10 @@ class Mitigator:
         """step -> (seconds, wall time first seen) of every step rank 0 reported."""
         self._queue: collections.deque[tuple[str, Any]] = collections.deque()
         self._slow_ranks: frozenset[int] = frozenset()
+        self._step_model: dict[str, Any] | None = None
+        """Behind the newest S2 estimate (journaled with the plan): per replica [seconds per
+        micro-batch, rest before the optimizer, optimizer on], and the rank profiles they came
+        from."""
         self.in_effect: Plan | None = None
         """The plan every rank runs now (None: the job's own even split)."""
         self._lock = threading.Lock()
@@ -191,10 +196,34 @@ class Mitigator:
                 restart_s=planner_config.restart_s,
             ),
             healthy_microbatch_s=healthy_step_s * topology.dp / topology.micro_batches,
+            estimate=self._measured_step,
             min_gain=planner_config.min_gain,
             strategies=allowed,
             rule=buy_rule(planner_config, topology.world_size),
         )
+
+    def _measured_step(self, plan: Plan, layout: Topology) -> float | None:
+        """An S2 plan's step time from the ranks' step profiles (:mod:`.measured_step`: the
+        diagnosed ranks' progress records and one healthy replica's); None for other plans or
+        where a rank published no profile (the plan's own model then stands)."""
+        topology = self.topology
+        if not isinstance(plan, MicroBatchPlan) or topology is None or not self._slow_ranks:
+            return None
+        diagnosed = sorted(self._slow_ranks)
+        records = {
+            r: self.store.get_json(f"{keys.VALIDATE}/progress/{r}")
+            for r in ranks_to_read(topology, diagnosed)
+        }
+        now = self.in_effect if isinstance(self.in_effect, MicroBatchPlan) else self._even_plan()
+        assert now is not None
+        model = MeasuredSteps.from_records(topology, now.counts, records, diagnosed)
+        if model is None:
+            return None
+        self._step_model = {
+            "replicas": [[r.per_microbatch_s, r.rest_s, r.post_s] for r in model.replicas],
+            "profiles": {str(r): (rec or {}).get("profile") for r, rec in records.items()},
+        }
+        return model.step_s(plan.counts)
 
     def _diagnosed(self, diagnosis: Diagnosis) -> None:
         # what the fail-slow is: its slow ranks, else the ends of its slow links (a re-validation
@@ -269,6 +298,7 @@ class Mitigator:
                 committed=outcome.committed,
                 detail=outcome.reason,
                 in_effect=None if self.in_effect is None else plan_to_dict(self.in_effect),
+                step_model=self._step_model,
             )
         )
 

@@ -66,7 +66,9 @@ def buy_rule(config: PlannerConfig, world_size: int) -> BuyRule:
 
 
 class Planner:
-    """Decisions for one job. ``estimate`` (optional) predicts a plan's step time.
+    """Decisions for one job. ``estimate`` (optional) predicts a plan's step time on the
+    observed scale (None where it cannot; the mitigator's is from the ranks' step profiles,
+    :mod:`failslow.core.planner.measured_step`).
 
     ``revert_topology``: undo a topology swap at relief, as greyhound does (7.5). Off by
     default: a node-granular swap leaves a healthy job exactly as fast as before (the same
@@ -86,7 +88,7 @@ class Planner:
         *,
         healthy_microbatch_s: float,
         profile: ModelProfile | None = None,
-        estimate: Callable[[Plan, Topology], float] | None = None,
+        estimate: Callable[[Plan, Topology], float | None] | None = None,
         can_restart: Callable[[Diagnosis], bool] | None = None,
         min_gain: float = 0.05,
         revert_topology: bool = False,
@@ -128,11 +130,13 @@ class Planner:
         return self.ski.relief()
 
     def _with_estimate(self, plan: Plan, layout: Topology) -> Plan:
-        """The plan with the job's own estimate of its step time. That estimate is on the
-        observed scale, so the builder's relative baseline (another model's) is dropped."""
-        if self._estimate is None:
+        """The plan with the job's own estimate of its step time, where it has one (None: the
+        builder's). That estimate is on the observed scale, so the builder's relative
+        baseline (another model's) is dropped."""
+        step_s = self._estimate(plan, layout) if self._estimate is not None else None
+        if step_s is None:
             return plan
-        return replace(plan, step_time_s=self._estimate(plan, layout), baseline_step_s=None)
+        return replace(plan, step_time_s=step_s, baseline_step_s=None)
 
     def _s2(self, diagnosis: Diagnosis) -> Plan | None:
         started = time.perf_counter()

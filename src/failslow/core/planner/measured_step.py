@@ -1,0 +1,120 @@
+"""An S2 plan's step time from what the ranks measured (greyhound 5.2; odyssey IV's per-replica
+step model with the parts measured instead of profiled).
+
+Under a micro-batch plan, DP replica ``r`` runs ``m_r`` micro-batches. The replicas meet twice
+per step: at the gradient reduction, which the slowest replica's micro-batches decide, and
+(ZeRO, distributed optimizers, FSDP's next all-gather) after the optimizer step, which the
+slowest optimizer decides. So the step is ``max_r (rest_r + m_r * t_r) + max_r post_r``:
+``t_r`` the replica's time per micro-batch, ``rest_r`` the rest of its step before the
+optimizer (the last backward, the reduction; on a pipeline its fill and drain), ``post_r`` the
+optimizer step on. All come from the ranks' step profiles
+(:class:`failslow.runtime.step_profile.StepProfile`, published in their progress records):
+
+- a replica with a diagnosed rank runs as it does now: its time per call, recent rest and post
+  (it is the slowest, so its steps hold no wait for another replica);
+- every other replica runs like one healthy representative: its recent time per call, and the
+  low quantiles of its rest and post (recent steps of a healthy replica include the waits for
+  the slowed one; the low quantile is its own part, from before the slowdown).
+
+Where the optimizer step is close to free and local (DDP), the second meeting does not exist,
+and the model errs high by the slowed replica's optimizer time.
+
+The validation GEMM's slowdown sizes the plan (which replica gets how many); it is not used
+here, since it is not the job's slowdown (the GEMM runs alone in a pause).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from failslow.core.topology import Topology
+
+
+@dataclass(frozen=True)
+class ReplicaStep:
+    """One replica's step as a function of its micro-batch count."""
+
+    per_microbatch_s: float
+    rest_s: float
+    """Before the optimizer step, beyond the micro-batches."""
+    post_s: float = 0.0
+    """From the optimizer step to the next step."""
+
+    def until_optimizer_s(self, microbatches: int) -> float:
+        return self.rest_s + microbatches * self.per_microbatch_s
+
+
+def _part(record: Mapping[str, Any] | None, now_count: int, *, waits: bool) -> ReplicaStep | None:
+    profile = (record or {}).get("profile")
+    if not profile or now_count <= 0:
+        return None
+    try:
+        calls, spacing = float(profile["calls"]), float(profile["spacing"])
+        rest = float(profile["rest_low" if waits else "rest"])
+        post = float(profile.get("post_low" if waits else "post", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if calls <= 0 or spacing <= 0 or rest < 0 or post < 0:
+        return None
+    return ReplicaStep(per_microbatch_s=calls / now_count * spacing, rest_s=rest, post_s=post)
+
+
+@dataclass(frozen=True)
+class MeasuredSteps:
+    """Per-replica step models; :meth:`step_s` is a plan's step time."""
+
+    replicas: tuple[ReplicaStep, ...]
+
+    def step_s(self, counts: Sequence[int]) -> float:
+        reduce = max(r.until_optimizer_s(m) for r, m in zip(self.replicas, counts, strict=True))
+        return reduce + max(r.post_s for r in self.replicas)
+
+    @classmethod
+    def from_records(
+        cls,
+        topology: Topology,
+        counts_now: Sequence[int],
+        records: Mapping[int, Mapping[str, Any] | None],
+        diagnosed: Collection[int],
+    ) -> MeasuredSteps | None:
+        """From the progress records of the ``diagnosed`` ranks and one rank of a replica
+        without any (``records`` by rank; see :func:`ranks_to_read`), with ``counts_now`` the
+        counts the measurements ran under. None when a needed record has no profile."""
+        slow = {topology.replica_of(r) for r in diagnosed}
+        healthy = [r for r in records if topology.replica_of(r) not in slow]
+        representative = None
+        if healthy:
+            rep = min(healthy)
+            representative = _part(records[rep], counts_now[topology.replica_of(rep)], waits=True)
+        replicas: list[ReplicaStep] = []
+        for replica in range(topology.dp):
+            if replica not in slow:
+                if representative is None:
+                    return None
+                replicas.append(representative)
+                continue
+            parts = [
+                _part(records.get(r), counts_now[replica], waits=False)
+                for r in diagnosed
+                if topology.replica_of(r) == replica
+            ]
+            known = [p for p in parts if p is not None]
+            if not known:
+                return None
+            m = counts_now[replica]
+            replicas.append(max(known, key=lambda p: p.until_optimizer_s(m) + p.post_s))
+        return cls(tuple(replicas))
+
+
+def ranks_to_read(topology: Topology, diagnosed: Collection[int]) -> list[int]:
+    """The progress records :meth:`MeasuredSteps.from_records` needs: the diagnosed ranks and
+    the lowest rank of a replica without one (O(diagnosed), not O(world))."""
+    slow = {topology.replica_of(r) for r in diagnosed}
+    ranks = sorted(set(diagnosed))
+    for replica in range(topology.dp):
+        if replica not in slow:
+            ranks.append(min(topology.replica_ranks(replica)))
+            break
+    return ranks

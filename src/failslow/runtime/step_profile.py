@@ -1,0 +1,106 @@
+"""What one rank's step is made of: time per micro-batch and the rest (greyhound 5.2, odyssey IV).
+
+An S2 plan changes how many micro-batches each DP replica runs. Its step time is then
+``max_r (rest_r + m_r * t_r)``: per replica, the time of one micro-batch ``t_r`` times its new
+count, plus what does not scale with the count (the optimizer step, the gradient reduction,
+the pipeline's fill and drain). Neither part is known from a model or the validation GEMM:
+the GEMM's slowdown is not the job's (measured 4-7x against 2-2.6x on the S2 demos), and the
+rest is 40-70% of a step on some jobs. So each rank measures both, in its own loop:
+
+- every training micro-batch announces itself (:meth:`StepProfile.micro_batch`; the adapters
+  call it before each training forward, Megatron once per ``forward_step_func`` call);
+- within a step, micro-batches of a DP replica run without waiting for other replicas (the
+  gradient reduction is at the step's last micro-batch), so the spacing of their starts is the
+  replica's time per call (on a pipeline stage, the 1F1B period: its slowest stage's);
+- the rest is split at the optimizer step (:meth:`StepProfile.optimizer_step`; the adapters'
+  optimizer guard calls it): ``rest`` is the part before it less ``calls * spacing`` (the last
+  micro-batch's backward, the gradient reduction), ``post`` the part after it (the optimizer,
+  and on ZeRO/distributed optimizers the parameter all-gather that waits for every rank's
+  optimizer). The job's step is then ``max_r (rest_r + m_r * t_r) + max_r post_r``.
+
+:meth:`StepProfile.summary` gives the medians over the last few steps (on the slowest replica,
+which waits for no one, what its step is made of) and a low quantile of ``rest`` and ``post``
+over a long window (``rest_low``, ``post_low``: on a replica that waits for a slowed one, its
+own parts from before the slowdown). Per step the work is O(1); the summary sorts at most
+``long_window`` numbers, once per publication of the rank's progress record.
+
+The model assumes a rank's speed does not depend on the others' load, as on dedicated GPUs. On
+a CPU machine with more ranks than cores, moving micro-batches between replicas also moves CPU
+share between them, and the prediction errs by that (``benchmarks/s2_prediction.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class StepProfile:
+    def __init__(
+        self,
+        *,
+        window: int = 8,
+        long_window: int = 200,
+        low_quantile: float = 0.1,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._clock = clock
+        self._low_quantile = low_quantile
+        self._starts: list[float] = []
+        self._optimizer: float | None = None
+        self._boundary: float | None = None
+        self._steps: collections.deque[tuple[int, float, float, float]] = collections.deque(
+            maxlen=window
+        )
+        """(calls, spacing, rest, post) of the last ``window`` measured steps."""
+        self._rests: collections.deque[tuple[float, float]] = collections.deque(maxlen=long_window)
+        self._spacing: float | None = None
+
+    def micro_batch(self) -> None:
+        """A training micro-batch (one forward call of it) starts now."""
+        self._starts.append(self._clock())
+
+    def optimizer_step(self) -> None:
+        """The optimizer step starts now (after the gradient reduction)."""
+        self._optimizer = self._clock()
+
+    def boundary(self, end: float, start: float | None = None) -> None:
+        """A step boundary: the step since the last one ended at ``end``; the next starts at
+        ``start`` (default ``end``; later when a validation pause parked the rank between)."""
+        starts, self._starts = self._starts, []
+        optimizer, self._optimizer = self._optimizer, None
+        last, self._boundary = self._boundary, end if start is None else start
+        if last is None or not starts:
+            return
+        if len(starts) >= 2:  # the mean gap (a throttled rank's gaps are bimodal)
+            self._spacing = (starts[-1] - starts[0]) / (len(starts) - 1)
+        if self._spacing is None:
+            return
+        split = optimizer if optimizer is not None and optimizer >= starts[-1] else end
+        rest = max(0.0, (split - last) - len(starts) * self._spacing)
+        post = end - split
+        self._steps.append((len(starts), self._spacing, rest, post))
+        self._rests.append((rest, post))
+
+    def summary(self) -> dict[str, Any] | None:
+        """``{"calls", "spacing", "rest", "post", "rest_low", "post_low", "steps"}`` (times in
+        seconds; ``rest``: the step before the optimizer less ``calls * spacing``, ``post``:
+        from the optimizer step to the next boundary), or None before two steps were
+        measured."""
+        steps = list(self._steps)
+        if len(steps) < 2:
+            return None
+        history = list(self._rests)
+        low = int(self._low_quantile * (len(history) - 1))
+        return {
+            "calls": steps[-1][0],
+            "spacing": statistics.median(s[1] for s in steps),
+            "rest": statistics.median(s[2] for s in steps),
+            "post": statistics.median(s[3] for s in steps),
+            "rest_low": sorted(r for r, _ in history)[low],
+            "post_low": sorted(p for _, p in history)[low],
+            "steps": len(history),
+        }

@@ -1,0 +1,101 @@
+"""StepProfile: time per micro-batch and the rest of a step, from a rank's own loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from failslow.runtime.step_profile import StepProfile
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _steps(
+    profile: StepProfile,
+    clock: Clock,
+    n: int,
+    *,
+    m: int,
+    tau: float,
+    rest: float,
+    post: float | None = None,
+    pause: float = 0.0,
+) -> None:
+    """``n`` steps of ``m`` micro-batches of ``tau`` each, ``rest`` after the last one, then
+    (if given) an optimizer step and ``post`` to the boundary."""
+    for _ in range(n):
+        for _ in range(m):
+            profile.micro_batch()
+            clock.t += tau
+        clock.t += rest
+        if post is not None:
+            profile.optimizer_step()
+            clock.t += post
+        end = clock.t
+        clock.t += pause  # a validation pause parked the rank at this boundary
+        profile.boundary(end, clock.t)
+
+
+def test_spacing_and_rest_are_recovered_and_the_low_rest_is_the_one_before_a_wait() -> None:
+    clock = Clock()
+    profile = StepProfile(window=8, long_window=50, clock=clock)
+    profile.boundary(clock.t)
+    assert profile.summary() is None
+    _steps(profile, clock, 40, m=4, tau=0.05, rest=0.1)
+    # now this replica waits 0.4 s per step at the reduction for a slowed one
+    _steps(profile, clock, 10, m=4, tau=0.06, rest=0.5, pause=3.0)
+    s = profile.summary()
+    assert s is not None
+    assert s["calls"] == 4 and s["steps"] == 50
+    assert s["spacing"] == pytest.approx(0.06)
+    assert s["rest"] == pytest.approx(0.5)  # pauses between steps are in no step
+    assert s["rest_low"] == pytest.approx(0.1)
+
+
+def test_a_step_of_one_micro_batch_keeps_the_last_spacing() -> None:
+    clock = Clock()
+    profile = StepProfile(clock=clock)
+    profile.boundary(clock.t)
+    _steps(profile, clock, 3, m=3, tau=0.2, rest=0.3)
+    _steps(profile, clock, 5, m=1, tau=0.2, rest=0.3)
+    s = profile.summary()
+    assert s is not None and s["calls"] == 1
+    assert s["spacing"] == pytest.approx(0.2) and s["rest"] == pytest.approx(0.3)
+
+
+def test_steps_without_micro_batches_are_not_measured() -> None:
+    clock = Clock()
+    profile = StepProfile(clock=clock)
+    for _ in range(5):
+        clock.t += 1.0
+        profile.boundary(clock.t)  # an adapter that announces no micro-batch
+    assert profile.summary() is None
+
+
+def test_the_optimizer_step_splits_the_rest_and_a_throttled_rank_gets_its_mean_gap() -> None:
+    clock = Clock()
+    profile = StepProfile(window=4, long_window=20, clock=clock)
+    profile.boundary(clock.t)
+    _steps(profile, clock, 10, m=3, tau=0.1, rest=0.05, post=0.02)
+    _steps(profile, clock, 4, m=3, tau=0.1, rest=0.05, post=0.3)  # waits after the optimizer
+    s = profile.summary()
+    assert s is not None
+    assert s["rest"] == pytest.approx(0.05) and s["post"] == pytest.approx(0.3)
+    assert s["post_low"] == pytest.approx(0.02) and s["rest_low"] == pytest.approx(0.05)
+    # bimodal gaps (stopped part of the time): the mean, not the median, is the time per call
+    for gaps in ([0.02, 0.02, 0.2], [0.02, 0.2, 0.02], [0.2, 0.02, 0.02], [0.02, 0.02, 0.2]):
+        for gap in gaps:
+            profile.micro_batch()
+            clock.t += gap
+        profile.micro_batch()
+        clock.t += 0.08 + 0.05  # the last micro-batch, then the rest
+        profile.boundary(clock.t)
+    s = profile.summary()
+    assert s is not None and s["calls"] == 4
+    assert s["spacing"] == pytest.approx(0.08) and s["rest"] == pytest.approx(0.05)
+    assert s["post"] == 0.0  # no optimizer step announced: the whole rest is before it
