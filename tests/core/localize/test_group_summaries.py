@@ -143,7 +143,9 @@ def test_throttled_rank_is_the_late_rank(tmp_path: Path) -> None:
         report.append(f"healthy: late={[s.ranks for s in healthy_late]}")
 
         judged = []
-        with DutyCycleThrottle(procs[SLOW_RANK].pid, stopped_fraction=0.7, period_s=0.05):
+        # a period below one iteration (10-30 ms): every iteration of the rank is slowed, as
+        # by a degraded device (a 50 ms period left whole iterations unthrottled on a fast CPU)
+        with DutyCycleThrottle(procs[SLOW_RANK].pid, stopped_fraction=0.7, period_s=0.01):
             start = min(s.iterations for s in analyzer.ranks.values())
             deadline = time.monotonic() + 25
             while time.monotonic() < deadline and len(judged) < 4:
