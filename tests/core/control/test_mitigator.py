@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from test_plan_channel import CONNECT_S, Rank, _ranks, _stop
@@ -52,22 +53,29 @@ def _wait_applied(ranks: list[Rank], n: int) -> None:
         time.sleep(0.02)
 
 
+def _diagnosed_after_slow_steps(store: Store, config: Any, ranks: list[Rank]) -> Mitigator:
+    """Healthy steps, a compute fail-slow on rank 2 with ten slow steps since its onset, its
+    diagnosis; returns once every rank applied the plan the mitigator bought."""
+    mitigator = Mitigator(store, config.planner, world_size=4)
+    mitigator.tick()  # the healthy steps are seen before the onset
+    diagnosis = _diagnosis()
+    time.sleep(0.01)
+    # slow steps since the onset: their excess pays for the plan (ski-rental, Alg. 1)
+    store.set_json(keys.STEPS, {"steps": [[s, 0.3] for s in range(20, 30)]})
+    mitigator.tick()
+    mitigator.on_diagnosis(diagnosis)
+    mitigator.tick()
+    _wait_applied(ranks, 1)
+    return mitigator
+
+
 def test_diagnosis_buys_s2_and_relief_reverts_to_the_even_split(url: str) -> None:
     config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
     ranks = _ranks(url, 4)
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
-        mitigator = Mitigator(store, config.planner, world_size=4)
-        mitigator.tick()  # the healthy steps are seen before the onset
-        diagnosis = _diagnosis()
-        time.sleep(0.01)
-        # slow steps since the onset: their excess pays for the plan (ski-rental, Alg. 1)
-        store.set_json(keys.STEPS, {"steps": [[s, 0.3] for s in range(20, 30)]})
-        mitigator.tick()
-        mitigator.on_diagnosis(diagnosis)
-        mitigator.tick()
+        mitigator = _diagnosed_after_slow_steps(store, config, ranks)
         assert mitigator.active
-        _wait_applied(ranks, 1)
         (action,) = mitigator.actions
         plan = action.plan
         assert isinstance(plan, MicroBatchPlan) and action.strategy == "S2 micro-batches"
@@ -98,15 +106,7 @@ def test_a_link_only_rediagnosis_after_the_gpu_recovered_reverts_s2(url: str) ->
     ranks = _ranks(url, 4)
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
-        mitigator = Mitigator(store, config.planner, world_size=4)
-        mitigator.tick()
-        diagnosis = _diagnosis()
-        time.sleep(0.01)
-        store.set_json(keys.STEPS, {"steps": [[s, 0.3] for s in range(20, 30)]})
-        mitigator.tick()
-        mitigator.on_diagnosis(diagnosis)
-        mitigator.tick()
-        _wait_applied(ranks, 1)
+        mitigator = _diagnosed_after_slow_steps(store, config, ranks)
         link_only = Diagnosis(Kind.COMMUNICATION, slow_links=(SlowLink(2, 0, 2.3),))
         mitigator.on_diagnosis(link_only)
         mitigator.tick()
@@ -199,15 +199,7 @@ def test_s2_step_time_comes_from_the_ranks_step_profiles(url: str) -> None:
         _job(store, SUPPORTED)
         for rank, record in records.items():
             store.set_json(f"{keys.VALIDATE}/progress/{rank}", record)
-        mitigator = Mitigator(store, config.planner, world_size=4)
-        mitigator.tick()
-        diagnosis = _diagnosis()
-        time.sleep(0.01)
-        store.set_json(keys.STEPS, {"steps": [[s, 0.3] for s in range(20, 30)]})
-        mitigator.tick()
-        mitigator.on_diagnosis(diagnosis)
-        mitigator.tick()
-        _wait_applied(ranks, 1)
+        mitigator = _diagnosed_after_slow_steps(store, config, ranks)
     _stop(ranks)
     (action,) = mitigator.actions
     plan = action.plan
