@@ -55,6 +55,12 @@ def test_spacing_and_rest_are_recovered_and_the_low_rest_is_the_one_before_a_wai
     assert s["spacing"] == pytest.approx(0.06)
     assert s["rest"] == pytest.approx(0.5)  # pauses between steps are in no step
     assert s["rest_low"] == pytest.approx(0.1)
+    assert s["pre_sd"] == pytest.approx(0.0, abs=1e-9)  # identical steps: no scatter
+    _steps(profile, clock, 1, m=4, tau=0.16, rest=0.5)  # one step 0.4 s longer
+    s = profile.summary()
+    assert s is not None
+    # one of 8 steps 0.4 s off: sample standard deviation 0.4 / sqrt(8)
+    assert s["work_sd"] == pytest.approx(s["pre_sd"]) == pytest.approx(0.4 / 8**0.5)
 
 
 def test_a_step_of_one_micro_batch_keeps_the_last_spacing() -> None:

@@ -24,6 +24,12 @@ over a long window (``rest_low``, ``post_low``: on a replica that waits for a sl
 own parts from before the slowdown). Per step the work is O(1); the summary sorts at most
 ``long_window`` numbers, once per publication of the rank's progress record.
 
+Replicas' times scatter from step to step, and the job waits for the slowest of them every
+step: when a plan balances the replicas (what S2 is for), the mean step is above the largest
+mean. The summary carries each part's standard deviation for that (``pre_sd``: the slowed
+replica's, waits included, since it waits for no one; ``work_sd``: a healthy replica's, its
+micro-batches only).
+
 The model assumes a rank's speed does not depend on the others' load, as on dedicated GPUs. On
 a CPU machine with more ranks than cores, moving micro-batches between replicas also moves CPU
 share between them, and the prediction errs by that (``benchmarks/s2_prediction.py``).
@@ -52,10 +58,10 @@ class StepProfile:
         self._starts: list[float] = []
         self._optimizer: float | None = None
         self._boundary: float | None = None
-        self._steps: collections.deque[tuple[int, float, float, float]] = collections.deque(
+        self._steps: collections.deque[tuple[int, float, float, float, float]] = collections.deque(
             maxlen=window
         )
-        """(calls, spacing, rest, post) of the last ``window`` measured steps."""
+        """(calls, spacing, rest, post, before the optimizer) of the last ``window`` steps."""
         self._rests: collections.deque[tuple[float, float]] = collections.deque(maxlen=long_window)
         self._spacing: float | None = None
 
@@ -82,13 +88,15 @@ class StepProfile:
         split = optimizer if optimizer is not None and optimizer >= starts[-1] else end
         rest = max(0.0, (split - last) - len(starts) * self._spacing)
         post = end - split
-        self._steps.append((len(starts), self._spacing, rest, post))
+        self._steps.append((len(starts), self._spacing, rest, post, split - last))
         self._rests.append((rest, post))
 
     def summary(self) -> dict[str, Any] | None:
-        """``{"calls", "spacing", "rest", "post", "rest_low", "post_low", "steps"}`` (times in
-        seconds; ``rest``: the step before the optimizer less ``calls * spacing``, ``post``:
-        from the optimizer step to the next boundary), or None before two steps were
+        """``{"calls", "spacing", "rest", "post", "pre_sd", "work_sd", "rest_low", "post_low",
+        "steps"}`` (times in seconds; ``rest``: the step before the optimizer less ``calls *
+        spacing``, ``post``: from the optimizer step to the next boundary; ``pre_sd``: the
+        standard deviation of the part before the optimizer, waits included, ``work_sd``: of
+        ``calls * spacing``, the micro-batches alone), or None before two steps were
         measured."""
         steps = list(self._steps)
         if len(steps) < 2:
@@ -100,6 +108,8 @@ class StepProfile:
             "spacing": statistics.median(s[1] for s in steps),
             "rest": statistics.median(s[2] for s in steps),
             "post": statistics.median(s[3] for s in steps),
+            "pre_sd": statistics.stdev(s[4] for s in steps),
+            "work_sd": statistics.stdev(s[0] * s[1] for s in steps),
             "rest_low": sorted(r for r, _ in history)[low],
             "post_low": sorted(p for _, p in history)[low],
             "steps": len(history),

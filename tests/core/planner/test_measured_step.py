@@ -70,3 +70,42 @@ def test_the_slowest_optimizer_is_paid_once_after_the_reduction() -> None:
     assert model.replicas[2] == ReplicaStep(0.25, 0.2, 0.3)
     assert model.replicas[0] == ReplicaStep(0.1, 0.15, 0.05)
     assert model.step_s((5, 5, 1, 5)) == pytest.approx(max(0.15 + 0.5, 0.2 + 0.25) + 0.3)
+
+
+def test_expected_max_of_scattering_replicas() -> None:
+    import math
+    import random
+
+    from failslow.core.planner.measured_step import expected_max
+
+    assert expected_max([(0.3, 0.0), (0.5, 0.0), (0.4, 0.0)]) == 0.5
+    # two equal normals: mu + sigma / sqrt(pi) (exact)
+    assert expected_max([(1.0, 0.1), (1.0, 0.1)]) == pytest.approx(1.0 + 0.1 / math.sqrt(math.pi))
+    # far apart: the larger mean, scatter or not
+    assert expected_max([(1.0, 0.01), (2.0, 0.01)]) == pytest.approx(2.0)
+    # four replicas, one slower and noisier: Clark's approximation against sampling
+    parts = [(0.12, 0.03)] * 3 + [(0.10, 0.07)]
+    rng = random.Random(0)
+    n = 200_000
+    sampled = sum(max(rng.gauss(m, s) for m, s in parts) for _ in range(n)) / n
+    assert expected_max(parts) == pytest.approx(sampled, rel=0.02)
+
+
+def test_a_balanced_plan_expects_the_slowest_of_scattering_replicas() -> None:
+    slow = {"calls": 4, "spacing": 0.04, "rest": 0.04, "post": 0.04, "rest_low": 0.01}
+    slow |= {"post_low": 0.01, "pre_sd": 0.08, "work_sd": 0.06}
+    healthy = {"calls": 4, "spacing": 0.01, "rest": 0.17, "post": 0.04, "rest_low": 0.01}
+    healthy |= {"post_low": 0.01, "pre_sd": 0.09, "work_sd": 0.006}
+    topology = Topology.megatron(tp=1, dp=2, pp=1, gpus_per_host=1, micro_batches=8)
+    model = MeasuredSteps.from_records(
+        topology, (4, 4), {1: {"profile": slow}, 0: {"profile": healthy}}, [1]
+    )
+    assert model is not None
+    healthy_part, slow_part = model.replicas
+    assert healthy_part.rest_var == 0.0  # its spread before the optimizer is the wait
+    assert slow_part.rest_var == pytest.approx(0.08**2 - 0.06**2)
+    assert slow_part.until_optimizer_sd(1) == pytest.approx(
+        (0.08**2 - 0.06**2 + 0.06**2 / 4) ** 0.5
+    )
+    means = 0.01 + 7 * 0.01, 0.04 + 0.04  # (7, 1): both replicas reach the reduction at 0.08
+    assert model.step_s((7, 1)) > max(means) + 0.04 + 0.01

@@ -16,6 +16,12 @@ optimizer step on. All come from the ranks' step profiles
   low quantiles of its rest and post (recent steps of a healthy replica include the waits for
   the slowed one; the low quantile is its own part, from before the slowdown).
 
+Replica times scatter from step to step and every step waits for the slowest, so the
+reduction comes at the *expected maximum* of the replicas' times (:func:`expected_max`, with
+the spread each profile measured, the micro-batches' part of it scaled to the new count as a
+sum of independent micro-batches): above the largest mean when a plan balances the
+replicas, as S2 plans do.
+
 Where the optimizer step is close to free and local (DDP), the second meeting does not exist,
 and the model errs high by the slowed replica's optimizer time.
 
@@ -25,6 +31,7 @@ here, since it is not the job's slowdown (the GEMM runs alone in a pause).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,9 +48,16 @@ class ReplicaStep:
     """Before the optimizer step, beyond the micro-batches."""
     post_s: float = 0.0
     """From the optimizer step to the next step."""
+    rest_var: float = 0.0
+    """Step-to-step variance of the part before the optimizer beyond the micro-batches (s^2)."""
+    per_microbatch_var: float = 0.0
+    """Step-to-step variance of the micro-batches' time, per micro-batch (s^2)."""
 
     def until_optimizer_s(self, microbatches: int) -> float:
         return self.rest_s + microbatches * self.per_microbatch_s
+
+    def until_optimizer_sd(self, microbatches: int) -> float:
+        return math.sqrt(self.rest_var + microbatches * self.per_microbatch_var)
 
 
 def _part(record: Mapping[str, Any] | None, now_count: int, *, waits: bool) -> ReplicaStep | None:
@@ -54,11 +68,48 @@ def _part(record: Mapping[str, Any] | None, now_count: int, *, waits: bool) -> R
         calls, spacing = float(profile["calls"]), float(profile["spacing"])
         rest = float(profile["rest_low" if waits else "rest"])
         post = float(profile.get("post_low" if waits else "post", 0.0))
+        work_sd = float(profile.get("work_sd", 0.0))
+        pre_sd = float(profile.get("pre_sd", 0.0))
     except (KeyError, TypeError, ValueError):
         return None
-    if calls <= 0 or spacing <= 0 or rest < 0 or post < 0:
+    if calls <= 0 or spacing <= 0 or rest < 0 or post < 0 or not min(work_sd, pre_sd) >= 0:
         return None
-    return ReplicaStep(per_microbatch_s=calls / now_count * spacing, rest_s=rest, post_s=post)
+    return ReplicaStep(
+        per_microbatch_s=calls / now_count * spacing,
+        rest_s=rest,
+        post_s=post,
+        # a waiting replica's spread before the optimizer is mostly the wait: its own
+        # micro-batches' spread only; the slowed replica's rest scatters too
+        rest_var=0.0 if waits else max(0.0, pre_sd**2 - work_sd**2),
+        per_microbatch_var=work_sd**2 / now_count,
+    )
+
+
+def _phi(x: float) -> float:
+    return math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def _cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def expected_max(parts: Sequence[tuple[float, float]]) -> float:
+    """E[max] of independent normal times ``(mean, sd)``, by Clark's moment matching (Clark
+    1961, "The greatest of a finite set of random variables"): pairwise, the max of two normals
+    replaced by the normal with its first two moments. Equal to ``max(means)`` when every sd
+    is 0; above it when the largest means are close and scatter."""
+    mean, var = parts[0][0], parts[0][1] ** 2
+    for m2, s2 in parts[1:]:
+        theta = math.sqrt(var + s2 * s2)
+        if theta <= 1e-12 * max(abs(mean), abs(m2), 1e-12):
+            mean, var = max(mean, m2), 0.0
+            continue
+        a = (mean - m2) / theta
+        p, q, d = _cdf(a), _cdf(-a), _phi(a)
+        first = mean * p + m2 * q + theta * d
+        second = (mean * mean + var) * p + (m2 * m2 + s2 * s2) * q + (mean + m2) * theta * d
+        mean, var = first, max(0.0, second - first * first)
+    return mean
 
 
 @dataclass(frozen=True)
@@ -68,8 +119,13 @@ class MeasuredSteps:
     replicas: tuple[ReplicaStep, ...]
 
     def step_s(self, counts: Sequence[int]) -> float:
-        reduce = max(r.until_optimizer_s(m) for r, m in zip(self.replicas, counts, strict=True))
-        return reduce + max(r.post_s for r in self.replicas)
+        """The expected step under ``counts``: the expected slowest replica at the reduction
+        (:func:`expected_max`), then the slowest optimizer part."""
+        parts = [
+            (r.until_optimizer_s(m), r.until_optimizer_sd(m))
+            for r, m in zip(self.replicas, counts, strict=True)
+        ]
+        return expected_max(parts) + max(r.post_s for r in self.replicas)
 
     @classmethod
     def from_records(
