@@ -85,6 +85,10 @@ def _entries(raw: bytes) -> list[str]:
     return list(names)
 
 
+HOST_TIMEOUT_S = 30.0
+"""The least time hosting a store may take (its own connection is resolved like any other)."""
+
+
 class TCPStoreBackend(Store):
     """A :class:`Store` on torch.distributed's TCPStore, as client or as host (``master``)."""
 
@@ -102,10 +106,15 @@ class TCPStoreBackend(Store):
         self._dist_error: type[BaseException] = dist.DistError
         deadline = time.monotonic() + timeout_s
         if master:
+            # hosting includes the store's own client connection, which c10d resolves through
+            # the system resolver (see _connect): one timed-out query takes 5 s, so the host
+            # gets HOST_TIMEOUT_S at least (seen: a 5 s budget failed under load here)
+            host_timeout = timedelta(seconds=max(timeout_s, HOST_TIMEOUT_S))
             try:
                 self._store = dist.TCPStore(
-                    host, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False
+                    host, port, None, True, host_timeout, wait_for_workers=False
                 )
+                self._store.set_timeout(timedelta(seconds=timeout_s))
             except (self._dist_error, RuntimeError, OSError) as exc:
                 raise StoreUnavailable(url, "host", exc) from None
         else:
