@@ -298,7 +298,10 @@ class Mitigator:
                 committed=outcome.committed,
                 detail=outcome.reason,
                 in_effect=None if self.in_effect is None else plan_to_dict(self.in_effect),
-                step_model=self._step_model,
+                # what the S2 estimate came from (the newest, which this plan carries)
+                step_model=self._step_model
+                if action.action == "apply" and isinstance(action.plan, MicroBatchPlan)
+                else None,
             )
         )
 

@@ -109,16 +109,35 @@ def test_slow_ranks_threshold_and_edges() -> None:
 # bf16 units is ~80x slower than float32 (1536: 0.10 s float32, 8.6 s bfloat16), so it gets a
 # smaller matrix; the rule under test compares ranks per dtype, not dtypes with each other.
 WORKER_SIZES = {"float32": 1536, "bfloat16": 512}
+MIN_GEMM_S = 0.06
+"""One unthrottled GEMM must span a few throttle periods (20 ms): bf16 512^3 took ~1 s on an
+older CPU and 0.2 ms on one with AMX, where it fits between two stops and looks healthy."""
 
 
-def _worker(repetitions: int) -> None:
+def _worker_sizes() -> dict[str, int]:
+    """WORKER_SIZES, each doubled until one GEMM takes MIN_GEMM_S on this CPU (at most 4096)."""
+    from failslow.core.localize.validation.gemm import gemm_seconds
+
+    sizes = dict(WORKER_SIZES)
+    for dtype, size in sizes.items():
+        while (
+            size < 4096
+            and gemm_seconds(size=size, dtypes=(dtype,), repetitions=1, device="cpu")[dtype]
+            < MIN_GEMM_S
+        ):
+            size *= 2
+        sizes[dtype] = size
+    return sizes
+
+
+def _worker(repetitions: int, sizes: dict[str, int]) -> None:
     from failslow.core.localize.validation.gemm import gemm_seconds
 
     gemm_seconds(size=64, device="cpu")  # import and first-call costs before "ready"
     print("ready", flush=True)
     sys.stdin.readline()
     times: dict[str, float] = {}
-    for dtype, size in WORKER_SIZES.items():
+    for dtype, size in sizes.items():
         times |= gemm_seconds(size=size, dtypes=(dtype,), repetitions=repetitions, device="cpu")
     print(json.dumps(times), flush=True)
 
@@ -130,7 +149,15 @@ def test_duty_cycled_rank_is_flagged() -> None:
     from failslow.faults import DutyCycleThrottle
 
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    cmd = [sys.executable, str(HERE), "worker", "5"]
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # sized as the workers run: one thread each
+    try:
+        sizes = _worker_sizes()
+    finally:
+        torch.set_num_threads(threads)
+    cmd = [sys.executable, str(HERE), "worker", "5", json.dumps(sizes)]
     procs = [
         subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for _ in range(2)
@@ -163,5 +190,5 @@ def test_duty_cycled_rank_is_flagged() -> None:
     assert set(slow_ranks(total)) == {1}
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "worker":
-    _worker(int(sys.argv[2]))
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "worker":
+    _worker(int(sys.argv[2]), json.loads(sys.argv[3]))
