@@ -37,9 +37,7 @@ def _report(store: Store, kind: str, iteration: int) -> None:
 
 
 def _after_round(store: Store, *, healthy: bool) -> Controller:
-    controller = Controller(
-        store, world_size=1, detection=DetectionConfig(cooldown_s=COOLDOWN_S)
-    )
+    controller = Controller(store, world_size=1, detection=DetectionConfig(cooldown_s=COOLDOWN_S))
     slow = Diagnosis(Kind.COMPUTE, slow_ranks=(SlowRank(0, 3.0),))
     controller._pending = None if healthy else slow
     controller._publish()  # the round ends now (DIAGNOSED -> TRACKING)
