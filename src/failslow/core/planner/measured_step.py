@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 from failslow.core.topology import Topology
@@ -85,12 +86,7 @@ def _part(record: Mapping[str, Any] | None, now_count: int, *, waits: bool) -> R
     )
 
 
-def _phi(x: float) -> float:
-    return math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-
-
-def _cdf(x: float) -> float:
-    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+_STANDARD = NormalDist()
 
 
 def expected_max(parts: Sequence[tuple[float, float]]) -> float:
@@ -105,7 +101,7 @@ def expected_max(parts: Sequence[tuple[float, float]]) -> float:
             mean, var = max(mean, m2), 0.0
             continue
         a = (mean - m2) / theta
-        p, q, d = _cdf(a), _cdf(-a), _phi(a)
+        p, q, d = _STANDARD.cdf(a), _STANDARD.cdf(-a), _STANDARD.pdf(a)
         first = mean * p + m2 * q + theta * d
         second = (mean * mean + var) * p + (m2 * m2 + s2 * s2) * q + (mean + m2) * theta * d
         mean, var = first, max(0.0, second - first * first)
