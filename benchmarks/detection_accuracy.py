@@ -47,6 +47,9 @@ from failslow.core.tracking import (
     SlidingWindowDetector,
 )
 from failslow.sim.traces import CATEGORIES, JobScore, generate_corpus, score_job
+from failslow.sim.training_life import life_corpus
+
+CORPORA = {"life": life_corpus, "v1": generate_corpus}
 
 DETECTORS: dict[str, Callable[[], Detector]] = {
     "SlidingWindow": SlidingWindowDetector,
@@ -86,10 +89,11 @@ def summarize(scores: Sequence[JobScore]) -> dict[str, Any]:
     }
 
 
-def run(seed: int, jobs: int) -> dict[str, Any]:
+def run(seed: int, jobs: int, corpus_name: str = "life") -> dict[str, Any]:
     """Score every detector on one corpus; returns a JSON-ready dict."""
-    corpus = generate_corpus(jobs, seed)
+    corpus = CORPORA[corpus_name](jobs, seed)
     out: dict[str, Any] = {
+        "corpus": corpus_name,
         "seed": seed,
         "jobs": jobs,
         "iterations": int(sum(t.times.size for t in corpus)),
@@ -134,8 +138,19 @@ def render(result: dict[str, Any], console: Console) -> None:
         title=f"Fail-slow detection, seed {result['seed']}: {result['jobs']} jobs, "
         f"{result['iterations']:,} iterations"
     )
-    for col in ("detector", "category", "jobs (+/-)", "accuracy", "FPR (FP)", "FNR (FN)",
-                "onsets <=15 it", "median lat.", "FA /10k it", "reliefs", "us/update"):
+    for col in (
+        "detector",
+        "category",
+        "jobs (+/-)",
+        "accuracy",
+        "FPR (FP)",
+        "FNR (FN)",
+        "onsets <=15 it",
+        "median lat.",
+        "FA /10k it",
+        "reliefs",
+        "us/update",
+    ):
         table.add_column(col, justify="left" if col in ("detector", "category") else "right")
     for name, det in result["detectors"].items():
         for i, (cat, r) in enumerate(det["rows"].items()):
@@ -163,11 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="life")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
-    result = run(args.seed, args.jobs)
+    result = run(args.seed, args.jobs, args.corpus)
     result["targets_met"] = targets(result)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -1,14 +1,26 @@
-"""The labeled trace corpus, and BOCD+V meeting its detection targets on a small one."""
+"""The labeled trace corpora, and BOCD+V meeting its detection targets on small ones.
+
+``generate_corpus`` is the first corpus (clean level shifts among single spikes);
+``life_corpus`` adds the normal life of a training job (periodic eval / checkpoint / log
+steps, GC bursts, compile warm-up, drift, heavy tails, ladders), on which the baselines fail.
+"""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import numpy as np
 import pytest
 
-from failslow.core.tracking import BOCDDetector, FailSlowDetector, detect
+from failslow.core.tracking import (
+    BOCDDetector,
+    FailSlowDetector,
+    SlidingWindowDetector,
+    detect,
+)
 from failslow.sim.traces import CATEGORIES, generate_corpus, generate_trace, score_job
+from failslow.sim.training_life import RHYTHMS, life_corpus, life_trace
 
 
 def test_corpus_is_deterministic_and_labeled() -> None:
@@ -32,8 +44,9 @@ def test_categories_differ_as_in_the_study() -> None:
     for c in CATEGORIES:
         for _ in range(40):
             trace = generate_trace(c, rng, positive=True)
-            durations[c] += [(f.relief - f.onset) * trace.base_s for f in trace.failslows
-                             if not f.compound]
+            durations[c] += [
+                (f.relief - f.onset) * trace.base_s for f in trace.failslows if not f.compound
+            ]
     means = {c: statistics.mean(d) / 60 for c, d in durations.items()}
     assert means["1-node"] < means["4-node"] < means["at-scale"]
 
@@ -65,3 +78,51 @@ def test_raw_bocd_is_worse_on_the_same_corpus(small_corpus) -> None:  # type: ig
     subset = small_corpus[::4]
     scores = [score_job(t, detect(t.times, BOCDDetector())) for t in subset]
     assert sum(s.false_alarms for s in scores) > len(subset)
+
+
+def test_life_corpus_is_deterministic_labeled_and_lives() -> None:
+    a, b = life_corpus(24, 5), life_corpus(24, 5)
+    assert all(np.array_equal(x.times, y.times) for x, y in zip(a, b, strict=True))
+    assert 10 <= sum(t.positive for t in a) <= 14
+    rhythms = [name for t in a for name in RHYTHMS if t.distractors.get(name)]
+    assert set(rhythms) == set(RHYTHMS)
+    for t in a:
+        assert np.all(np.isfinite(t.times)) and np.all(t.times > 0)
+        for onset, relief, slowdown in t.labels:
+            assert 300 <= onset < relief <= t.times.size
+            assert slowdown >= 0.1
+        steps = sorted(i for name in RHYTHMS for i in t.distractors.get(name, []))
+        run = longest = 1
+        for prev, cur in itertools.pairwise(steps):
+            run = run + 1 if cur - prev == 1 else 1  # touching steps would merge
+            longest = max(longest, run)
+        assert longest <= 3
+
+
+def test_life_trace_unknown_category() -> None:
+    with pytest.raises(ValueError, match="'8-node'"):
+        life_trace("8-node", np.random.default_rng(0), positive=False)
+
+
+@pytest.fixture(scope="module")
+def life() -> list:  # type: ignore[type-arg]
+    return life_corpus(40, 2024)
+
+
+def test_bocd_v_meets_targets_on_a_small_life_corpus(life) -> None:  # type: ignore[no-untyped-def]
+    scores = [score_job(t, detect(t.times, FailSlowDetector())) for t in life]
+    lat = [x for s in scores for x in s.latencies]
+    found = [x for x in lat if x is not None]
+    quiet = sum(s.quiet_iterations for s in scores)
+    assert all(s.correct for s in scores if not s.positive)  # no false positive job
+    assert sum(s.correct for s in scores) / len(scores) >= 0.97
+    assert sum(x <= 15 for x in found) / len(lat) >= 0.95
+    assert statistics.median(found) <= 3
+    assert 1e4 * sum(s.false_alarms for s in scores) / quiet <= 0.1
+
+
+def test_the_sliding_window_fails_on_the_life_corpus(life) -> None:  # type: ignore[no-untyped-def]
+    """The corpus is not too easy: the paper's sliding window flags most healthy jobs."""
+    negatives = [t for t in life if not t.positive]
+    scores = [score_job(t, detect(t.times, SlidingWindowDetector())) for t in negatives]
+    assert sum(not s.correct for s in scores) >= len(negatives) // 2

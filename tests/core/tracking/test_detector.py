@@ -161,3 +161,58 @@ def test_relief_under_heavy_noise_after_a_compound_onset() -> None:
     assert 138 <= reliefs[0].iteration <= 150
     assert reliefs[0].detected_at - 140 <= 20
     assert reliefs[0].change < -0.3
+
+
+def eval_steps(x: np.ndarray, period: int, phase: int, length: int, factor: float) -> list[int]:
+    """Make every ``period``-th step (``length`` iterations) ``factor`` times slower."""
+    hit = [i for a in range(phase, x.size, period) for i in range(a, min(a + length, x.size))]
+    x[hit] *= factor
+    return hit
+
+
+def test_periodic_eval_steps_are_learned_and_never_reported() -> None:
+    """A 3-iteration eval step at 2.5x every 100 iterations: classical BOCD reports each one;
+    BOCD+V learns the rhythm and leaves its occurrences out of the series."""
+    x = noisy(3000, seed=9)
+    hit = eval_steps(x, 100, 60, 3, 2.5)
+    det = FailSlowDetector()
+    assert detect(x, det) == []
+    assert det.skipped >= len(hit) - 4 * 3 - 3  # all but the four occurrences it learned from
+    assert len(onsets(detect(x, BOCDDetector()))) >= 20
+
+
+def test_a_three_iteration_burst_is_not_a_fail_slow() -> None:
+    """Not periodic, so nothing to learn: a slowdown must outlast an eval step to count."""
+    x = noisy(2000, seed=10)
+    for at in (300, 1100, 1700):
+        x[at : at + 3] *= 1.8
+    assert detect(x) == []
+    assert len(onsets(detect(x, BOCDDetector()))) >= 3
+
+
+def test_a_fail_slow_beside_an_eval_step_keeps_its_latency_and_indices() -> None:
+    """The fail-slow starts on the iteration after a (learned) eval step: it is reported at
+    the job's iteration index, four iterations in, and its level excludes the eval step."""
+    x = noisy(2000, seed=11)
+    eval_steps(x, 100, 97, 3, 3.0)
+    x[1300:] *= 1.3  # the eval step of 1297-1299 ends just before
+    det = FailSlowDetector()
+    events = detect(x, det)
+    assert [e.type for e in events] == ["onset"]
+    (onset,) = events
+    assert abs(onset.iteration - 1300) <= 1
+    assert onset.detected_at <= 1304
+    assert onset.change == pytest.approx(0.3, abs=0.05)
+    assert det.skipped > 0
+
+
+def test_without_the_rhythm_only_the_burst_rule_holds() -> None:
+    """With the rhythm switched off a 5-iteration periodic step is reported (the burst rule
+    covers 3); with it, the step is learned after four occurrences and reported no more."""
+    x = noisy(3000, seed=12)
+    eval_steps(x, 200, 150, 5, 2.0)
+    off = onsets(detect(x, FailSlowDetector(rhythm=False)))
+    on = onsets(detect(x, FailSlowDetector()))
+    assert len(off) >= 12
+    assert 1 <= len(on) <= 4
+    assert max(e.detected_at for e in on) < 150 + 4 * 200

@@ -3,29 +3,46 @@
 BOCD (:mod:`.bocd`) proposes change points on log iteration time: when it puts at least
 ``confidence`` (0.9, as in the paper) of its run-length posterior on runs that began since the
 last accepted change, the start of every such run holding >= 5% of the posterior is a
-candidate. A candidate becomes a report only after *verification*: the iteration time after
-the change must differ from the time before it by at least 10% (the paper's rule). Verification
-here uses robust statistics, so that the normal jitter of training (GC pauses, allocator misses,
-uneven sequence lengths, eval or checkpoint steps) and sub-10% level shifts cannot pass it:
+candidate. BOCD's posterior can trail a clean step by several iterations while its mass is
+still spread over runs that began in the noise before it, so the start of a trailing run of
+points above the current level by the threshold (and the next two points, for a slowdown that
+ramps up) is a candidate too. A candidate becomes a report only after *verification*: the
+iteration time after the change must differ from the time before it by at least 10% (the
+paper's rule). Verification uses robust statistics, so that the normal life of a training job -
+GC pauses and bursts, allocator misses, uneven sequence lengths, its periodic eval, checkpoint
+and logging steps of 1-3 iterations, sub-10% level shifts - cannot pass it:
 
 - "before" is the median of up to ``ref_window`` iterations before the candidate, within the
-  current regime;
-- with ``n >= min_post`` (3) points after the candidate, the median after must clear the 10%
+  current regime; nothing is reported in the first ``warmup`` (32) iterations;
+- with ``n >= min_post`` (4) points after the candidate, the median after must clear the 10%
   line by ``margin_z`` (1.5) standard errors of a median of ``n`` points, with the noise scale
   measured robustly (successive differences): a 7% shift seen through 4% noise does not pass,
   and the margin shrinks as points accumulate;
-- until ``settle`` (12) points, also at least two thirds of them must lie beyond the line (the
-  *lower tercile* clears it), so one outlier, or two in three iterations, cannot pass, while a
-  real shift does in 2-3 iterations; and the points beyond the lower tercile must agree with
-  each other (a new level, not a cluster of GC / eval spikes). From ``settle`` points on the
-  median alone decides, so a noisy (congested) new level is still reported;
+- until ``settle`` (12) points, the slowdown must also have outlasted a periodic step and look
+  like one new level: the newest point is beyond the line, no point is back near the old
+  level (within half the threshold), at most one in six points (none before 7) is under the
+  line, and the points - less one spike in four - lie within six noise scales of each other
+  (the upper two thirds within four). Four points are needed because an eval or checkpoint
+  step lasts up to three; a burst of GC spikes every other iteration fails "no point back";
+- from ``settle`` points on, the median decides (a noisy, congested new level is still
+  reported), provided at most one point in ten is back near the old level and the newer half
+  of the points still clears the line;
 - a relief needs the *upper tercile* after the candidate back within 10% of the baseline.
 The reported "after" is the median of the points after the change.
+
+The job's rhythm (:mod:`.rhythm`): once a slow step has recurred four times with one period,
+its later occurrences are left out of the series altogether - no BOCD update, no place in any
+window - so a fail-slow that begins beside an eval step is judged on its own iterations. Slow
+points in a predicted slot are held until their run ends: a run that outlasts the slot was a
+slowdown that began there, and its held points are fed after all (the report is not delayed:
+the detector catches up in one update). Events keep the job's iteration indices.
 
 State: a healthy baseline ``B`` (frozen at an onset). An *onset* is a verified >= 10% slowdown
 versus the level before it (``B`` when healthy, the current slow level during a fail-slow, so a
 further >= 10% step is reported as a compound onset). A *relief* is reported once iteration
-time is back within 10% of ``B``; a partial recovery only moves the current slow level.
+time is back within 10% of ``B`` (or half the slowdown is gone: ``B`` drifts on a shared
+machine), and ``B`` becomes the level after it; a partial recovery only moves the current slow
+level.
 
 Slow drift never produces a BOCD run that clears verification, and sub-10% level shifts are
 rejected by it; both are absorbed by the rolling "before" window.
@@ -42,6 +59,7 @@ from typing import Literal
 import numpy as np
 
 from failslow.core.tracking.bocd import RunLengthPosterior
+from failslow.core.tracking.rhythm import Rhythm
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,21 +120,33 @@ class Detector(abc.ABC):
 
 
 class LogHistory:
-    """Bounded history of log iteration times, addressable by absolute iteration index."""
+    """Bounded history of log iteration times, addressable by absolute index.
+
+    The index counts appended points; each point also keeps the job's iteration index it came
+    from (``at``), which differs once a detector leaves iterations out (:mod:`.rhythm`).
+    """
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self._buf = np.empty(2 * keep)
+        self._at = np.empty(2 * keep, dtype=np.int64)
         self._len = 0
-        self.n = 0  # iterations seen
+        self.n = 0  # points appended
 
-    def append(self, y: float) -> None:
+    def append(self, y: float, at: int | None = None) -> None:
         if self._len == self._buf.size:
             self._buf[: self.keep] = self._buf[self._len - self.keep : self._len]
+            self._at[: self.keep] = self._at[self._len - self.keep : self._len]
             self._len = self.keep
         self._buf[self._len] = y
+        self._at[self._len] = self.n if at is None else at
         self._len += 1
         self.n += 1
+
+    def at(self, i: int) -> int:
+        """The job's iteration index of point ``i`` (``i`` itself if it is no longer kept)."""
+        first = self.n - self._len
+        return int(self._at[i - first]) if first <= i < self.n else i
 
     def window(self, start: int, stop: int) -> np.ndarray:
         """Log times of iterations ``start <= i < stop`` (clipped to what is kept)."""
@@ -137,7 +167,7 @@ class FailSlowDetector(Detector):
         *,
         threshold: float = 0.10,
         confidence: float = 0.9,
-        min_post: int = 3,
+        min_post: int = 4,
         min_ref: int = 10,
         ref_window: int = 64,
         hazard: float = 1.0 / 250.0,
@@ -147,6 +177,8 @@ class FailSlowDetector(Detector):
         settle: int = 12,
         candidate_mass: float = 0.05,
         margin_z: float = 1.5,
+        rhythm: bool = True,
+        warmup: int = 32,
     ) -> None:
         if threshold <= 0:
             raise ValueError(f"threshold must be positive, got {threshold!r}")
@@ -163,6 +195,11 @@ class FailSlowDetector(Detector):
         self._baseline: float | None = None  # log of the healthy level (frozen at an onset)
         self._level: float | None = None  # log of the current level (prior mean for BOCD)
         self._slow_level = 0.0  # log of the level at the first onset of the current fail-slow
+        self.warmup = warmup  # no change is reported before this many points (start-up)
+        self.rhythm = Rhythm() if rhythm else None
+        self.iterations = 0  # iterations fed (the history holds those not skipped)
+        self.skipped = 0  # iterations left out as predicted periodic slow steps
+        self._held: list[tuple[float, int]] = []  # slow points in a slot, until the run ends
 
     @property
     def baseline_s(self) -> float | None:
@@ -173,12 +210,33 @@ class FailSlowDetector(Detector):
         return median(pre) if pre.size >= min_points else None
 
     def update(self, x_seconds: float) -> list[ChangeEvent]:
-        y, t = self._observe(x_seconds)
+        y = math.log(check_time(x_seconds))
+        it = self.iterations
+        self.iterations += 1
+        events: list[ChangeEvent] = []
+        if self.rhythm is not None and self._level is not None:
+            excess = y - self._level
+            high = excess >= self.log_threshold
+            if self.rhythm.observe(it, high, excess):
+                self._held.append((y, it))  # the job's own periodic slow step, so far
+                return []
+            if self._held and high:  # a slowdown that outlasted the slot: not the rhythm's
+                for held_y, held_it in self._held:
+                    events += self._feed(held_y, held_it)
+            else:
+                self.skipped += len(self._held)
+            self._held.clear()
+        return events + self._feed(y, it)
+
+    def _feed(self, y: float, it: int) -> list[ChangeEvent]:
+        """One point into BOCD and the verification (``it``: the job's iteration index)."""
+        t = self.history.n
+        self.history.append(y, it)
         probs = self.bocd.update(y, self._level)
         if self._level is None or t % 8 == 0:
             seg = self.history.window(max(self._seg_start, t - self.ref_window), t + 1)
             self._level = median(seg)
-        for c in self._candidates(probs, t):
+        for c in self._candidates(probs, t) if t >= self.warmup else ():
             events = self._verify(c, t)
             if events is not None:
                 return events
@@ -236,7 +294,22 @@ class FailSlowDetector(Detector):
         top = np.flatnonzero(head >= self.candidate_mass)
         if top.size > 3:
             top = top[np.argsort(head[top])[-3:]]
-        return [t + 1 - (self.min_post + int(k)) for k in np.sort(top)]
+        found = [t + 1 - (self.min_post + int(k)) for k in np.sort(top)]
+        return found + [c for c in self._high_run(t) if c not in found]
+
+    def _high_run(self, t: int) -> range:
+        """Starts of a trailing run of at least ``min_post`` points above the current level by
+        the threshold - its first point, or one of the next two (a slowdown that ramps up
+        over a few iterations). BOCD's posterior can trail a clean step by several iterations
+        while it still spreads its mass over runs that began in the noise before it."""
+        if self._level is None:
+            return range(0)
+        tail = self.history.window(max(self._seg_start, t + 1 - self.ref_window), t + 1)
+        low = np.flatnonzero(tail - self._level < self.log_threshold)
+        start = t + 1 - tail.size + (int(low[-1]) + 1 if low.size else 0)
+        if start <= self._seg_start:
+            return range(0)
+        return range(start, min(start + 3, t + 2 - self.min_post))
 
     def _verify(self, c: int, t: int) -> list[ChangeEvent] | None:
         """The paper's verification of a change at ``c``, with robust statistics."""
@@ -287,18 +360,10 @@ class FailSlowDetector(Detector):
     def _confirmed(self, c: int, raw: np.ndarray, post: np.ndarray, ref: float) -> bool:
         """Is the slowdown after ``c`` (``raw`` in order, ``post`` sorted) a verified onset?
 
-        Let ``z = margin_z * 1.2533 * noise / sqrt(n)``, ``margin_z`` standard errors of a
-        median of ``n`` points. The median after ``c`` must clear the threshold line by ``z``:
-        a level shift just under the threshold, seen through noise, rarely does, and the
-        margin shrinks as points accumulate. Before ``settle`` points, with the noise measured
-        before ``c``, also:
-        1. at least two thirds of the points lie beyond the line (the lower tercile clears
-           it), so one outlier, or two in three iterations, cannot pass;
-        2. the points beyond the lower tercile agree with each other (spread within four noise
-           scales, at least ``min_spread``), unlike a cluster of GC / eval spikes.
-        From ``settle`` points on, the median alone decides (it ignores up to half the points
-        as outliers) with the larger of the noise before and after ``c``, so a noisy,
-        congested new level is still reported.
+        The rules are the module docstring's. ``z = margin_z * 1.2533 * noise / sqrt(n)`` is
+        ``margin_z`` standard errors of a median of ``n`` points; the median after ``c`` must
+        clear the threshold line by ``z``. Before ``settle`` points the noise is measured
+        before ``c``; from then on the larger of the noise before and after ``c`` is used.
         """
         n = post.size
         after = 0.5 * float(post[(n - 1) // 2] + post[n // 2])
@@ -307,27 +372,37 @@ class FailSlowDetector(Detector):
             scale = max(scale, 1.0489 * median(np.abs(np.diff(raw))))
         if after - ref - self.log_threshold < self.margin_z * 1.2533 * scale / math.sqrt(n):
             return False
+        back = int(np.count_nonzero(raw - ref < 0.5 * self.log_threshold))
         if n >= self.settle:
-            return True
-        lower = post[(n - 1) // 3]
-        if lower - ref < self.log_threshold:
+            return back <= n // 10 and median(raw[n // 2 :]) - ref >= self.log_threshold
+        below = int(np.count_nonzero(raw - ref < self.log_threshold))
+        if back or below > (n - 1) // 6 or raw[-1] - ref < self.log_threshold:
             return False
-        return post[-1] - lower <= max(4.0 * scale, self.min_spread)
+        if self.rhythm is not None and n < self.rhythm.outlast(after - ref):
+            return False  # as large as the job's own slow steps: must outlast them
+        top = post[n - 1 - n // 4]  # up to one spike in four points is let through
+        if top - post[0] > max(6.0 * scale, self.min_spread):
+            return False  # not one level: a burst and the iterations around it
+        return top - post[(n - 1) // 3] <= max(4.0 * scale, self.min_spread)
 
     def _enter(self, c: int, t: int, kind: str, before: float, after: float) -> ChangeEvent:
         if kind == "onset":
             if not self._slow:  # the level of the fail-slow itself, not of a compound step
                 self._slow_level = after
             self._slow = True
+        elif self._baseline is not None:
+            # The healthy level is what the job runs at now: over a long fail-slow it drifts,
+            # and a stale baseline would make the recovered level look like a new onset.
+            self._baseline = after
         self._seg_start = c
         self._level = after
         return ChangeEvent(
             type=kind,  # type: ignore[arg-type]
-            iteration=c,
+            iteration=self.history.at(c),
             before_s=math.exp(before),
             after_s=math.exp(after),
             change=math.exp(after - before) - 1.0,
-            detected_at=t,
+            detected_at=self.history.at(t),
         )
 
 

@@ -1,0 +1,201 @@
+"""The rhythm of a training job: its recurring slow steps, learned from iteration indices.
+
+Every real job has periodic steps that are slower than the rest and are not fail-slows: an
+evaluation every 50-250 iterations, a checkpoint every few hundred, a logging step every 10-50
+(greyhound 4.2 R2 lists them among the fluctuations a detector must ignore). Each lasts 1-3
+iterations at 1.1x-4x. A detector that reports them will be switched off by its users; one that
+merely tolerates them still lets them into its statistics, and a fail-slow that starts next to
+an eval step then looks like noise.
+
+:class:`Rhythm` learns them from the iteration index alone. An *excursion* is a run of at most
+``max_burst`` consecutive iterations above the current level by the detector's threshold,
+followed by one that is not. When an excursion starts at ``s`` and, for some earlier excursion
+start ``s - P``, excursions also started at ``s - 2P`` ... ``s - repeats * P`` (each within
+``tolerance`` iterations, for the odd iteration a capture layer missed), the job has a rhythm
+of period ``P`` and phase ``s mod P``. A rhythm's *slots* are the iterations it predicts:
+``[phase + k*P - tolerance, phase + k*P + duration + tolerance)``. A rhythm that predicts a
+slot and finds no excursion in it twice in a row is forgotten (an eval schedule that changed,
+or a coincidence of GC spikes). At most ``max_rhythms`` are kept (log, eval and checkpoint,
+plus one); learning costs O(``keep``) per excursion and prediction O(rhythms) per iteration.
+
+Four aligned occurrences are needed because isolated GC spikes (up to 1% of iterations) line up
+in threes by chance: with 32 remembered excursions and a tolerance of one iteration, three
+aligned predecessors happen by chance about once in 30 spikes, and such a rhythm dies at its
+first two empty slots. The detector keeps its own check for the first three occurrences, before
+the rhythm is known: a slowdown must outlast a burst (:mod:`.detector`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+LARGE = 0.25  # log excess (1.28x): smaller excursions are the noise's, not slow steps
+
+
+@dataclass(slots=True)
+class Excursion:
+    """A short run of slow iterations: where it started, how long and how slow (log)."""
+
+    start: int
+    length: int
+    size: float  # mean log excess over the level
+    periodic: bool = False  # explained by a learned rhythm
+
+
+@dataclass(slots=True)
+class Period:
+    """One learned rhythm: excursions every ``period`` iterations, starting at ``phase``."""
+
+    period: int
+    phase: int  # iteration index of the newest excursion start of this rhythm
+    duration: int  # longest excursion seen in its slots
+    misses: int = 0  # consecutive slots that held no excursion
+    hits: int = 0  # slots that held one (learning counts as ``repeats + 1``)
+
+    def slot(self, t: int, tolerance: int) -> bool:
+        """Is iteration ``t`` inside one of this rhythm's predicted slots?"""
+        offset = (t - self.phase + tolerance) % self.period
+        return offset < self.duration + 2 * tolerance
+
+
+class Rhythm:
+    """Online learner of a job's recurring slow iterations (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        max_burst: int = 8,
+        repeats: int = 3,
+        tolerance: int = 1,
+        min_period: int = 5,
+        keep: int = 128,
+        max_rhythms: int = 4,
+    ) -> None:
+        if max_burst < 1 or repeats < 2 or tolerance < 0 or keep < repeats:
+            raise ValueError("need max_burst >= 1, repeats >= 2, tolerance >= 0, keep >= repeats")
+        if min_period <= 1 + 2 * tolerance:
+            raise ValueError(
+                f"min_period ({min_period}) must exceed 1 + 2 * tolerance ({1 + 2 * tolerance}): "
+                "shorter rhythms would cover every iteration"
+            )
+        self.max_burst, self.repeats, self.tolerance = max_burst, repeats, tolerance
+        self.min_period, self.max_rhythms = min_period, max_rhythms
+        self._seen: deque[Excursion] = deque(maxlen=keep)
+        self._starts: dict[int, Excursion] = {}  # the same excursions, by start
+        self._large: deque[Excursion] = deque(maxlen=16)  # multi-iteration, >= LARGE
+        self._run_sum = 0.0  # summed excess of the current run
+        self._run_start = -1  # first iteration of the current run of high iterations
+        self._run_len = 0
+        self.periods: list[Period] = []
+
+    def expected(self, t: int) -> bool:
+        """Is iteration ``t`` inside a predicted slow step of a learned rhythm?"""
+        return any(p.slot(t, self.tolerance) for p in self.periods)
+
+    def outlast(self, excess: float, similar: float = 0.25) -> int:
+        """Points a slowdown of ``excess`` (log, over the level before it) must last before it
+        can be told from this job's own slow steps: two more than the longest remembered
+        multi-iteration excursion of a similar size (within ``similar`` of it, relatively),
+        else 0. Only excursions of at least :data:`LARGE` count: smaller ones are the noise's,
+        and the job's slow steps are larger.
+
+        A 3-iteration eval step followed by a GC spike is four slow iterations at one level;
+        before the eval's rhythm is learned, only its size gives it away."""
+        lengths = [
+            e.length
+            for e in self._large
+            if not e.periodic and abs(e.size - excess) <= similar * max(e.size, excess)
+        ]
+        return max(lengths) + 2 if lengths else 0
+
+    def observe(self, t: int, high: bool, excess: float = 0.0) -> bool:
+        """Record whether iteration ``t`` (fed in order) was above the current level (by
+        ``excess``, log); return
+        True if it is one of the job's periodic slow steps: high, and part of a run of high
+        iterations that began in the same predicted slot as ``t`` (a slowdown that began
+        before the slot, or outlasts it, is never explained by the rhythm)."""
+        periodic = False
+        if high:
+            if self._run_len == 0:
+                self._run_start, self._run_sum = t, 0.0
+            self._run_len += 1
+            self._run_sum += excess
+            tol = self.tolerance
+            periodic = any(
+                p.slot(self._run_start, tol)
+                and p.slot(t, tol)
+                and (self._run_start - p.phase + tol) // p.period == (t - p.phase + tol) // p.period
+                for p in self.periods
+            )
+        elif self._run_len:
+            if self._run_len <= self.max_burst:
+                self._excursion(
+                    Excursion(self._run_start, self._run_len, self._run_sum / self._run_len)
+                )
+            self._run_len = 0
+        self._expire(t)
+        return periodic
+
+    def _expire(self, t: int) -> None:
+        """Count a miss for every rhythm whose slot ended long enough before ``t`` (an
+        excursion is known once it has ended) and holds no excursion start."""
+        tol = self.tolerance
+        for p in self.periods:
+            wait = min(p.duration + 2 * tol + self.max_burst, p.period - 1)
+            slot_start = t - wait
+            if (slot_start - p.phase + tol) % p.period or slot_start + tol <= p.phase:
+                continue
+            end = slot_start + p.duration + 2 * tol
+            if not any(x in self._starts for x in range(slot_start, end)):
+                p.misses += 1
+        self.periods = [p for p in self.periods if p.misses < 2]
+
+    def _excursion(self, new: Excursion) -> None:
+        tol, s = self.tolerance, new.start
+        for p in self.periods:
+            if abs((s - p.phase + tol) % p.period - tol) <= tol:  # a predicted one
+                p.phase, p.misses, p.hits = s, 0, p.hits + 1
+                new.periodic = True
+        self._remember(new)
+        if new.periodic:
+            return
+        for prev in reversed(self._seen):
+            period = s - prev.start
+            if period < self.min_period:
+                continue
+            aligned = [new]
+            for k in range(1, self.repeats + 1):
+                at = s - k * period
+                near = [self._starts[x] for x in range(at - tol, at + tol + 1) if x in self._starts]
+                if not near:
+                    break
+                aligned.append(near[0])
+            else:
+                duration = max(e.length for e in aligned)
+                if period > duration + 2 * tol:  # its slots must leave iterations between them
+                    for e in aligned:
+                        e.periodic = True
+                    self._learn(Period(period, s, duration, hits=self.repeats + 1))
+                    return
+
+    def _remember(self, new: Excursion) -> None:
+        if len(self._seen) == self._seen.maxlen:
+            old = self._seen[0]
+            if self._starts.get(old.start) is old:
+                del self._starts[old.start]
+        self._seen.append(new)
+        self._starts[new.start] = new
+        if new.length > 1 and new.size >= LARGE:
+            self._large.append(new)
+
+    def _learn(self, new: Period) -> None:
+        tol = self.tolerance
+        for p in self.periods:
+            if abs(p.period - new.period) <= tol and p.slot(new.phase, tol):  # known, re-phased
+                p.phase, p.misses = new.phase, 0
+                p.duration = max(p.duration, new.duration)
+                return
+        self.periods.append(new)
+        if len(self.periods) > self.max_rhythms:  # drop the least confirmed
+            self.periods.remove(min(self.periods, key=lambda p: p.hits))
