@@ -109,3 +109,60 @@ def test_megatron_1f1b_stage_with_light_once_per_step_calls() -> None:
     result = iteration_times(_records(rows))
     assert result.period_calls == 12
     np.testing.assert_allclose(result.seconds, 0.4, rtol=1e-6)
+
+
+def sharded_steps(
+    n_steps: int, layer_bytes: list[int], *, step_s: float = 0.3, log_every: int = 0
+) -> list[tuple[float, int, int, int]]:
+    """An FSDP / ZeRO-3 step: an all-gather per layer in forward, an all-gather and a
+    reduce-scatter per layer in backward, then a 4-byte all-reduce (loss / grad-norm), and
+    optionally a 4-byte logging all-reduce every ``log_every`` steps."""
+    ag, rs, ar = int(OpCode.ALLGATHER), int(OpCode.REDUCE_SCATTER), int(OpCode.ALLREDUCE)
+    rows = [(0.0, int(OpCode.BROADCAST), 3, 123_456)]
+    t = 0.05
+    for i in range(n_steps):
+        k = 0
+        for size in layer_bytes:
+            rows.append((t + 0.004 * k, ag, 3, size))
+            k += 1
+        for size in reversed(layer_bytes):
+            rows.append((t + 0.004 * k, ag, 3, size))
+            rows.append((t + 0.004 * k + 0.002, rs, 3, size))
+            k += 1
+        rows.append((t + 0.004 * k, ar, 3, 4))
+        if log_every and i % log_every == 0:
+            rows.append((t + 0.004 * k + 0.002, ar, 4, 4))
+        t += step_s
+    return rows
+
+
+def test_identical_layers_are_anchored_by_the_once_per_step_light_call() -> None:
+    """Eight identical blocks: no heavy call occurs once per step, the 4-byte all-reduce does.
+
+    Without it the pattern has a period (24 calls) and no anchor, and no iteration at all was
+    found; the light per-step call is part of every iteration and anchors it.
+    """
+    result = iteration_times(_records(sharded_steps(60, [1 << 20] * 8, log_every=10)))
+    assert result.period_calls == 8 + 2 * 8 + 1
+    assert len(result) >= 57
+    np.testing.assert_allclose(result.seconds, 0.3, rtol=1e-6)
+
+
+def test_online_tracker_on_identical_layers() -> None:
+    rec = _records(sharded_steps(80, [1 << 20] * 8))
+    tracker = IterationTracker()
+    out = np.concatenate([tracker.feed(rec[i : i + 10]) for i in range(0, len(rec), 10)])
+    assert tracker.period_calls == 25
+    assert out.size >= 70
+    np.testing.assert_allclose(out, 0.3, rtol=1e-6)
+
+
+def test_period_calls_counts_the_once_per_step_light_call() -> None:
+    """ZeRO-3: an embedding and twelve identical blocks. The embedding's reduce-scatter
+    anchors the step; the 4-byte all-reduce of every step is light and 12x rarer than the
+    blocks' calls, yet belongs to the iteration and is counted (the logging one every 10 steps
+    is not). It used to be left out: 39 calls."""
+    sizes = [5 << 20] + [1 << 20] * 12
+    result = iteration_times(_records(sharded_steps(60, sizes, log_every=10)))
+    assert result.period_calls == 13 + 2 * 13 + 1
+    np.testing.assert_allclose(result.seconds, 0.3, rtol=1e-6)

@@ -94,7 +94,7 @@ class Pattern:
 
     period: int  # calls per period in the dominant (filtered) pattern
     kept: np.ndarray  # token values that belong to the dominant pattern
-    anchor: int  # token that occurs once per period, most regularly
+    anchor: int | None  # token that occurs once per period, most regularly (None: none does)
     calls_per_period: float  # raw calls (incl. occasional extras) per period, on average
 
 
@@ -143,28 +143,62 @@ def dominant_pattern(
     """Find the period, the dominant tokens and the anchor token of a call sequence."""
     _check_threshold(threshold)
     y = _as_tokens(tokens)
-    b = None
-    if nbytes is not None and y.size:
-        keep = ~bookkeeping_mask(y, nbytes)
-        y, b = y[keep], np.asarray(nbytes, dtype=np.float64)[keep]
-        if times_ns is not None:
-            times_ns = np.asarray(times_ns)[keep]
-    return _dominant(y, times_ns, b, max_lag, threshold, coarse_threshold, min_share)
+    t = None if times_ns is None else np.asarray(times_ns)
+    b = None if nbytes is None else np.asarray(nbytes, dtype=np.float64)
+    options = (max_lag, threshold, coarse_threshold, min_share)
+    if b is None or not y.size:
+        found = _dominant(y, t, b, *options)
+        return found if found is not None and found.anchor is not None else None
+    light = bookkeeping_mask(y, b)
+    keep = ~light
+    found = _dominant(y[keep], None if t is None else t[keep], b[keep], *options)
+    if found is not None and light.any():
+        per_step = _once_per_step(y, light, found)
+        if per_step.size:  # light calls of every step belong to it (and can anchor it)
+            keep |= np.isin(y, per_step)
+            wider = _dominant(y[keep], None if t is None else t[keep], b[keep], *options)
+            if wider is not None and wider.anchor is not None:
+                found = wider
+    return found if found is not None and found.anchor is not None else None
+
+
+def _once_per_step(y: np.ndarray, light: np.ndarray, found: Pattern) -> np.ndarray:
+    """Light tokens (``light`` marks their calls) that occur once per period of ``found``.
+
+    A loss or gradient-norm all-reduce of a few bytes in every step is light and rarer than
+    any heavy call, so :func:`bookkeeping_mask` leaves it out; but it is part of every
+    iteration, and in a step of identical layers (FSDP: an all-gather per layer in forward,
+    an all-gather and a reduce-scatter per layer in backward) it is the only call that occurs
+    once per step. Counted in calls of the dominant pattern, consecutive occurrences of such
+    a token lie exactly one period apart (at least 80% of them).
+    """
+    dominant = np.isin(y, found.kept) & ~light
+    iterations = np.count_nonzero(dominant) / found.period
+    calls = np.cumsum(dominant)
+    out = []
+    for value in np.unique(y[light]):
+        pos = np.flatnonzero(y == value)
+        if pos.size < 3 or not 0.8 * iterations <= pos.size <= 1.2 * iterations:
+            continue
+        if np.mean(np.diff(calls[pos]) == found.period) >= 0.8:
+            out.append(value)
+    return np.asarray(out, dtype=y.dtype)
 
 
 def _dominant(
     y: np.ndarray,
-    times_ns: np.ndarray | None,
+    t: np.ndarray | None,
     b: np.ndarray | None,
     max_lag: int | None,
     threshold: float,
     coarse_threshold: float,
     min_share: float,
 ) -> Pattern | None:
+    """The dominant pattern of ``y``; its ``anchor`` is None when no token occurs once per
+    period (the caller may still find one among the calls it left out)."""
     n = y.size
     if n < 4:
         return None
-    t = None if times_ns is None else np.asarray(times_ns)
     lag_cap = max(1, n // 3) if max_lag is None else max(1, int(max_lag))
     p0 = _first_lag(y, coarse_threshold, lag_cap)
     if p0 is None:
@@ -184,23 +218,22 @@ def _dominant(
         if closing.any():
             wider = values[counts >= 0.5 * counts[closing].min()]
             coarse = _period_and_anchor(y, t, wider, threshold, lag_cap)
-            if coarse is not None:
+            if coarse is not None and coarse[1] is not None:
                 kept, found = wider, coarse
     period, anchor = found
-    n_anchor = int(np.count_nonzero(y == anchor))
-    return Pattern(period, kept, anchor, n / max(n_anchor, 1))
+    per_period = np.count_nonzero(np.isin(y, kept)) / period
+    return Pattern(period, kept, anchor, n / max(per_period, 1.0))
 
 
 def _period_and_anchor(
     y: np.ndarray, times: np.ndarray | None, kept: np.ndarray, threshold: float, lag_cap: int
-) -> tuple[int, int] | None:
+) -> tuple[int, int | None] | None:
     mask = np.isin(y, kept)
     yf = y[mask]
     period = _first_lag(yf, threshold, max(1, min(lag_cap, yf.size // 3)))
     if period is None:
         return None
-    anchor = _pick_anchor(yf, period, None if times is None else times[mask])
-    return None if anchor is None else (period, anchor)
+    return period, _pick_anchor(yf, period, None if times is None else times[mask])
 
 
 def _pick_anchor(yf: np.ndarray, period: int, times: np.ndarray | None) -> int | None:
