@@ -85,6 +85,33 @@ def test_jsonl_derives_iterations_from_calls(tmp_path, capsys) -> None:
     assert types == ["onset", "relief"]
 
 
+def test_jsonl_of_identical_fsdp_layers(tmp_path, capsys) -> None:
+    """An FSDP step of eight identical blocks (an all-gather per block in forward, an
+    all-gather and a reduce-scatter per block in backward) and a 4-byte all-reduce per step:
+    no heavy call occurs once per step. `analyze` used to find no period (0 iterations)."""
+    layers = 8
+    step = [("allgather", "dp", 1 << 20)] * layers
+    step += [("allgather", "dp", 1 << 20), ("reduce_scatter", "dp", 1 << 20)] * layers
+    step += [("allreduce", "dp", 4)]
+    times = _iteration_times(200, (90, 200))
+    path = tmp_path / "fsdp.jsonl"
+    with open(path, "w") as fh:
+        t = 1_000_000_000
+        for dur in times:
+            step_ns = int(dur * 1e9)
+            for k, (op, group, nbytes) in enumerate(step):
+                start = t + k * step_ns // (2 * len(step))  # the second half: optimizer, data
+                fh.write(json.dumps({"rank": 0, "op": op, "group": group, "nbytes": nbytes,
+                                     "t_start_ns": start, "t_end_ns": start + 1000}) + "\n")
+            t += step_ns
+    assert main(["analyze", str(path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)[str(path)]
+    assert result["period_calls"] == 3 * layers + 1
+    assert 190 <= result["iterations"] <= 200
+    (onset,) = result["events"]
+    assert onset["type"] == "onset" and abs(onset["iteration"] - 90) <= 3
+
+
 def test_bad_file_is_one_line_and_others_still_analyzed(tmp_path, capsys) -> None:
     good = tmp_path / "good.csv"
     _write_csv(good, _iteration_times(100, None))
