@@ -2,11 +2,16 @@
 
 Usage::
 
-    python benchmarks/detection_accuracy.py [--seed S] [--jobs N] [--json]
+    python benchmarks/detection_accuracy.py [--seed S] [--jobs N] [--corpus life|v1] [--json]
 
-A labeled corpus from :mod:`failslow.sim.traces` (1-node, 4-node and at-scale jobs, with and
-without fail-slows, plus GC spikes, eval steps, warm-up, drift and sub-10% level shifts) is fed,
-one iteration time at a time, to each detector. Scoring (:func:`failslow.sim.traces.score_job`):
+A labeled corpus of 1-node, 4-node and at-scale jobs, with and without fail-slows, is fed one
+iteration time at a time to each detector. ``life`` (the default,
+:mod:`failslow.sim.training_life`) is the normal life of a training job around its
+fail-slows: periodic eval / checkpoint / logging steps of 1-3 iterations at 1.1-4x, GC bursts,
+compile warm-up, drift, heavy tails, sub-10% shifts, and fail-slows with ramps, wandering
+congestion and ladders. ``v1`` (:mod:`failslow.sim.traces`) is the first corpus: clean level
+shifts among single spikes, on which even the sliding window scored 100%. Scoring
+(:func:`failslow.sim.traces.score_job`):
 
 - A labeled onset ``o`` is *matched* by the first not-yet-used reported onset whose report
   iteration (the iteration whose ``update()`` returned it, ``detected_at``) lies in
@@ -135,7 +140,8 @@ def _pct(x: float) -> str:
 
 def render(result: dict[str, Any], console: Console) -> None:
     table = Table(
-        title=f"Fail-slow detection, seed {result['seed']}: {result['jobs']} jobs, "
+        title=f"Fail-slow detection, {result['corpus']} corpus, seed {result['seed']}: "
+        f"{result['jobs']} jobs, "
         f"{result['iterations']:,} iterations"
     )
     for col in (
@@ -177,7 +183,7 @@ def render(result: dict[str, Any], console: Console) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--jobs", type=int, default=400)
     parser.add_argument("--corpus", choices=sorted(CORPORA), default="life")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)

@@ -63,15 +63,21 @@ class NodePublisher:
         self.latest_states: dict[int, dict[str, Any]] = {}
         """The last published :meth:`rank_states` (the metrics exporter reads it)."""
 
-    def run(self, stop: Callable[[], bool], poll_s: float = 0.05) -> None:
+    def run(self, stop: Callable[[], bool], poll_s: float = 0.05, idle_s: float = 0.2) -> None:
         """Poll every ``poll_s`` until ``stop()``; a failing poll is logged, never raised (the
-        publisher must not take its launcher down)."""
+        publisher must not take its launcher down). While polls find no new record (a job
+        between steps, stopped or not started) the wait doubles up to ``idle_s``, and drops
+        back to ``poll_s`` with the first record."""
+        wait = poll_s
         while not stop():
             try:
                 self.poll()
+                idle = self.analyzer.records_seen == 0
             except Exception:
                 log.warning("failslow: node publisher poll failed", exc_info=True)
-            time.sleep(poll_s)
+                idle = False
+            wait = min(2 * wait, idle_s) if idle else poll_s
+            time.sleep(wait)
 
     def poll(self) -> list[RankUpdate]:
         updates = self.analyzer.poll()

@@ -15,8 +15,13 @@ def _write_steps(writer: RingWriter, durations: np.ndarray, t0: int = 0) -> int:
         step = int(d * 1e9)
         for k, nbytes in enumerate((4 << 20, 1 << 20)):
             start = t + (k + 1) * step // 3
-            writer.write(t_start_ns=start, t_end_ns=start + step // 10, nbytes=nbytes,
-                         group_key=11, op=OpCode.ALLREDUCE)
+            writer.write(
+                t_start_ns=start,
+                t_end_ns=start + step // 10,
+                nbytes=nbytes,
+                group_key=11,
+                op=OpCode.ALLREDUCE,
+            )
         t += step
     return t
 
@@ -25,8 +30,10 @@ def test_detects_onset_and_relief_per_rank(tmp_path) -> None:
     rng = np.random.default_rng(4)
     times = 0.3 * (1 + 0.02 * rng.standard_normal(300))
     times[120:200] *= 1.5
-    writers = [RingWriter(ring_path(tmp_path, r, 100 + r), capacity=1 << 12, global_rank=r)
-               for r in range(2)]
+    writers = [
+        RingWriter(ring_path(tmp_path, r, 100 + r), capacity=1 << 12, global_rank=r)
+        for r in range(2)
+    ]
     analyzer = LocalAnalyzer(tmp_path)
     events = {0: [], 1: []}
     for chunk in np.array_split(np.arange(300), 30):  # training progresses between polls
@@ -54,3 +61,49 @@ def test_restarted_rank_gets_a_fresh_state(tmp_path) -> None:
     assert analyzer.ranks[0].reader.path == second.path
     assert analyzer.ranks[0].iterations == 0
     analyzer.close()
+
+
+def test_an_idle_poll_does_not_list_the_directory(tmp_path, monkeypatch) -> None:
+    """A poll with nothing new costs a stat of the ring directory, not a listing; a ring
+    created later is still found on the next poll."""
+    import failslow.core.tracking.analyzer as analyzer_module
+
+    listings = []
+    real = analyzer_module.find_rings
+    monkeypatch.setattr(analyzer_module, "find_rings", lambda d: listings.append(d) or real(d))
+    writer = RingWriter(ring_path(tmp_path, 0, 1), capacity=1 << 10, global_rank=0)
+    _write_steps(writer, np.full(40, 0.2))
+    analyzer = LocalAnalyzer(tmp_path)
+    analyzer.poll()
+    assert analyzer.records_seen == 80 and len(listings) == 1
+    for _ in range(5):
+        analyzer.poll()
+    assert analyzer.records_seen == 0 and len(listings) == 1
+    RingWriter(ring_path(tmp_path, 1, 2), capacity=1 << 10, global_rank=1)
+    analyzer.poll()
+    assert len(listings) == 2 and set(analyzer.ranks) == {0, 1}
+    analyzer.close()
+
+
+def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) -> None:
+    """Between steps or before the job starts, the node publisher's wait doubles up to
+    ``idle_s``; the first record brings it back to ``poll_s``."""
+    from failslow.core.control.store import open_store
+    from failslow.node import publisher as publisher_module
+
+    store = open_store("tcp://127.0.0.1:0?master=1")
+    writer = RingWriter(ring_path(tmp_path, 0, 1), capacity=1 << 10, global_rank=0)
+    pub = publisher_module.NodePublisher(LocalAnalyzer(tmp_path), store)
+    waits: list[float] = []
+
+    def sleep(s: float) -> None:
+        waits.append(s)
+        if len(waits) == 6:  # training resumes
+            _write_steps(writer, np.full(5, 0.2))
+
+    monkeypatch.setattr(publisher_module.time, "sleep", sleep)
+    try:
+        pub.run(lambda: len(waits) >= 9, poll_s=0.05, idle_s=0.2)
+    finally:
+        store.close()
+    assert waits == [0.1, 0.2, 0.2, 0.2, 0.2, 0.2, 0.05, 0.1, 0.2]

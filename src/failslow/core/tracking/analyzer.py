@@ -64,17 +64,32 @@ class LocalAnalyzer:
         self._keep_history = keep_history
         self._summaries = summaries
         self.ranks: dict[int, RankState] = {}
+        self.records_seen = 0  # records the last poll read (0: the publisher may sleep longer)
         self._seen: set[Path] = set()
+        self._dir_mtime: int | None = None
+        self._incomplete = False
 
     def discover(self) -> None:
-        """Open rings that appeared since the last call (a restarted rank gets a fresh state)."""
+        """Open rings that appeared since the last call (a restarted rank gets a fresh state).
+
+        The directory is listed only when its modification time changed (a ring was created
+        or renamed into it) or a ring seen before was not complete yet: a poll with nothing
+        new costs one ``stat``, not a directory listing."""
+        try:
+            mtime = os.stat(self.ring_dir).st_mtime_ns
+        except FileNotFoundError:
+            return
+        if mtime == self._dir_mtime and not self._incomplete:
+            return
+        self._dir_mtime, self._incomplete = mtime, False
         for path in find_rings(self.ring_dir):
             if path in self._seen:
                 continue
             try:
                 reader = RingReader(path)
             except (RingFormatError, FileNotFoundError):
-                continue  # not complete yet; retried on the next poll
+                self._incomplete = True  # not complete yet; retried on the next poll
+                continue
             self._seen.add(path)
             old = self.ranks.get(reader.global_rank)
             if old is not None:
@@ -90,9 +105,12 @@ class LocalAnalyzer:
     def poll(self) -> list[RankUpdate]:
         self.discover()
         updates = []
+        self.records_seen = 0
         for rank in sorted(self.ranks):
             state = self.ranks[rank]
-            records = state.reorder.push(state.reader.poll())
+            fresh = state.reader.poll()
+            self.records_seen += len(fresh)
+            records = state.reorder.push(fresh)
             if not len(records):
                 continue
             epoch = state.tracker.epoch
