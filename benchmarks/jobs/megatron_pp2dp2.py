@@ -1,27 +1,21 @@
 """Benchmark job: Megatron-core 1F1B, PP=2 x DP=2 (world 4) on CPU/gloo.
 
 Megatron's schedules hard-code "cuda" allocations; the test-only device redirect
-``tests/frameworks/megatron_cpu.py`` puts them on the CPU (benchmarking harness only).
+``failslow.demo.megatron_cpu`` puts them on the CPU (benchmarking harness only).
 DP gradients are all-reduced over Megatron's data-parallel group after each forward-backward.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 from _job import StepTimer, finish, start
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-
 from megatron.core import parallel_state as ps
 from megatron.core.enums import ModelType
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from frameworks.megatron_cpu import redirect_cuda_to_cpu
+from failslow.demo.megatron_cpu import redirect_cuda_to_cpu
 
 SEQ, MBS, HIDDEN, MICRO = 64, 8, 512, 4
 

@@ -20,7 +20,7 @@ shared machine hit every micro-batch count alike:
 
 Nothing is rebuilt between micro-batch counts (same model, optimizer, data tensors); the data
 are created once, outside every timed region. Megatron's schedules hard-code "cuda"
-allocations; the test-only device redirect ``tests/frameworks/megatron_cpu.py`` puts them on
+allocations; the test-only device redirect ``failslow.demo.megatron_cpu`` puts them on
 the CPU (benchmarking harness only). The failslow hook is not installed (this job measures the
 estimator, not capture). Rank 0 writes everything (both ranks' samples) as JSON to ``--out``.
 Started by ``benchmarks/step_time_estimator.py`` (it owns the TCPStore, as ``launch.py`` does).
@@ -31,23 +31,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from _job import finish
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-
 from megatron.core import parallel_state as ps
 from megatron.core.enums import ModelType
 from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from frameworks.megatron_cpu import redirect_cuda_to_cpu
+from failslow.demo.megatron_cpu import redirect_cuda_to_cpu
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--out", required=True)
