@@ -108,40 +108,83 @@ def _place_failslows(
     return events, max(n, cursor)
 
 
-def generate_trace(
-    category: str, rng: np.random.Generator, *, positive: bool, job_id: str = ""
-) -> Trace:
-    """One job's trace of the given category, with or without fail-slows."""
+def job_shape(category: str, rng: np.random.Generator) -> tuple[CategorySpec, float, int]:
+    """A job's category spec, base iteration time and length (the first draws of a trace)."""
     if category not in SPECS:
         raise ValueError(f"unknown job category {category!r}; expected one of {CATEGORIES}")
     spec = SPECS[category]
-    base = float(rng.uniform(*spec.base_s))
-    n = int(rng.integers(*spec.length))
-    events: list[FailSlow] = []
-    if positive:
-        events, n = _place_failslows(rng, spec, base, n)
-    level = np.zeros(n)  # log multiplicative level
-    congested = np.zeros(n, dtype=bool)
+    return spec, float(rng.uniform(*spec.base_s)), int(rng.integers(*spec.length))
+
+
+def failslow_level(
+    rng: np.random.Generator, events: list[FailSlow], n: int, wander: bool
+) -> tuple[np.ndarray, list[int]]:
+    """Log slowdown of the labeled fail-slows (gradual build-up over 1-3 iterations for 40%
+    of them; congestion severity that wanders, AR(1) +-20%, when ``wander``), and the onsets
+    that ramp up."""
+    level = np.zeros(n)
+    ramped: list[int] = []
     for ev in events:
         step = np.full(ev.relief - ev.onset, np.log1p(ev.slowdown))
         ramp = 0 if rng.random() < 0.6 else int(rng.integers(1, 4))  # gradual build-up
         step[:ramp] *= (np.arange(1, ramp + 1) / (ramp + 1))[: step.size]
-        if spec.congested_noise > 1.0:  # congestion severity wanders (AR(1), +-20% of it)
-            wander = np.zeros(step.size)
+        if ramp:
+            ramped.append(ev.onset)
+        if wander:
+            w = np.zeros(step.size)
             shocks = rng.normal(0.0, 0.2 * np.sqrt(1 - 0.98**2), step.size)
             for i in range(1, step.size):
-                wander[i] = 0.98 * wander[i - 1] + shocks[i]
-            step *= 1.0 + np.clip(wander, -0.4, 0.4)
+                w[i] = 0.98 * w[i - 1] + shocks[i]
+            step *= 1.0 + np.clip(w, -0.4, 0.4)
         level[ev.onset : ev.relief] += step
-        congested[ev.onset : ev.relief] = True
-    # distractors: sub-10% level shifts away from labeled changes
+    return level, ramped
+
+
+def level_shifts(
+    rng: np.random.Generator,
+    level: np.ndarray,
+    events: list[FailSlow],
+    *,
+    rate: float,
+    largest: float,
+) -> list[int]:
+    """Add distractors to ``level`` in place: a Poisson(``rate``) number of sub-10% level
+    shifts (3% to ``largest``, either sign) at least 200 iterations from any labeled change
+    and from each other; returns where they start."""
+    n = level.size
     edges = [e for ev in events for e in (ev.onset, ev.relief)]
     shifts: list[int] = []
-    for _ in range(int(rng.poisson(1.2))):
+    for _ in range(int(rng.poisson(rate))):
         at = int(rng.integers(200, n - 100))
         if all(abs(at - e) > 200 for e in edges + shifts):
-            level[at:] += rng.choice([-1.0, 1.0]) * np.log1p(rng.uniform(0.03, 0.07))
+            level[at:] += rng.choice([-1.0, 1.0]) * np.log1p(rng.uniform(0.03, largest))
             shifts.append(at)
+    return shifts
+
+
+def category_counts(n_jobs: int) -> list[tuple[str, int]]:
+    """How many of ``n_jobs`` jobs each category gets (:data:`SPECS` job shares)."""
+    if n_jobs < 1:
+        raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
+    shares = np.array([SPECS[c].job_share for c in CATEGORIES])
+    counts = np.floor(shares / shares.sum() * n_jobs).astype(int)
+    counts[0] += n_jobs - counts.sum()
+    return list(zip(CATEGORIES, counts.tolist(), strict=True))
+
+
+def generate_trace(
+    category: str, rng: np.random.Generator, *, positive: bool, job_id: str = ""
+) -> Trace:
+    """One job's trace of the given category, with or without fail-slows."""
+    spec, base, n = job_shape(category, rng)
+    events: list[FailSlow] = []
+    if positive:
+        events, n = _place_failslows(rng, spec, base, n)
+    level, _ = failslow_level(rng, events, n, spec.congested_noise > 1.0)
+    congested = np.zeros(n, dtype=bool)
+    for ev in events:
+        congested[ev.onset : ev.relief] = True
+    shifts = level_shifts(rng, level, events, rate=1.2, largest=0.07)
     level += np.linspace(0.0, rng.uniform(-0.05, 0.05), n)  # slow drift
     sd = rng.uniform(*spec.noise)
     if category == "at-scale" and rng.random() < 0.3:  # high-variance jobs (MoE, Figure 5)
@@ -170,13 +213,8 @@ def generate_trace(
 
 def generate_corpus(n_jobs: int, seed: int = 0) -> list[Trace]:
     """``n_jobs`` labeled traces; category and fail-slow mix follow :data:`SPECS`."""
-    if n_jobs < 1:
-        raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
-    shares = np.array([SPECS[c].job_share for c in CATEGORIES])
-    counts = np.floor(shares / shares.sum() * n_jobs).astype(int)
-    counts[0] += n_jobs - counts.sum()
     traces: list[Trace] = []
-    for category, count in zip(CATEGORIES, counts, strict=True):
+    for category, count in category_counts(n_jobs):
         n_pos = round(SPECS[category].positive_share * count)
         for i in range(count):
             job_rng = np.random.default_rng([seed, CATEGORIES.index(category), i])

@@ -32,7 +32,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from failslow.sim.traces import CATEGORIES, SPECS, FailSlow, Trace, _duration
+from failslow.sim.traces import (
+    CATEGORIES,
+    SPECS,
+    FailSlow,
+    Trace,
+    _duration,
+    category_counts,
+    failslow_level,
+    job_shape,
+    level_shifts,
+)
 
 # name: (periods to choose from, duration range in iterations, slowdown range, share of jobs)
 RHYTHMS: dict[str, tuple[tuple[int, ...], tuple[int, int], tuple[float, float], float]] = {
@@ -66,29 +76,6 @@ def _failslows(
             events.append(FailSlow(at, end, float(rng.uniform(0.2, 0.8)), True))
         cursor = relief + int(rng.integers(300, 1200))
     return events, max(n, cursor)
-
-
-def _level(
-    rng: np.random.Generator, events: list[FailSlow], n: int, wander: bool
-) -> tuple[np.ndarray, list[int]]:
-    """Log slowdown of the fail-slows (ramps, wandering congestion, ladders), and the onsets
-    that ramp up over 1-3 iterations."""
-    level = np.zeros(n)
-    ramped: list[int] = []
-    for ev in events:
-        step = np.full(ev.relief - ev.onset, np.log1p(ev.slowdown))
-        ramp = 0 if rng.random() < 0.6 else int(rng.integers(1, 4))
-        step[:ramp] *= (np.arange(1, ramp + 1) / (ramp + 1))[: step.size]
-        if ramp:
-            ramped.append(ev.onset)
-        if wander:  # congestion severity wanders (AR(1), +-20% of it)
-            w = np.zeros(step.size)
-            shocks = rng.normal(0.0, 0.2 * np.sqrt(1 - 0.98**2), step.size)
-            for i in range(1, step.size):
-                w[i] = 0.98 * w[i - 1] + shocks[i]
-            step *= 1.0 + np.clip(w, -0.4, 0.4)
-        level[ev.onset : ev.relief] += step
-    return level, ramped
 
 
 def _rhythms(rng: np.random.Generator, n: int) -> tuple[np.ndarray, dict[str, list[int]]]:
@@ -156,23 +143,13 @@ def life_trace(
     category: str, rng: np.random.Generator, *, positive: bool, job_id: str = ""
 ) -> Trace:
     """One job's trace, with or without fail-slows, in the rhythm of a real job."""
-    if category not in SPECS:
-        raise ValueError(f"unknown job category {category!r}; expected one of {CATEGORIES}")
-    spec = SPECS[category]
-    base = float(rng.uniform(*spec.base_s))
-    n = int(rng.integers(*spec.length))
+    spec, base, n = job_shape(category, rng)
     events: list[FailSlow] = []
     if positive:
         events, n = _failslows(rng, category, base, n)
-    level, ramped = _level(rng, events, n, spec.congested_noise > 1.0)
+    level, ramped = failslow_level(rng, events, n, spec.congested_noise > 1.0)
     congested = level > 0
-    edges = [e for ev in events for e in (ev.onset, ev.relief)]
-    shifts: list[int] = []
-    for _ in range(int(rng.poisson(1.5))):
-        at = int(rng.integers(200, n - 100))
-        if all(abs(at - e) > 200 for e in edges + shifts):
-            level[at:] += rng.choice([-1.0, 1.0]) * np.log1p(rng.uniform(0.03, 0.08))
-            shifts.append(at)
+    shifts = level_shifts(rng, level, events, rate=1.5, largest=0.08)
     level += _drift(rng, n)
     sd = rng.uniform(*spec.noise) * (1.6 if rng.random() < 0.25 else 1.0)
     noise = rng.normal(0.0, sd, n) * np.where(congested, spec.congested_noise, 1.0)
@@ -196,13 +173,8 @@ def life_trace(
 
 def life_corpus(n_jobs: int, seed: int = 0) -> list[Trace]:
     """``n_jobs`` labeled traces of :func:`life_trace`; half the jobs have a fail-slow."""
-    if n_jobs < 1:
-        raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
-    shares = np.array([SPECS[c].job_share for c in CATEGORIES])
-    counts = np.floor(shares / shares.sum() * n_jobs).astype(int)
-    counts[0] += n_jobs - counts.sum()
     traces: list[Trace] = []
-    for category, count in zip(CATEGORIES, counts, strict=True):
+    for category, count in category_counts(n_jobs):
         for i in range(count):
             rng = np.random.default_rng([seed, 1000 + CATEGORIES.index(category), i])
             traces.append(life_trace(category, rng, positive=i % 2 == 1, job_id=f"{category}-{i}"))
