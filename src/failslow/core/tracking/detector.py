@@ -33,9 +33,12 @@ The reported "after" is the median of the points after the change.
 The job's rhythm (:mod:`.rhythm`): once a slow step has recurred four times with one period,
 its later occurrences are left out of the series altogether - no BOCD update, no place in any
 window - so a fail-slow that begins beside an eval step is judged on its own iterations. Slow
-points in a predicted slot are held until their run ends: a run that outlasts the slot was a
-slowdown that began there, and its held points are fed after all (the report is not delayed:
-the detector catches up in one update). Events keep the job's iteration indices.
+points in a predicted slot are held until their run ends. A run that outlasts a one-iteration
+slot (a logging step every 10-50 iterations: many onsets begin in one) was a slowdown that
+began there, and its held points are fed after all (the report is not delayed: the detector
+catches up in one update); the points of a multi-iteration slot (eval, checkpoint) stay the
+rhythm's, so a GC spike right after an eval step is judged alone. Events keep the job's
+iteration indices.
 
 State: a healthy baseline ``B`` (frozen at an onset). An *onset* is a verified >= 10% slowdown
 versus the level before it (``B`` when healthy, the current slow level during a fail-slow, so a
@@ -200,6 +203,7 @@ class FailSlowDetector(Detector):
         self.iterations = 0  # iterations fed (the history holds those not skipped)
         self.skipped = 0  # iterations left out as predicted periodic slow steps
         self._held: list[tuple[float, int]] = []  # slow points in a slot, until the run ends
+        self._held_step = 0  # duration of the rhythm whose slot holds them
 
     @property
     def baseline_s(self) -> float | None:
@@ -219,8 +223,11 @@ class FailSlowDetector(Detector):
             high = excess >= self.log_threshold
             if self.rhythm.observe(it, high, excess):
                 self._held.append((y, it))  # the job's own periodic slow step, so far
+                self._held_step = self.rhythm.step_length
                 return []
-            if self._held and high:  # a slowdown that outlasted the slot: not the rhythm's
+            if self._held and high and self._held_step < 2:
+                # a slowdown that outlasted a one-iteration slot (a logging step every few
+                # iterations: onsets often start in one) - the held points were its own
                 for held_y, held_it in self._held:
                     events += self._feed(held_y, held_it)
             else:

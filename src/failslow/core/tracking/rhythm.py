@@ -88,6 +88,7 @@ class Rhythm:
         self._run_start = -1  # first iteration of the current run of high iterations
         self._run_len = 0
         self.periods: list[Period] = []
+        self.step_length = 0  # duration of the rhythm that explained the last observed point
 
     def expected(self, t: int) -> bool:
         """Is iteration ``t`` inside a predicted slow step of a learned rhythm?"""
@@ -122,12 +123,15 @@ class Rhythm:
             self._run_len += 1
             self._run_sum += excess
             tol = self.tolerance
-            periodic = any(
-                p.slot(self._run_start, tol)
+            owners = [
+                p
+                for p in self.periods
+                if p.slot(self._run_start, tol)
                 and p.slot(t, tol)
                 and (self._run_start - p.phase + tol) // p.period == (t - p.phase + tol) // p.period
-                for p in self.periods
-            )
+            ]
+            periodic = bool(owners)
+            self.step_length = max((p.duration for p in owners), default=0)
         elif self._run_len:
             if self._run_len <= self.max_burst:
                 self._excursion(
