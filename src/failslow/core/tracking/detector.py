@@ -341,7 +341,7 @@ class FailSlowDetector(Detector):
         # sit above the line - the drop from the slow level is verified like an onset in reverse
         # and the median is back within the threshold.
         back = self._recovered(after)
-        dropped = ref is not None and self._confirmed(c, -raw, np.sort(-raw), -ref)
+        dropped = ref is not None and self._confirmed(c, -raw, np.sort(-raw), -ref, onset=False)
         if upper - self._baseline <= self.log_threshold or (back and dropped):
             self._slow = False
             return [self._enter(c, t, "relief", before, after)]
@@ -364,13 +364,17 @@ class FailSlowDetector(Detector):
             return 0.0
         return 1.0489 * median(np.abs(np.diff(pre)))  # sigma of y; trend- and step-proof
 
-    def _confirmed(self, c: int, raw: np.ndarray, post: np.ndarray, ref: float) -> bool:
+    def _confirmed(
+        self, c: int, raw: np.ndarray, post: np.ndarray, ref: float, *, onset: bool = True
+    ) -> bool:
         """Is the slowdown after ``c`` (``raw`` in order, ``post`` sorted) a verified onset?
 
         The rules are the module docstring's. ``z = margin_z * 1.2533 * noise / sqrt(n)`` is
         ``margin_z`` standard errors of a median of ``n`` points; the median after ``c`` must
         clear the threshold line by ``z``. Before ``settle`` points the noise is measured
         before ``c``; from then on the larger of the noise before and after ``c`` is used.
+        A drop (``onset=False``: ``raw`` negated, for a relief) is not compared with the job's
+        slow steps.
         """
         n = post.size
         after = 0.5 * float(post[(n - 1) // 2] + post[n // 2])
@@ -385,7 +389,7 @@ class FailSlowDetector(Detector):
         below = int(np.count_nonzero(raw - ref < self.log_threshold))
         if back or below > (n - 1) // 6 or raw[-1] - ref < self.log_threshold:
             return False
-        if self.rhythm is not None and n < self.rhythm.outlast(after - ref):
+        if onset and self.rhythm is not None and n < self.rhythm.outlast(after - ref):
             return False  # as large as the job's own slow steps: must outlast them
         top = post[n - 1 - n // 4]  # up to one spike in four points is let through
         if top - post[0] > max(6.0 * scale, self.min_spread):
