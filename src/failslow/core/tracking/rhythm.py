@@ -18,11 +18,13 @@ slot and finds no excursion in it twice in a row is forgotten (an eval schedule 
 or a coincidence of GC spikes). At most ``max_rhythms`` are kept (log, eval and checkpoint,
 plus one); learning costs O(``keep``) per excursion and prediction O(rhythms) per iteration.
 
-Four aligned occurrences are needed because isolated GC spikes (up to 1% of iterations) line up
-in threes by chance: with 32 remembered excursions and a tolerance of one iteration, three
-aligned predecessors happen by chance about once in 30 spikes, and such a rhythm dies at its
-first two empty slots. The detector keeps its own check for the first three occurrences, before
-the rhythm is known: a slowdown must outlast a burst (:mod:`.detector`).
+Four aligned occurrences are needed because isolated GC spikes (up to 1% of iterations) and
+noise excursions line up by chance; with ``keep`` (128) remembered excursions - enough to span
+four eval periods of a noisy job - such chance rhythms still appear now and then, but die at
+their first two empty slots (in the tests, under 1% of random spikes are ever explained).
+Before a rhythm is known, the detector's own rules apply: a slowdown must outlast a burst, and
+one the size of a remembered multi-iteration excursion must outlast that excursion by two
+points (:meth:`Rhythm.outlast`, :mod:`.detector`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Period:
 
     period: int
     phase: int  # iteration index of the newest excursion start of this rhythm
-    duration: int  # longest excursion seen in its slots
+    duration: int  # the longest of the aligned excursions it was learned from
     misses: int = 0  # consecutive slots that held no excursion
     hits: int = 0  # slots that held one (learning counts as ``repeats + 1``)
 
