@@ -36,6 +36,9 @@ micro-batches is exactly such a call, and it must remain part of the iteration. 
 frequent calls alone form a clean shorter period (the micro-batch), a recurring call left out of
 it that moves at least ``CLOSING_SHARE`` (10%) of the pattern's bytes widens the pattern to the
 period that includes it. An eval-only call every 100 steps moves a far smaller share and does not.
+A light call that occurs exactly once per period (a loss or grad-norm all-reduce of every step)
+is not bookkeeping: it is re-admitted, counted in the period, and may anchor it - in a step of
+identical layers (FSDP) it is the only call that occurs once per step (tracking v2).
 """
 
 from __future__ import annotations
