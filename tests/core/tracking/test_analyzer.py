@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
 from failslow.core.events import OpCode
@@ -73,6 +76,8 @@ def test_an_idle_poll_does_not_list_the_directory(tmp_path, monkeypatch) -> None
     monkeypatch.setattr(analyzer_module, "find_rings", lambda d: listings.append(d) or real(d))
     writer = RingWriter(ring_path(tmp_path, 0, 1), capacity=1 << 10, global_rank=0)
     _write_steps(writer, np.full(40, 0.2))
+    settled = time.time() - 5  # a directory last changed 5 s ago
+    os.utime(tmp_path, (settled, settled))
     analyzer = LocalAnalyzer(tmp_path)
     analyzer.poll()
     assert analyzer.records_seen == 80 and len(listings) == 1
@@ -82,6 +87,22 @@ def test_an_idle_poll_does_not_list_the_directory(tmp_path, monkeypatch) -> None
     RingWriter(ring_path(tmp_path, 1, 2), capacity=1 << 10, global_rank=1)
     analyzer.poll()
     assert len(listings) == 2 and set(analyzer.ranks) == {0, 1}
+    analyzer.poll()  # the change is under a second old: listed again, in case of a same-tick
+    assert len(listings) == 3  # creation that left the directory time unchanged
+    analyzer.close()
+
+
+def test_a_ring_created_in_the_same_timestamp_tick_is_found(tmp_path) -> None:
+    """Two rings created within one tick of a coarse file-system clock: the directory time
+    does not change for the second, which is still found on a later poll."""
+    RingWriter(ring_path(tmp_path, 0, 1), capacity=1 << 10, global_rank=0)
+    stamp = os.stat(tmp_path).st_mtime_ns
+    analyzer = LocalAnalyzer(tmp_path)
+    analyzer.poll()
+    RingWriter(ring_path(tmp_path, 1, 2), capacity=1 << 10, global_rank=1)
+    os.utime(tmp_path, ns=(stamp, stamp))  # as if both were created in the same tick
+    analyzer.poll()
+    assert set(analyzer.ranks) == {0, 1}
     analyzer.close()
 
 

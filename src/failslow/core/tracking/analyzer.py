@@ -10,6 +10,7 @@ proportional to the new records of the node's own ranks only - never to the worl
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,15 +74,18 @@ class LocalAnalyzer:
         """Open rings that appeared since the last call (a restarted rank gets a fresh state).
 
         The directory is listed only when its modification time changed (a ring was created
-        or renamed into it) or a ring seen before was not complete yet: a poll with nothing
-        new costs one ``stat``, not a directory listing."""
+        or renamed into it), a ring seen before was not complete yet, or the last change is
+        under a second old (file systems keep coarse timestamps: a second ring created in the
+        same tick as the first leaves the time unchanged). A poll with nothing new costs one
+        ``stat``, not a directory listing."""
         try:
             mtime = os.stat(self.ring_dir).st_mtime_ns
         except FileNotFoundError:
             return
         if mtime == self._dir_mtime and not self._incomplete:
             return
-        self._dir_mtime, self._incomplete = mtime, False
+        self._dir_mtime = mtime
+        self._incomplete = time.time_ns() - mtime < 1_000_000_000  # not settled yet
         for path in find_rings(self.ring_dir):
             if path in self._seen:
                 continue
