@@ -92,10 +92,6 @@ class Rhythm:
         self.periods: list[Period] = []
         self.step_length = 0  # duration of the rhythm that explained the last observed point
 
-    def expected(self, t: int) -> bool:
-        """Is iteration ``t`` inside a predicted slow step of a learned rhythm?"""
-        return any(p.slot(t, self.tolerance) for p in self.periods)
-
     def outlast(self, excess: float, similar: float = 0.25) -> int:
         """Points a slowdown of ``excess`` (log, over the level before it) must last before it
         can be told from this job's own slow steps: two more than the longest remembered
