@@ -216,3 +216,17 @@ def test_without_the_rhythm_only_the_burst_rule_holds() -> None:
     assert len(off) >= 12
     assert 1 <= len(on) <= 4
     assert max(e.detected_at for e in on) < 150 + 4 * 200
+
+
+def test_detected_at_is_the_update_that_reports_even_after_held_points() -> None:
+    """A fail-slow that starts in a learned one-iteration (logging) slot: the held point is fed
+    after all, and the onset still carries the index of the update() that returned it."""
+    x = noisy(1500, seed=13)
+    eval_steps(x, 10, 5, 1, 1.4)  # a logging step every 10 iterations
+    x[1005:] *= 1.3  # starts in a logging slot
+    det = FailSlowDetector()
+    reported = [(i, e) for i, v in enumerate(x) for e in det.update(float(v))]
+    assert [e.type for _, e in reported] == ["onset"]
+    ((i, onset),) = reported
+    assert onset.detected_at == i
+    assert 1005 <= onset.iteration <= 1006 and i <= 1010

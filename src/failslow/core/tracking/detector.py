@@ -228,6 +228,8 @@ class FailSlowDetector(Detector):
             if self._held and high and self._held_step < 2:
                 # a slowdown that outlasted a one-iteration slot (a logging step every few
                 # iterations: onsets often start in one) - the held points were its own
+                # (at most duration + 2 tolerance = 3 held points: fewer than any
+                # verification needs, so no event comes out with a held point's index)
                 for held_y, held_it in self._held:
                     events += self._feed(held_y, held_it)
             else:
