@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from _rank_procs import await_ranks
-from failslow.core.events import CommEvent, GroupInfo, records_to_events
+from failslow.core.events import MARKER_OPS, CommEvent, GroupInfo, records_to_events
 from failslow.core.group_files import read_groups
 from failslow.core.ring import RingReader, find_rings
 
@@ -33,6 +35,7 @@ class RankResult:
     events: list[CommEvent]
     groups: dict[int, GroupInfo]
     writer_dropped: int
+    markers: list[CommEvent]  # the step markers (events: the calls)
 
     def window(self, name: str) -> list[CommEvent]:
         """Events issued inside the named phase window of this rank."""
@@ -82,8 +85,15 @@ def run_world(
     for rank in range(world):
         result = json.loads((out_dir / f"rank{rank}.json").read_text())
         reader = RingReader(rings[rank])
-        events = records_to_events(reader.poll())
+        records = reader.poll()
+        marks = np.isin(records["op"], MARKER_OPS)
+        events = records_to_events(records[~marks])
         dropped = reader.writer_dropped
         reader.close()
-        results.append(RankResult(rank, result, events, read_groups(rings[rank]), dropped))
+        results.append(
+            RankResult(
+                rank, result, events, read_groups(rings[rank]), dropped,
+                records_to_events(records[marks]),
+            )
+        )
     return results

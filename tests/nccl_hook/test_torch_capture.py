@@ -86,3 +86,29 @@ def test_fsdp2_allgathers_and_reduce_scatters(world: list[RankResult]) -> None:
             assert ag == Counter({b: 2 for b in f["layer_shard_bytes"]})
             assert rs == Counter({b: 1 for b in f["layer_bytes"]})
             assert {e.group_key for e in ev} == {f["mesh_key"]}
+
+
+def test_every_optimizer_step_ends_with_a_step_marker(world: list[RankResult]) -> None:
+    """One marker per optimizer step, after the step's calls, from DDP's and FSDP2's torch
+    optimizers alike (the global post-hook); none while the hook is uninstalled."""
+    for r in world:
+        assert not [m for m in r.markers if _inside(m.t_start_ns, r, "uninstalled")]
+        steps = [f"ddp_step{s}" for s in range(r.result["result"]["ddp"]["steps"])]
+        steps += [f"fsdp_step{s}" for s in range(r.result["result"]["fsdp2"]["steps"])]
+        indices = []
+        for name in steps:
+            marks = [m for m in r.markers if _inside(m.t_start_ns, r, name)]
+            assert len(marks) == 1, f"rank {r.rank}, {name}: {len(marks)} step markers"
+            (mark,) = marks
+            assert mark.op == OpCode.STEP and mark.t_end_ns == mark.t_start_ns
+            assert mark.nbytes == 0 and mark.peer == -1
+            assert all(e.t_start_ns < mark.t_start_ns for e in r.window(name))
+            indices.append((mark.group_key, mark.call_index))
+        keys = {k for k, _ in indices}
+        assert len(keys) == 1, "the same model shape and optimizer class: one key"
+        assert [i for _, i in indices] == list(range(len(steps)))
+
+
+def _inside(t: int, r: RankResult, name: str) -> bool:
+    t0, t1 = r.result["windows"][name]
+    return t0 <= t <= t1

@@ -114,3 +114,23 @@ class AbstractCaptureTests(ConformanceFixtures):
                 for event in rank_run.window("reference", step):
                     assert not event.flags & Flags.FAILED, f"rank {rank_run.rank}: {event}"
                     assert event.t_end_ns >= event.t_start_ns, f"rank {rank_run.rank}: {event}"
+
+    def test_capture_marks_the_end_of_every_optimizer_step(self, layout_run: LayoutRun) -> None:
+        """Each step has a step marker from every optimizer the framework stepped, once each,
+        the same optimizers in every step (the iteration tracker measures between them). The
+        process's first optimizer step may be unmarked: when the framework's own ``step``
+        wraps the optimizer's, the marker moves to its end from the next step on."""
+        for rank_run in layout_run.ranks:
+            per_step = []
+            for t0, t1 in rank_run.run("reference")["windows"]:
+                keys = [m.group_key for m in rank_run.markers if t0 <= m.t_start_ns <= t1]
+                per_step.append(collections.Counter(keys))
+            later = per_step[1:]
+            assert later and all(later), (
+                f"rank {rank_run.rank}: steps without a step marker: "
+                f"{[i for i, c in enumerate(per_step) if not c and i]}"
+            )
+            assert all(c == later[0] and set(c.values()) == {1} for c in later), (
+                f"rank {rank_run.rank}: step markers per step differ: {per_step}"
+            )
+            assert per_step[0] in (later[0], collections.Counter()), per_step

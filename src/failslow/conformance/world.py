@@ -24,7 +24,7 @@ import numpy as np
 
 from failslow import envvars
 from failslow.conformance.harness import AdapterHarness
-from failslow.core.events import CommEvent, GroupInfo, records_to_events
+from failslow.core.events import MARKER_OPS, CommEvent, GroupInfo, records_to_events
 from failslow.core.group_files import read_groups
 from failslow.core.ring import RingReader, find_rings
 
@@ -44,8 +44,11 @@ class RankRun:
     rank: int
     result: dict[str, Any]
     events: list[CommEvent]
+    """The calls this rank recorded (step markers apart: :attr:`markers`)."""
     groups: dict[int, GroupInfo]
     out: Path
+    markers: list[CommEvent] = field(default_factory=list)
+    """The step markers of this rank's ring (:mod:`failslow.nccl_hook.step_marker`)."""
 
     def run(self, name: str) -> dict[str, Any]:
         return self.result["runs"][name]
@@ -232,10 +235,15 @@ def _collect(
     tails = "\n".join(f"--- rank {r} log ---\n{_tail(out, r)}" for r in failed)
     rings = _rings_by_rank(ring_dir)
     world.self_releases = {r: trap.self_releases(p) for r, p in rings.items()}
-    events: dict[int, tuple[list[CommEvent], int]] = {}
+    events: dict[int, tuple[list[CommEvent], list[CommEvent], int]] = {}
     for rank, path in rings.items():
         reader = RingReader(path)
-        events[rank] = (records_to_events(reader.poll()), reader.writer_dropped)
+        records = reader.poll()
+        marks = np.isin(records["op"], MARKER_OPS)
+        events[rank] = (
+            records_to_events(records[~marks]), records_to_events(records[marks]),
+            reader.writer_dropped,
+        )
         reader.close()
     for layout in layouts:
         ranks: list[RankRun] = []
@@ -252,8 +260,10 @@ def _collect(
             if rank not in rings:
                 problem = f"layout {layout!r}: rank {rank} has no event ring in {ring_dir}"
                 break
-            rank_events, result["ring_dropped"] = events[rank]
-            ranks.append(RankRun(rank, result, rank_events, read_groups(rings[rank]), out))
+            rank_events, markers, result["ring_dropped"] = events[rank]
+            ranks.append(
+                RankRun(rank, result, rank_events, read_groups(rings[rank]), out, markers)
+            )
         if problem:
             world.errors[layout] = f"{problem}\n{tails}" if tails else problem
             continue

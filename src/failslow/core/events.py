@@ -60,6 +60,10 @@ class OpCode(enum.IntEnum):
     REDUCE_SCATTER_COALESCED = 14
     GROUP_START = 15
     GROUP_END = 16
+    STEP = 17
+    """Not a call: the Python hook's step marker, written when an optimizer step ends
+    (``group_key`` names the optimizer, ``call_index`` counts its steps; see
+    :data:`MARKER_OPS`)."""
 
     @property
     def label(self) -> str:
@@ -111,6 +115,12 @@ class Flags(enum.IntFlag):
     COALESCED = 2  # one record stands for a coalesced batch of tensors
     FAILED = 4  # the call raised or its work completed with an error
     END_IS_ENQUEUE = 8  # t_end_ns is when the call returned, not device completion
+
+
+MARKER_OPS: tuple[int, ...] = (int(OpCode.STEP),)
+"""Op codes of records that mark a point of the job's step rather than a call: consumers of
+calls (summaries, the conformance suite, the ACF period) leave them out; the iteration tracker
+measures iterations between them (:mod:`failslow.core.tracking.iteration`)."""
 
 
 RECORD_LAYOUT: tuple[tuple[str, str, int], ...] = (

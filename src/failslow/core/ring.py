@@ -113,6 +113,12 @@ def ring_path(
     return Path(directory) / f"rank{global_rank:05d}-pid{pid}{suffix}.ring"
 
 
+def ring_process(path: str | os.PathLike[str]) -> str:
+    """``rank{R}-pid{P}``: the process a ring belongs to (its C shim and Python hook rings
+    share it, :func:`ring_path`)."""
+    return Path(path).name.removesuffix(".ring").removesuffix("-py")
+
+
 class RingWriter:
     """Writes CommEvent records into a ring file (the pure-Python writer).
 

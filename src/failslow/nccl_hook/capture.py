@@ -15,6 +15,9 @@ aten op and is thread-local. Measured: ``benchmarks/hook_mechanisms.py``. Before
 the kernel passes through the pause trap (:mod:`failslow.nccl_hook.trap`), one header load
 while no pause is requested.
 
+The hook also marks the end of every optimizer step in the ring (:mod:`.step_marker`), where
+the iteration tracker measures iterations when it can.
+
 Known gaps: collectives issued before :func:`install` are not recorded (groups created before
 it are, from their next call on, and are published at install time); collectives issued under
 ``torch.inference_mode()`` skip the Autograd key and are not recorded; ``monitored_barrier``
@@ -41,6 +44,7 @@ from failslow.core.group_files import groups_path
 from failslow.core.ring import DEFAULT_CAPACITY, RingWriter, ring_path
 from failslow.nccl_hook.c10d_ops import OP_SPECS, OpSpec, payload_dtype
 from failslow.nccl_hook.groups import GroupEntry, GroupTable, backend_name_of, group_ranks_of
+from failslow.nccl_hook.step_marker import StepMarker
 from failslow.nccl_hook.trap import Trap
 
 log = logging.getLogger(__name__)
@@ -76,6 +80,7 @@ class Capture:
         self._orig_helper: Any = None
         self._open_lock = threading.Lock()
         self._watcher = _Watcher(self)
+        self._steps = StepMarker()
         self.defer_nccl = False
         """True when the C shim records this process's NCCL calls (they are skipped here)."""
         self.global_rank = -1
@@ -170,6 +175,7 @@ class Capture:
             self._exit_registered = True
         self._orig_helper = c10d._new_process_group_helper
         c10d._new_process_group_helper = self._wrap_helper(self._orig_helper)
+        self._steps.attach(self.ensure_ring)
         self.active = True
         if c10d.is_initialized():
             self.ensure_ring()
@@ -183,6 +189,7 @@ class Capture:
         if not self.active:
             return
         self.active = False
+        self._steps.detach()
         if self._orig_helper is not None:
             c10d._new_process_group_helper = self._orig_helper
             self._orig_helper = None

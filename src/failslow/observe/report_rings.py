@@ -53,11 +53,7 @@ def rank_boundaries(ring_dir: Path) -> tuple[list[int], np.ndarray] | None:
     """(ranks, when each rank reached each iteration boundary: ranks x iterations, wall
     seconds), aligned at every rank's latest iteration; None without rings or iterations."""
     by_rank: dict[int, list[np.ndarray]] = defaultdict(list)
-    rings = find_rings(ring_dir)
-    shim = {p.name.removesuffix(".ring") for p in rings if not p.name.endswith("-py.ring")}
-    for path in rings:
-        if path.name.removesuffix("-py.ring") in shim:
-            continue  # the shim recorded the same process's calls (ring.ring_path)
+    for path in find_rings(ring_dir):  # a process's shim and hook rings are read as one
         try:
             reader = RingReader(path)
         except (RingFormatError, OSError) as exc:

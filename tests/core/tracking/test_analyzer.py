@@ -128,3 +128,25 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
     finally:
         store.close()
     assert waits == [0.1, 0.2, 0.2, 0.2, 0.2, 0.2, 0.05, 0.1, 0.2]
+
+
+def test_the_shim_ring_and_the_hook_ring_of_one_process_are_read_as_one(tmp_path) -> None:
+    """Under the C shim the Python hook writes its step markers (and non-NCCL calls) into a
+    second ring of the same process: the rank's iterations come from both rings together."""
+    durations = np.full(80, 0.2)
+    shim = RingWriter(ring_path(tmp_path, 0, 7), capacity=1 << 10, global_rank=0)
+    hook = RingWriter(ring_path(tmp_path, 0, 7, "py"), capacity=1 << 10, global_rank=0)
+    _write_steps(shim, durations)
+    for k in range(1, durations.size + 1):  # each step's end, shortly before the next starts
+        t = int(k * 0.2e9) - 1000
+        hook.write(t_start_ns=t, t_end_ns=t, nbytes=0, group_key=5, op=OpCode.STEP)
+    analyzer = LocalAnalyzer(tmp_path)
+    analyzer.poll()
+    assert list(analyzer.ranks) == [0]
+    state = analyzer.ranks[0]
+    assert sorted(r.path for r in state.readers) == sorted([shim.path, hook.path])
+    assert state.tracker.marked
+    np.testing.assert_allclose(state.iteration_times, 0.2, rtol=1e-6)
+    assert state.iterations >= durations.size - 3  # the last ones wait for the reorder horizon
+    assert analyzer.dropped() == 0
+    analyzer.close()

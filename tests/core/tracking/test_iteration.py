@@ -20,9 +20,16 @@ CALLS = [
 
 
 def make_records(
-    n_iter: int, *, seed: int = 0, offset_jitter: float = 0.0, topology_change_at: int | None = None
+    n_iter: int,
+    *,
+    seed: int = 0,
+    offset_jitter: float = 0.0,
+    topology_change_at: int | None = None,
+    markers: tuple[int, ...] = (),
+    calls: list[tuple[OpCode, int, int, float]] = CALLS,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Records of one rank and the true iteration durations (s)."""
+    """Records of one rank and the true iteration durations (s); with ``markers``, each
+    iteration ends with a step marker of each of these keys (an optimizer step each)."""
     rng = np.random.default_rng(seed)
     rows: list[tuple[float, int, int, int]] = []
     t = 0.0
@@ -34,7 +41,7 @@ def make_records(
     for i in range(n_iter):
         shift = 100 if topology_change_at is not None and i >= topology_change_at else 0
         d = 0.3 * float(np.exp(rng.normal(0, 0.03)))
-        for op, group, nbytes, off in CALLS:
+        for op, group, nbytes, off in calls:
             off += offset_jitter * float(rng.normal())
             rows.append((t + off, int(op), group + shift, nbytes))
         if i % 10 == 9:  # logging all-reduce every 10 steps
@@ -43,6 +50,8 @@ def make_records(
             for j in range(5):
                 rows.append((t + 0.28 + 0.01 * j, int(OpCode.ALLREDUCE), 4, 16 + j % 2))
             d += 0.2
+        for k, key in enumerate(markers):
+            rows.append((t + d - 1e-4 * (len(markers) - k), int(OpCode.STEP), key, 0))
         durations.append(d)
         t += d
     rec = np.zeros(len(rows), dtype=RECORD_DTYPE)
@@ -78,11 +87,8 @@ def test_unsorted_records_are_ordered_by_start_time() -> None:
     np.testing.assert_allclose(iteration_times(shuffled).seconds, truth[:-1], rtol=1e-6)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_online_equals_offline(seed: int) -> None:
-    rec, _ = make_records(600, seed=seed)
-    offline = iteration_times(rec)
-    tracker = IterationTracker()
+def feed_in_random_chunks(tracker: IterationTracker, rec: np.ndarray, seed: int) -> np.ndarray:
+    """Every iteration time the tracker gives for ``rec`` fed in chunks of 1-399 records."""
     rng = np.random.default_rng(seed)
     parts, i = [], 0
     while i < rec.size:
@@ -90,7 +96,15 @@ def test_online_equals_offline(seed: int) -> None:
         parts.append(tracker.feed(rec[i : i + step]))
         i += step
     parts.append(tracker.flush())
-    online = np.concatenate(parts)
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_online_equals_offline(seed: int) -> None:
+    rec, _ = make_records(600, seed=seed)
+    offline = iteration_times(rec)
+    tracker = IterationTracker()
+    online = feed_in_random_chunks(tracker, rec, seed)
     np.testing.assert_array_equal(online, offline.seconds)
     assert tracker.period_calls == offline.period_calls
 
@@ -121,3 +135,64 @@ def test_bad_records() -> None:
     rec, _ = make_records(200)
     out = [tracker.feed(rec[:600]), tracker.feed(rec[700:]), tracker.feed(rec[600:700])]
     assert np.all(np.concatenate(out) > 0)  # late, older records never give negative times
+
+
+def test_step_markers_measure_the_step_end() -> None:
+    """Where the hook marked each optimizer step's end, iterations are the gaps between the
+    markers: exact while the anchor call wanders within the step (it does not, by 3%)."""
+    rec, truth = make_records(400, offset_jitter=0.01, seed=3, markers=(77,))
+    result = iteration_times(rec)
+    assert result.period_calls == len(CALLS)
+    np.testing.assert_allclose(result.seconds, truth[1:], rtol=1e-6)
+    calls_only = iteration_times(rec[rec["op"] != int(OpCode.STEP)])
+    err = np.abs(calls_only.seconds / truth[: len(calls_only)] - 1)
+    assert np.median(err) > 0.01  # what the markers are for
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_markers_online_equals_offline_in_one_epoch(seed: int) -> None:
+    rec, truth = make_records(600, seed=seed, markers=(77,))
+    tracker = IterationTracker()
+    np.testing.assert_allclose(feed_in_random_chunks(tracker, rec, seed), truth[1:], rtol=1e-6)
+    assert tracker.marked and tracker.period_calls == len(CALLS)
+    assert tracker.epoch == 0, "finding the period later changes nothing that was measured"
+
+
+def test_markers_keep_measuring_across_a_topology_change_in_a_new_epoch() -> None:
+    rec, truth = make_records(1200, topology_change_at=600, markers=(77,))
+    tracker = IterationTracker(window=2048)
+    online = np.concatenate([tracker.feed(rec[i : i + 97]) for i in range(0, rec.size, 97)])
+    np.testing.assert_allclose(online, truth[1:], rtol=1e-6)  # nothing lost
+    assert tracker.epoch == 1 and tracker.period_calls == len(CALLS)
+
+
+def test_markers_measure_a_step_without_a_once_per_step_call() -> None:
+    """Identical layers and no light call: the ACF finds no anchor, the markers still give
+    every iteration and the calls between them give the period."""
+    layers = [(OpCode.ALLGATHER, 1, 1 << 20, 0.01 + 0.02 * k) for k in range(8)]
+    layers += [(OpCode.REDUCE_SCATTER, 1, 1 << 22, 0.17 + 0.01 * k) for k in range(8)]
+    plain, _ = make_records(300, calls=layers)
+    assert len(iteration_times(plain[plain["op"] != int(OpCode.BROADCAST)])) == 0
+    rec, truth = make_records(300, calls=layers, markers=(5,))
+    result = iteration_times(rec)
+    np.testing.assert_allclose(result.seconds, truth[1:], rtol=1e-6)
+    # the extras of steps 9, 19, ... (a logging all-reduce) are not the period
+    assert result.period_calls == len(layers)
+
+
+def test_chained_optimizers_are_measured_on_one_key() -> None:
+    rec, truth = make_records(300, markers=(5, 6))
+    np.testing.assert_allclose(iteration_times(rec).seconds, truth[1:], rtol=1e-6)
+
+
+def test_a_rebuilt_optimizer_over_other_parameters_is_followed_in_a_new_epoch() -> None:
+    first, truth_a = make_records(200, markers=(5,))
+    second, truth_b = make_records(200, seed=1, markers=(6,))
+    second["t_start_ns"] += int(first["t_start_ns"].max()) + 10**9
+    second["t_end_ns"] += int(first["t_start_ns"].max()) + 10**9
+    tracker = IterationTracker()
+    got = np.concatenate([tracker.feed(first), tracker.feed(second), tracker.flush()])
+    assert tracker.epoch == 1
+    np.testing.assert_allclose(got[: truth_a.size - 1], truth_a[1:], rtol=1e-6)
+    # key 6 is followed from its third marker on
+    np.testing.assert_allclose(got[truth_a.size - 1 :], truth_b[3:], rtol=1e-6)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from failslow.core.events import (
+    MARKER_OPS,
     RECORD_DTYPE,
     CommEvent,
     Flags,
@@ -37,7 +38,7 @@ from failslow.core.topology import host_name
 P2P = "p2p"
 _P2P_OPS = (int(OpCode.SEND), int(OpCode.RECV))
 _NEEDED = ("t_start_ns", "t_end_ns", "nbytes", "group_key", "call_index", "op", "flags", "peer")
-_SKIPPED_OPS = (int(OpCode.UNKNOWN), int(OpCode.GROUP_START), int(OpCode.GROUP_END))
+_SKIPPED_OPS = (int(OpCode.UNKNOWN), int(OpCode.GROUP_START), int(OpCode.GROUP_END), *MARKER_OPS)
 
 
 def op_label(op: int) -> str:

@@ -2,7 +2,8 @@
 
 One analyzer watches the rings of the ranks on one node. For each rank it keeps an online
 :class:`IterationTracker` (ACF period over the call sequence) and a :class:`FailSlowDetector`
-(BOCD + verification). ``poll()`` reads whatever the capture layer committed since the last
+(BOCD + verification); the rings of one process (the C shim's and, beside it, the Python
+hook's) are read as one stream. ``poll()`` reads whatever the capture layer committed since the last
 call and returns the new iteration times and change events per rank. Its cost per call is
 proportional to the new records of the node's own ranks only - never to the world size.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from failslow.core.localize.summaries import GroupSummarizer, GroupSummary
-from failslow.core.ring import RingFormatError, RingReader, find_rings
+from failslow.core.ring import RingFormatError, RingReader, find_rings, ring_process
 from failslow.core.tracking import ChangeEvent, FailSlowDetector, IterationTracker
 from failslow.core.tracking.reorder import ReorderBuffer
 
@@ -27,6 +28,7 @@ from failslow.core.tracking.reorder import ReorderBuffer
 class RankState:
     rank: int
     reader: RingReader
+    """The ring of the rank's process (the first one found)."""
     tracker: IterationTracker
     detector: FailSlowDetector
     reorder: ReorderBuffer = field(default_factory=ReorderBuffer)
@@ -34,6 +36,19 @@ class RankState:
     iteration_times: list[float] = field(default_factory=list)  # empty unless keep_history
     events: list[ChangeEvent] = field(default_factory=list)
     summarizer: GroupSummarizer | None = None  # recent records for per-group summaries
+    more: list[RingReader] = field(default_factory=list)
+    """Other rings of the same process: under the C shim, the Python hook writes its calls
+    and step markers beside the shim's ring (:func:`failslow.core.ring.ring_path`)."""
+
+    @property
+    def readers(self) -> list[RingReader]:
+        return [self.reader, *self.more]
+
+    def read(self) -> np.ndarray:
+        """What the process's rings committed since the last read."""
+        if not self.more:
+            return self.reader.poll()
+        return np.concatenate([r.poll() for r in self.readers])
 
 
 @dataclass
@@ -96,8 +111,12 @@ class LocalAnalyzer:
                 continue
             self._seen.add(path)
             old = self.ranks.get(reader.global_rank)
-            if old is not None:
-                old.reader.close()
+            if old is not None and ring_process(old.reader.path) == ring_process(path):
+                old.more.append(reader)  # the same process's other ring
+                continue
+            if old is not None:  # a restarted rank
+                for stale in old.readers:
+                    stale.close()
             self.ranks[reader.global_rank] = RankState(
                 rank=reader.global_rank,
                 reader=reader,
@@ -112,7 +131,7 @@ class LocalAnalyzer:
         self.records_seen = 0
         for rank in sorted(self.ranks):
             state = self.ranks[rank]
-            fresh = state.reader.poll()
+            fresh = state.read()
             self.records_seen += len(fresh)
             records = state.reorder.push(fresh)
             if not len(records):
@@ -157,9 +176,11 @@ class LocalAnalyzer:
     def dropped(self) -> int:
         """Records lost: lapped by the writer, abandoned by it, or arriving too late to order."""
         return sum(
-            s.reader.dropped + s.reader.writer_dropped + s.reorder.late for s in self.ranks.values()
+            sum(r.dropped + r.writer_dropped for r in s.readers) + s.reorder.late
+            for s in self.ranks.values()
         )
 
     def close(self) -> None:
         for state in self.ranks.values():
-            state.reader.close()
+            for reader in state.readers:
+                reader.close()

@@ -8,6 +8,14 @@ an iteration time is the gap between consecutive ``t_start_ns`` of the anchor. O
 calls (logging every N steps, eval bursts) therefore never shift the count, and an iteration
 that contains an eval burst simply measures longer, as it really was.
 
+The anchor's place in the step moves (DDP's first bucket all-reduce is issued mid-backward), so
+where the Python hook marked the end of each optimizer step (:mod:`failslow.nccl_hook.
+step_marker`, records of :data:`~failslow.core.events.MARKER_OPS`), the iteration is the gap
+between consecutive markers instead: the step as frameworks time it, and found without any
+period (a stack of identical layers has no call that occurs once per step). The ACF still runs
+on the calls (the period, and a new epoch when the pattern changes); ``period_calls`` is the
+ACF period, or before one is found the calls between markers.
+
 :class:`IterationTracker` is the online form, used by the node's LocalAnalyzer: it keeps a
 bounded window of tokens, detects the pattern once enough calls have arrived, re-checks it every
 ``recheck`` calls, and re-detects it from scratch when the anchor stops occurring (for example
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from failslow.core.events import MARKER_OPS
 from failslow.core.tracking.acf import DEFAULT_THRESHOLD, Pattern, dominant_pattern
 
 _KEY_FIELDS = ("op", "group_key", "nbytes")
@@ -107,10 +116,26 @@ class IterationTracker:
         self.epoch = 0  # +1 whenever the pattern is found anew or its period changes
         self._last_anchor_idx = -1
         self._last_anchor_t = 0
+        self._found = False  # the ACF found a pattern once
+        self._marker_key: int | None = None  # the step markers measured (module docstring)
+        self._marker_t = 0  # t_start_ns of the last of them
+        self._marker_calls = 0  # calls fed up to the last of them
+        self._other: tuple[int, int] = (0, 0)  # (key, run) of markers of another key in a row
+        self._calls = 0  # calls fed so far
+        self._per_step: list[int] = []  # calls between the last few pairs of markers
 
     @property
     def period_calls(self) -> int | None:
-        return None if self._pattern is None else self._pattern.period
+        if self._pattern is not None:
+            return self._pattern.period
+        if self._per_step:  # no ACF pattern (yet): the calls between step markers
+            return sorted(self._per_step)[len(self._per_step) // 2]
+        return None
+
+    @property
+    def marked(self) -> bool:
+        """Whether iterations are measured between step markers (else between anchor calls)."""
+        return self._marker_key is not None
 
     def feed(self, records: np.ndarray) -> np.ndarray:
         """Take new records of this rank; return the iteration times (s) completed by them."""
@@ -129,13 +154,60 @@ class IterationTracker:
     def _flush(self) -> tuple[np.ndarray, np.ndarray]:
         if self._pattern is not None or self._total - self._search_from < 4:
             return np.empty(0, dtype=np.int64), np.empty(0)
-        return self._attempt()
+        found = self._attempt()
+        if self._marker_key is not None:  # the period only: markers measure the iterations
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        return found
 
     def _feed(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         recs = _check_records(records)
         if recs.size == 0:
             return np.empty(0, dtype=np.int64), np.empty(0)
         recs = recs[np.argsort(recs["t_start_ns"], kind="stable")]
+        marks = np.isin(recs["op"], MARKER_OPS)
+        if not marks.any() and self._marker_key is None:
+            return self._feed_calls(recs)
+        if self._marker_key is None:
+            self._adopt(int(recs["group_key"][marks][0]))
+        self._feed_calls(recs[~marks])  # the period, and a new epoch on a new pattern
+        return self._feed_markers(recs, marks)
+
+    def _feed_markers(self, recs: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Iterations between consecutive markers of one key. The first key seen is measured;
+        when three markers of one other key come in a row (the optimizer was rebuilt over
+        other parameters), that key is measured from then on, in a new epoch."""
+        calls_at = self._calls + np.cumsum(~marks)[marks]
+        self._calls += int(np.count_nonzero(~marks))
+        ends: list[int] = []
+        secs: list[float] = []
+        for key, t, calls in zip(
+            recs["group_key"][marks].tolist(), recs["t_start_ns"][marks].tolist(),
+            calls_at.tolist(), strict=True,
+        ):
+            if key != self._marker_key:
+                run = self._other[1] + 1 if self._other[0] == key else 1
+                self._other = (key, run)
+                if run < 3:
+                    continue
+                self._adopt(key)
+            self._other = (0, 0)
+            if self._marker_t and t > self._marker_t:
+                ends.append(t)
+                secs.append((t - self._marker_t) / 1e9)
+                self._per_step = [*self._per_step[-7:], calls - self._marker_calls]
+            self._marker_t = max(self._marker_t, t)
+            self._marker_calls = calls
+        return np.asarray(ends, dtype=np.int64), np.asarray(secs, dtype=np.float64)
+
+    def _adopt(self, key: int) -> None:
+        """Measure between the markers of ``key`` from its next marker on."""
+        if self._found or self._marker_key is not None:
+            self.epoch += 1  # times measured another way from here on
+        self._marker_key, self._marker_t, self._per_step = key, 0, []
+
+    def _feed_calls(self, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if recs.size == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0)
         times = recs["t_start_ns"].astype(np.int64)
         nbytes = recs["nbytes"].astype(np.int64)
         tokens = self._coder.encode(recs)
@@ -225,7 +297,9 @@ class IterationTracker:
             self._next_attempt = self._total + min(self.retry, max(self.min_tokens, span))
             return np.empty(0, dtype=np.int64), np.empty(0)
         self._pattern = pattern
-        self.epoch += 1
+        if self._found or self._marker_key is None:  # markers: the first pattern changes none
+            self.epoch += 1
+        self._found = True
         # A pattern found on little data is confirmed on doubling amounts of it: a call that
         # closes each iteration (a pipeline's gradient all-reduce) may not have recurred yet.
         self._recheck_gap = self.min_tokens
@@ -247,7 +321,7 @@ class IterationTracker:
         if pattern.period == self._pattern.period and self._pattern.anchor in pattern.kept:
             # Same pattern: keep measuring from the same anchor (switching loses an iteration).
             pattern = dataclasses.replace(pattern, anchor=self._pattern.anchor)
-        else:
+        elif self._marker_key is None:  # between markers, the times stay what they were
             self.epoch += 1
         if pattern.anchor != self._pattern.anchor:
             pos = np.flatnonzero(tok == pattern.anchor)

@@ -59,7 +59,8 @@ _Static_assert(offsetof(fls_record, peer) == 56, "peer at 56");
   X(UNKNOWN, 0) X(ALLREDUCE, 1) X(ALLGATHER, 2) X(REDUCE_SCATTER, 3) X(BROADCAST, 4)   \
   X(REDUCE, 5) X(ALLTOALL, 6) X(GATHER, 7) X(SCATTER, 8) X(SEND, 9) X(RECV, 10)        \
   X(BARRIER, 11) X(ALLREDUCE_COALESCED, 12) X(ALLGATHER_COALESCED, 13)                 \
-  X(REDUCE_SCATTER_COALESCED, 14) X(GROUP_START, 15) X(GROUP_END, 16)
+  X(REDUCE_SCATTER_COALESCED, 14) X(GROUP_START, 15) X(GROUP_END, 16)                 \
+  X(STEP, 17) /* not a call: the Python hook's step marker */
 #define FLS_DTYPES(X)                                                                  \
   X(UNKNOWN, 0) X(FLOAT32, 1) X(FLOAT16, 2) X(BFLOAT16, 3) X(FLOAT64, 4) X(INT8, 5)    \
   X(UINT8, 6) X(INT32, 7) X(INT64, 8) X(FP8_E4M3, 9) X(FP8_E5M2, 10) X(BOOL, 11)
