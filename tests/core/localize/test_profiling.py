@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from failslow.core.control.controller import link_groups
 from failslow.core.events import CommEvent, GroupInfo, OpCode, group_key
 from failslow.core.localize.profiling import (
     GroupSummary,
@@ -16,6 +17,7 @@ from failslow.core.localize.profiling import (
     late_ranks,
     summarize,
 )
+from failslow.core.localize.validation.schedules import communicator_passes
 
 MS = 1_000_000
 
@@ -33,6 +35,7 @@ def simulate(
     jitter: float = 0.0,
     ranks_per_host: int = 4,
     seed: int = 0,
+    dp_order: int = 1,  # -1: each DP group is created over its ranks in descending order
 ) -> list[GroupSummary]:
     """One iteration: every pipeline runs its stages forward (stage s receives from s-1,
     computes, sends to s+1), then every rank computes a backward chunk and all-reduces with
@@ -52,7 +55,7 @@ def simulate(
     groups: dict[int, GroupInfo] = {}
     dp_key, pair_key = {}, {}
     for s in range(pp):
-        ranks = tuple(d * pp + s for d in range(dp))
+        ranks = tuple(d * pp + s for d in range(dp))[::dp_order]
         dp_key[s] = group_key(f"dp{s}", ranks)
         groups[dp_key[s]] = GroupInfo(dp_key[s], ranks, role="dp")
     for d in range(dp):
@@ -142,6 +145,22 @@ def test_slow_dp_group_is_degraded_communication() -> None:
     assert s.evidence["cluster"]["groups"] == 4
     assert late_ranks(profiles) == []
     json.dumps([x.to_dict() for x in suspects])
+
+
+def test_validation_tests_the_links_a_degraded_group_uses_in_its_order() -> None:
+    """A DP group created over its ranks in descending order is profiled in that order, and
+    the validation round tests its ring and tree hops in that order, not over sorted ranks."""
+    profiles = group_profiles(simulate(dp=4, pp=2, slow_dp_stage={1: 2.0}, dp_order=-1))
+    (s,) = degraded_groups(profiles)
+    assert s.ranks == (7, 5, 3, 1)
+    groups = link_groups([s, *late_ranks(profiles)], world_size=8)
+    assert groups == [(7, 5, 3, 1)]
+    tested = {link for one in communicator_passes(groups) for link in one}
+    ring = {(7, 5), (5, 3), (3, 1), (1, 7)}
+    tree = {(5, 3), (3, 7), (1, 3)}  # NCCL's tree 0 (1->2, 2->0, 3->2) over the group order
+    assert tested == ring | tree
+    assert not tested & {(3, 5), (5, 7), (7, 1)}  # hops of the sorted ring it never uses
+    assert link_groups([], world_size=3) == [(0, 1, 2)]
 
 
 def test_slow_compute_rank_is_late_not_degraded() -> None:

@@ -15,8 +15,10 @@ on the pause group, validation results):
   the same collective of the pause group, at an index none has reached (their published
   positions + a margin for the round trip), moved to the first call of an iteration when every
   rank reports the same phase (:mod:`.phase`). Then run GEMM on every rank
-  (the peers' median needs them) and the O(1) ring/tree link passes over the suspect groups
-  (the world when a suspect is compute-only), always release.
+  (the peers' median needs them) and the O(1) ring/tree link passes of every degraded
+  communicator, over its ranks in its own group order - the links it uses, not a ring over
+  sorted suspects (:func:`link_groups`; the world when no suspect is a communicator), always
+  release.
 - DIAGNOSED: write the diagnosis to the store, to ``<log_dir>/diagnosis-<n>.json`` and hand it
   to ``on_diagnosis`` (the plugin observation hook's call site), then back to TRACKING.
 
@@ -234,17 +236,10 @@ class Controller:
                 target = align(target, (int(phase[0]), int(phase[1])))
         return {"group_key": group_keys.pop(), "call_index": target}
 
-    def _link_ranks(self) -> list[int]:
-        comm = [s for s in self._suspects if s.kind == "communication"]
-        ranks = sorted({r for s in comm for r in s.ranks})
-        return ranks if len(ranks) >= 2 else list(range(self.world_size))
-
     def _validate(self) -> None:
-        from failslow.core.localize.validation.schedules import map_passes, ring_passes, tree_passes
+        from failslow.core.localize.validation.schedules import communicator_passes
 
-        ranks = self._link_ranks()
-        n = len(ranks)
-        passes = map_passes(ring_passes(n), ranks) + map_passes(tree_passes(n), ranks)
+        passes = communicator_passes(link_groups(self._suspects, self.world_size))
         tasks = [
             self.validation.gemm_task(),
             {
@@ -320,3 +315,14 @@ class Controller:
                 except Exception:
                     log.warning("failslow: on_diagnosis observer failed", exc_info=True)
         self._enter(State.TRACKING)
+
+
+def link_groups(suspects: list[Any], world_size: int) -> list[tuple[int, ...]]:
+    """The communicators whose links a validation round tests: every degraded one, its ranks in
+    its group order (:class:`~failslow.core.localize.profiling.Suspect` keeps the order of the
+    membership records); the world's ring and tree when none is (compute suspects only, or no
+    suspect at all)."""
+    groups = [
+        tuple(s.ranks) for s in suspects if s.kind == "communication" and len(s.ranks) >= 2
+    ]
+    return groups or [tuple(range(world_size))]

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from failslow.core.localize.validation.schedules import (
     check_passes,
+    communicator_passes,
     links_of_ring,
     links_of_tree,
     map_passes,
@@ -174,3 +175,47 @@ def test_bad_inputs_name_the_input() -> None:
         map_passes([[(0, 2)]], [5, 6])
     with pytest.raises(FailslowError, match="twice"):
         map_passes([[(0, 1)]], [5, 5])
+
+
+# -- the links of degraded communicators ----------------------------------------------------------
+
+
+def test_a_communicator_is_tested_in_its_group_order_not_sorted() -> None:
+    """A group created as [0, 2, 1, 3] rings 0->2->1->3->0: those hops are tested, and 0->1
+    (a hop of the sorted ring that this communicator never uses) is not."""
+    passes = communicator_passes([(0, 2, 1, 3)])
+    tested = {link for one in passes for link in one}
+    ring = {(0, 2), (2, 1), (1, 3), (3, 0)}
+    # NCCL's tree 0 over positions 0..3 (parents 1->2, 2->0, 3->2) in group order
+    tree = {(2, 1), (1, 0), (3, 1)}
+    assert tested == ring | tree
+    assert (0, 1) not in tested
+    assert rank_once_per_pass(passes)
+
+
+@given(st.data())
+def test_communicator_passes_cover_each_group_once_with_one_transfer_per_rank(
+    data: st.DataObject,
+) -> None:
+    world = data.draw(st.integers(min_value=2, max_value=48))
+    groups = [
+        data.draw(st.permutations(range(world)))[: data.draw(st.integers(2, world))]
+        for _ in range(data.draw(st.integers(1, 4)))
+    ]
+    passes = communicator_passes(groups)
+    wanted = {}
+    for g in groups:
+        n = len(g)
+        for a, b in links_of_ring(n) + links_of_tree(n):
+            wanted.setdefault((g[a], g[b]), None)
+    check_passes(passes, list(wanted))  # every link once, no rank twice in a pass
+    single = max(len(ring_passes(len(g)) + tree_passes(len(g))) for g in groups)
+    assert len(passes) <= single * len(groups)
+
+
+def test_communicators_on_disjoint_ranks_share_passes() -> None:
+    """The DP groups of four pipeline stages (disjoint ranks) take no more passes than one."""
+    stages = [tuple(range(s, 32, 4)) for s in range(4)]
+    one = len(communicator_passes(stages[:1]))
+    assert len(communicator_passes(stages)) == one
+    assert communicator_passes([(5,)]) == []

@@ -27,7 +27,8 @@ pass every sender is at a level of one parity and every receiver (its parent) at
 parent has at most one left and one right child, so no rank is in two transfers of one pass.
 
 Passes are in *positions* ``0..n-1`` of the group; :func:`map_passes` turns them into the group's
-global ranks. Empty passes (a tree too shallow to have odd-level left children, ...) are left out,
+global ranks, in the group's own order; :func:`communicator_passes` combines the schedules of
+the degraded communicators a validation round tests. Empty passes (a tree too shallow to have odd-level left children, ...) are left out,
 so a tree schedule has at most 4 passes. Every function here is pure and torch-free.
 """
 
@@ -202,3 +203,41 @@ def map_passes(passes: Sequence[Iterable[Link]], ranks: Sequence[int]) -> list[P
             mapped.append((ranks[src], ranks[dst]))
         out.append(mapped)
     return out
+
+
+# -- the links of degraded communicators ----------------------------------------------------------
+
+
+def communicator_passes(groups: Iterable[Sequence[int]]) -> list[Pass]:
+    """Passes that test the links each communicator uses: its ring and NCCL's tree 0, both in
+    the order of the group's ranks (its membership record: the order it was created with,
+    which NCCL's ring and tree channels follow over the group's ranks - a ring over the sorted
+    ranks of a group created as ``[0, 2, 1, 3]`` would test ``0->1``, which it never uses).
+
+    Each group's passes keep the one-transfer-per-rank property; a pass joins the first
+    combined pass that shares no rank with it, so communicators on disjoint ranks (the degraded
+    DP groups of several pipeline stages) are tested at once and the count stays O(1) per
+    overlapping group. A link two groups share is tested once."""
+    combined: list[Pass] = []
+    busy: list[set[int]] = []
+    seen: set[Link] = set()
+    for group in groups:
+        ranks = list(group)
+        if len(ranks) < 2:
+            continue
+        n = len(ranks)
+        for one_pass in map_passes(ring_passes(n) + tree_passes(n), ranks):
+            fresh = [link for link in one_pass if link not in seen]
+            if not fresh:
+                continue
+            seen.update(fresh)
+            ends = {r for link in fresh for r in link}
+            for index, taken in enumerate(busy):
+                if not taken & ends:
+                    combined[index].extend(fresh)
+                    taken |= ends
+                    break
+            else:
+                combined.append(fresh)
+                busy.append(ends)
+    return combined
