@@ -28,8 +28,9 @@ parent has at most one left and one right child, so no rank is in two transfers 
 
 Passes are in *positions* ``0..n-1`` of the group; :func:`map_passes` turns them into the group's
 global ranks, in the group's own order; :func:`communicator_passes` combines the schedules of
-the degraded communicators a validation round tests. Empty passes (a tree too shallow to have odd-level left children, ...) are left out,
-so a tree schedule has at most 4 passes. Every function here is pure and torch-free.
+the degraded communicators a validation round tests. Empty passes (a tree too shallow to have
+odd-level left children, ...) are left out, so a tree schedule has at most 4 passes. Every
+function here is pure and torch-free.
 """
 
 from __future__ import annotations
