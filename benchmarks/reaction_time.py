@@ -6,9 +6,11 @@ Usage::
 
 Each run is the end-to-end test ``tests/core/control/test_controller_e2e.py`` (a real 4-rank
 gloo job with the Python hook and an agent per rank; LocalAnalyzer -> NodePublisher ->
-Controller; rank 2 duty-cycled 60% from iteration 120), run by pytest with its own
-``--basetemp`` so its ``reaction.json`` can be collected. Prints per run: detection (the first
-published onset's report iteration - onset), iterations from onset to diagnosis, seconds from
+Controller; rank 2 duty-cycled 75% from iteration 120), run by pytest with its own
+``--basetemp`` so its ``reaction.json`` can be collected. Prints per run, in the straggler's
+iterations (as the node's analyzer counts them): onset -> the controller's profiling (detection,
+publication, one controller tick), profiling -> diagnosis (the pause margin; no iteration runs
+while paused), onset -> diagnosis, seconds from
 the controller's first reaction to the diagnosis, the pause, and the diagnosis.
 greyhound reports 10.56 s at 256 GPUs (BOCD 3.7 s + profiling and validation 6.86 s).
 """
@@ -61,7 +63,8 @@ def main() -> int:
     table = Table(title="failslow localization: onset -> diagnosis (4-rank gloo, CPU)")
     for col in (
         "run",
-        "detected after (it)",
+        "onset -> profiling (it)",
+        "profiling -> diagnosis (it)",
         "onset -> diagnosis (it)",
         "reaction (s)",
         "paused (s)",
@@ -73,17 +76,22 @@ def main() -> int:
         for i in range(args.runs):
             r = one_run(Path(tmp) / f"run{i}")
             if "error" in r:
-                table.add_row(str(i), "-", "-", "-", "-", "FAILED: " + r["error"][-80:])
+                table.add_row(str(i), "-", "-", "-", "-", "-", "FAILED: " + r["error"][-80:])
                 continue
             d = r["diagnosis"]
-            onset = r["first_onset"]
-            detected = onset["reported_at"] - r["onset_iteration"] if onset else None
+            # the straggler's iteration count when the controller started profiling (the
+            # first published onset was read): detection, publication and one controller tick
+            at = dict((state, n) for state, n in reversed(r.get("timeline", [])))
+            profiling = at.get("profiling")
+            detected = profiling - r["onset_iteration"] if profiling is not None else None
+            rest = r["diagnosis_iteration"] - profiling if profiling is not None else None
             iters.append(r["iterations"])
             secs.append(r["seconds"])
             paused = d["evidence"].get("paused_s", 0.0)
             table.add_row(
                 str(i),
                 str(detected),
+                str(rest),
                 str(r["iterations"]),
                 f"{r['seconds']:.2f}",
                 f"{paused:.2f}",
@@ -93,6 +101,7 @@ def main() -> int:
     if iters:
         table.add_row(
             "median",
+            "",
             "",
             f"{statistics.median(iters):.0f}",
             f"{statistics.median(secs):.2f}",

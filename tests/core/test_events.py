@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -223,3 +224,58 @@ def test_group_members_merge_into_group_info_only_when_complete(tmp_path):
         members, key=lambda m: m.comm_rank
     )
     assert list(read_groups(ring)) == [9]  # member lines are not GroupInfo lines
+
+
+def test_settled_word_follows_the_oldest_call_in_flight(tmp_path) -> None:
+    writer = RingWriter(tmp_path / "r.ring", capacity=64)
+    reader = RingReader(writer.path)
+    writer.write(t_start_ns=5, t_end_ns=6, nbytes=0, group_key=1, op=1)
+    assert reader.settled_ns == 0, "a writer that never began a call does not say"
+    first, t1 = writer.begin()
+    second, t2 = writer.begin()
+    assert t1 <= t2 and reader.settled_ns == t1
+    writer.write(t_start_ns=t2, t_end_ns=t2 + 1, nbytes=0, group_key=1, op=1, token=second)
+    assert reader.settled_ns == t1, "the older call is still in flight"
+    writer.write(t_start_ns=t1, t_end_ns=t2 + 2, nbytes=0, group_key=1, op=1, token=first)
+    assert reader.settled_ns >= t2
+    third, t3 = writer.begin()
+    writer.end(third)  # given up (the call raised before any record): settled past it
+    assert reader.settled_ns >= t3
+    marker = reader.settled_ns
+    writer.write(t_start_ns=t3 + 5, t_end_ns=t3 + 5, nbytes=0, group_key=2, op=17)
+    assert reader.settled_ns >= marker, "a record written at once settles to now"
+
+
+def test_settled_word_never_passes_a_call_of_another_thread(tmp_path) -> None:
+    """Four threads begin and write calls while a reader reads the word, then the records: every
+    call that started before the word is among the records read by then."""
+    writer = RingWriter(tmp_path / "r.ring", capacity=1 << 15)
+    reader = RingReader(writer.path)
+    go = threading.Barrier(5)
+
+    def work(tid: int) -> None:
+        go.wait()
+        for i in range(300):
+            token, t = writer.begin()
+            if i % 3:
+                time.sleep(0.0001)  # in flight for a while: other threads write meanwhile
+            writer.write(t_start_ns=t, t_end_ns=t + 1, nbytes=tid, group_key=i, op=1, token=token)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    go.wait()
+    seen: list[int] = []
+    checks: list[tuple[int, int]] = []  # (settled word, records read by then)
+    while any(t.is_alive() for t in threads):
+        settled = reader.settled_ns
+        seen.extend(reader.poll()["t_start_ns"].tolist())
+        checks.append((settled, len(seen)))
+    for t in threads:
+        t.join()
+    seen.extend(reader.poll()["t_start_ns"].tolist())
+    assert len(seen) == 1200 and len(checks) > 10
+    # the oldest start among the records read after each check
+    later = np.minimum.accumulate(np.array([*seen, np.iinfo(np.int64).max])[::-1])[::-1]
+    late = [(settled, int(later[count])) for settled, count in checks if later[count] < settled]
+    assert not late, late[:3]

@@ -24,7 +24,9 @@ Ring file layout (little-endian, one file per process, normally under ``/dev/shm
     88      8     self_releases u64   parks that ended by the trap's timeout, not by a resume
     96      8     pause_group u64     0: park at the next call; else park only at this group's
     104     8     pause_call u64      call with call_index >= pause_call (a targeted pause)
-    112     144   reserved            zero
+    112     8     settled_ns i64      every call that started before this CLOCK_MONOTONIC time
+                                      is committed; 0 = the writer does not keep it (the C shim)
+    120     136   reserved            zero
     256     capacity * 64             record slots; slot of index i is i % capacity
 
 Protocol: a writer reserves index ``i`` with an atomic fetch-and-add on ``write_index``,
@@ -80,6 +82,7 @@ HEADER_LAYOUT: tuple[tuple[str, str, int], ...] = (
     ("self_releases", "<u8", 88),
     ("pause_group", "<u8", 96),
     ("pause_call", "<u8", 104),
+    ("settled_ns", "<i8", 112),
 )
 """(field, numpy type, byte offset) of every header field; the rest up to 256 is reserved."""
 
@@ -92,6 +95,8 @@ _U64 = struct.Struct("<Q")
 _OFF_WRITE_INDEX = dict((n, o) for n, _, o in HEADER_LAYOUT)["write_index"]
 _OFF_DROPPED = dict((n, o) for n, _, o in HEADER_LAYOUT)["dropped"]
 _OFF_CONTROL = dict((n, o) for n, _, o in HEADER_LAYOUT)["control"]
+_OFF_SETTLED = dict((n, o) for n, _, o in HEADER_LAYOUT)["settled_ns"]
+_I64 = struct.Struct("<q")
 HEADER_WORDS: dict[str, int] = {n: o // 8 for n, t, o in HEADER_LAYOUT if t[-2:] in ("u8", "i8")}
 """Index of every 8-byte header field in the header read as little-endian u64 words."""
 
@@ -164,6 +169,8 @@ class RingWriter:
         os.replace(tmp, self.path)
         self._lock = threading.Lock()
         self._next = 0
+        self._inflight: dict[int, int] = {}  # token -> t_start_ns of a call not yet written
+        self._token = 0
 
     def write(
         self,
@@ -178,8 +185,12 @@ class RingWriter:
         flags: int = 0,
         peer: int = -1,
         call_index: int = 0,
+        token: int | None = None,
     ) -> int:
-        """Append one record; returns its ring index."""
+        """Append one record; returns its ring index. ``token``: the call's :meth:`begin`
+        (settled past once the record is in); without one, a record written at once (a
+        marker) still moves ``settled_ns`` to now when no call is in flight - once a writer
+        began any call (writers that never do leave it 0: unknown)."""
         body = _BODY.pack(
             t_start_ns, t_end_ns, nbytes, group_key, call_index, op, dtype, source, flags, peer
         )
@@ -191,7 +202,36 @@ class RingWriter:
             _U64.pack_into(self._mm, off, 0)
             self._mm[off + 8 : off + RECORD_SIZE] = body
             _U64.pack_into(self._mm, off, index + 1)
+            if token is not None:
+                self._inflight.pop(token, None)
+            if self._token:  # this writer keeps settled_ns
+                self._settle()
         return index
+
+    def begin(self) -> tuple[int, int]:
+        """``(token, t_start_ns)`` of a call issued now whose record comes later (at its
+        completion): until :meth:`end` the header's ``settled_ns`` stays at or before its
+        start, so a reader knows which records can still arrive out of order. The start is
+        stamped under the writer's lock, so no call of another thread can settle past it
+        before it is registered."""
+        with self._lock:
+            t = time.monotonic_ns()
+            token = self._token = self._token + 1
+            self._inflight[token] = t
+            if len(self._inflight) == 1:
+                _I64.pack_into(self._mm, _OFF_SETTLED, t)
+            return token, t
+
+    def end(self, token: int) -> None:
+        """The call of ``token`` was written (or given up): settle past it."""
+        with self._lock:
+            self._inflight.pop(token, None)
+            self._settle()
+
+    def _settle(self) -> None:
+        """``settled_ns`` := the oldest start still in flight, or now (lock held)."""
+        oldest = next(iter(self._inflight.values()), None)  # tokens are issued in time order
+        _I64.pack_into(self._mm, _OFF_SETTLED, time.monotonic_ns() if oldest is None else oldest)
 
     def write_event(self, event: CommEvent) -> int:
         return self.write(
@@ -297,6 +337,13 @@ class RingReader:
     @property
     def global_rank(self) -> int:
         return int(self.header["global_rank"])
+
+    @property
+    def settled_ns(self) -> int:
+        """Every call that started before this time is committed (0: the writer does not
+        say). Read it *before* :meth:`poll`: the records that poll returns then include every
+        one it covers."""
+        return int(_I64.unpack_from(self._mm, _OFF_SETTLED)[0])
 
     @property
     def pid(self) -> int:

@@ -275,14 +275,21 @@ class Capture:
             try:
                 if self.trap is not None:  # the pause trap (trap.py)
                     self._check_trap(spec, args, ProcessGroup)
-                t_start = time.monotonic_ns()
+                writer = self.writer  # it keeps the call in flight until its record is in
+                token: int | None = None
+                if writer is not None:
+                    token, t_start = writer.begin()
+                else:
+                    t_start = time.monotonic_ns()
                 try:
                     with below():
                         out = overload(*args, **kwargs)
                 except BaseException:
-                    self._safely(self._record, spec, args, None, t_start, ProcessGroup, Work)
+                    self._safely(
+                        self._record, spec, args, None, t_start, ProcessGroup, Work, token
+                    )
                     raise
-                self._safely(self._record, spec, args, out, t_start, ProcessGroup, Work)
+                self._safely(self._record, spec, args, out, t_start, ProcessGroup, Work, token)
                 return out
             finally:
                 tls.busy = False
@@ -312,6 +319,8 @@ class Capture:
             log.debug("failslow: pause trap failed", exc_info=True)
 
     def _safely(self, fn: Any, *args: Any) -> None:
+        """``fn(*args)`` (the last argument the call's writer token); a failure drops the
+        record and settles past the call."""
         try:
             fn(*args)
         except Exception:
@@ -319,6 +328,8 @@ class Capture:
             writer = self.writer
             if writer is not None:
                 writer.count_dropped()
+                if args[-1] is not None:
+                    writer.end(args[-1])
 
     def _record(
         self,
@@ -328,12 +339,15 @@ class Capture:
         t_start: int,
         pg_cls: Any,
         work_cls: Any,
+        token: int | None,
     ) -> None:
         writer = self.ensure_ring()
         if writer is None:
             return
         entry = self._entry_for(pg_cls.unbox(args[spec.pg_arg]))
         if self.defer_nccl and "nccl" in entry.backend.lower():
+            if token is not None:
+                writer.end(token)
             return  # the shim records this call below, with NCCL's own timing
         payload = args[spec.input_arg]
         flags = Flags.COALESCED if spec.coalesced else Flags.NONE
@@ -342,7 +356,7 @@ class Capture:
         peer = -1
         if spec.peer_arg is not None:
             peer = entry.global_rank(int(args[spec.peer_arg]))
-        fields = dict(
+        fields: dict[str, Any] = dict(
             t_start_ns=t_start,
             nbytes=spec.nbytes(payload),
             group_key=entry.key,
@@ -351,6 +365,7 @@ class Capture:
             source=int(Source.PYTHON),
             peer=peer,
             call_index=next(entry.calls),
+            token=token,
         )
         if entry.name == self._world_name:  # the pause group's recent calls (control/phase.py)
             self.pause_calls.append(
@@ -396,6 +411,9 @@ class Capture:
             self._finish(fields, flags, work, entry, t_end)
         except Exception:  # never raise into a backend thread
             log.debug("failslow: completion record failed", exc_info=True)
+            writer = self.writer
+            if writer is not None and fields.get("token") is not None:
+                writer.end(fields["token"])
 
     def _finish(
         self, fields: dict[str, Any], flags: Flags, work: Any, entry: GroupEntry, t_end: int

@@ -32,6 +32,7 @@ Tasks: ``{"kind": "gemm", ...}`` (:func:`failslow.core.localize.validation.gemm.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -78,6 +79,14 @@ def run_task(task: Mapping[str, Any]) -> Any:
     raise ValueError(f"unknown validation task kind {kind!r}")
 
 
+RATE_WINDOW_S = 0.5
+"""The published call rate is measured over this long: a straggler's job calls in bursts (a
+duty-cycled rank: none for a while, then a few), and over one poll period the rate swings from
+0 to several times the mean - the controller, which takes the fastest rank's rate to aim the
+pause, would aim several iterations too far ahead. Over half a second the rate follows a
+slowdown within that time."""
+
+
 class RankAgent:
     """One per rank process; ``arm`` is how the trap gets its target (ring header words)."""
 
@@ -104,6 +113,7 @@ class RankAgent:
         self._counted = False
         self._next_task = 0
         self._last_check = 0.0
+        self.poll_s = poll_s
         self._poller = PollingThread(self._poll, name="failslow-agent", poll_s=poll_s)
         self._position = position
         self.steps = steps
@@ -115,6 +125,8 @@ class RankAgent:
         self._step_target: int | None = None
         self._last_step: tuple[int, float] | None = None
         self._step_rate = 0.0
+        self._positions: collections.deque[tuple[int, int, float]] = collections.deque()
+        """``(group key, next call_index, monotonic time)`` over the last ``RATE_WINDOW_S``."""
         self.token = token
         """The job's token: pause requests without it are ignored (:func:`keys.authorized`)."""
         self._ignored = 0
@@ -139,12 +151,18 @@ class RankAgent:
         if where is not None:
             key, next_index = where[0], where[1]
             now = time.monotonic()
-            last = getattr(self, "_last_position", None)
+            seen = self._positions
+            if seen and seen[-1][0] != key:  # another pause group: its calls count anew
+                seen.clear()
+            seen.append((key, next_index, now))
+            while len(seen) > 2 and now - seen[1][2] >= RATE_WINDOW_S:
+                seen.popleft()
             rate = 0.0
-            if last is not None and last[0] == key and now > last[2]:
-                rate = (next_index - last[1]) / (now - last[2])
-            self._last_position = (key, next_index, now)
-            record.update(group_key=key, next=next_index, rate=rate, t=time.time())
+            if now > seen[0][2]:
+                rate = (next_index - seen[0][1]) / (now - seen[0][2])
+            record.update(
+                group_key=key, next=next_index, rate=rate, t=time.time(), poll_s=self.poll_s
+            )
             if len(where) == 4:  # (period, residue) of the iteration on this group (phase.py)
                 record["phase"] = [where[2], where[3]]
         if record:
@@ -162,7 +180,9 @@ class RankAgent:
                 # steps per second between the last two changes seen (kept between changes)
                 self._step_rate = (step - last[0]) / (now - last[1])
             self._last_step = (step, now)
-        record: dict[str, Any] = {"step": step, "step_rate": self._step_rate, "t": time.time()}
+        record: dict[str, Any] = {
+            "step": step, "step_rate": self._step_rate, "t": time.time(), "poll_s": self.poll_s
+        }
         profile = self.profile() if self.profile is not None else None
         if profile is not None:
             record["profile"] = profile

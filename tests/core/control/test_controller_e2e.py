@@ -71,10 +71,15 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
             time.sleep(0.05)
         publisher = NodePublisher(LocalAnalyzer(ring_dir), control, summary_every_s=0.5)
         onset_iteration = None
+        controller: Controller | None = None
+        timeline: list[tuple[str, int]] = []  # (controller state, the straggler's iterations)
         deadline = time.monotonic() + 150
         while not diagnosed:
             assert time.monotonic() < deadline, "no diagnosis in time"
             publisher.poll()
+            if controller is not None and len(controller.history) > len(timeline):
+                for t in controller.history[len(timeline) :]:
+                    timeline.append((t.state.value, publisher.iterations.get(SLOW, 0)))
             if onset_iteration is None and publisher.iterations.get(SLOW, 0) >= 120:
                 # the controller starts with the fault: warm-up noise on a shared machine is
                 # not what this test is about (the detector's false alarms are benchmarked)
@@ -98,6 +103,7 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
                 p.kill()
                 outs.append(p.communicate()[0])
     (diagnosis,) = diagnosed
+    assert controller is not None
     states = [t.state for t in controller.history]
     reaction = {
         "onset_iteration": onset_iteration,
@@ -106,6 +112,8 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
         "seconds": controller.history[-1].wall - controller.history[1].wall,
         "states": [s.value for s in states],
         "first_onset": controller.history[1].detail.get("onsets", [None])[0],
+        "timeline": timeline,
+        "paused_s": diagnosis.evidence.get("paused_s"),
         "diagnosis": json.loads(diagnosis.to_json()),
     }
     (tmp_path / "reaction.json").write_text(json.dumps(reaction, indent=1))

@@ -150,3 +150,30 @@ def test_the_shim_ring_and_the_hook_ring_of_one_process_are_read_as_one(tmp_path
     assert state.iterations >= durations.size - 3  # the last ones wait for the reorder horizon
     assert analyzer.dropped() == 0
     analyzer.close()
+
+
+def test_a_ring_that_keeps_its_settled_word_is_tracked_without_the_horizon_lag(tmp_path) -> None:
+    """The Python hook's rings say which calls can still arrive (``settled_ns``): iterations
+    reach the detector as soon as they are written, even after a call long enough to hold
+    everything behind the reorder horizon of a ring that does not say."""
+
+    def steps(writer: RingWriter, keep_settled: bool) -> None:
+        for i in range(60):
+            for k, nbytes in enumerate((4 << 20, 1 << 20)):
+                token, t = writer.begin() if keep_settled else (None, time.monotonic_ns())
+                long = i == 5 and k == 0  # one all-reduce that waited 30 s for a straggler
+                writer.write(
+                    t_start_ns=t, t_end_ns=t + (30 * 10**9 if long else 1000), nbytes=nbytes,
+                    group_key=11, op=OpCode.ALLREDUCE, token=token,
+                )
+
+    told = RingWriter(ring_path(tmp_path, 0, 1), capacity=1 << 10, global_rank=0)
+    guessing = RingWriter(ring_path(tmp_path, 1, 2), capacity=1 << 10, global_rank=1)
+    steps(told, True)
+    steps(guessing, False)
+    analyzer = LocalAnalyzer(tmp_path)
+    analyzer.poll()
+    assert analyzer.ranks[0].iterations >= 58  # every step but the open last one
+    assert analyzer.ranks[1].iterations < 10  # held behind a 45 s horizon
+    assert analyzer.dropped() == 0
+    analyzer.close()

@@ -46,3 +46,23 @@ def test_a_late_record_is_dropped_and_counted_not_reordered() -> None:
     late = buf.push(_recs([(50, 5000)]))  # started long ago, completed just now
     assert 50 not in late["t_start_ns"]
     assert buf.late == 1
+
+
+def test_the_writers_settled_word_releases_records_at_once() -> None:
+    """One long call (a healthy rank's all-reduce waiting for a straggler) sizes the horizon;
+    with the writer's word, records that started before it are final at once."""
+    guessing, told = ReorderBuffer(), ReorderBuffer()
+    history = _recs([(0, 1000)])  # a 1000 ns call seen once
+    guessing.push(history)
+    told.push(history, settled_ns=1001)
+    batch = _recs([(1100, 1110), (1200, 1210), (1300, 1310)])
+    assert len(guessing.push(batch)) == 0  # all within 1.5 x 1000 ns of the newest end
+    got = told.push(batch, settled_ns=1311)
+    assert list(got["t_start_ns"]) == [1100, 1200, 1300]
+
+
+def test_a_settled_word_stuck_behind_a_call_that_never_completes_falls_back() -> None:
+    buf = ReorderBuffer()
+    out = [buf.push(_recs([(t, t + 10)]), settled_ns=50) for t in range(100, 2000, 100)]
+    released = np.concatenate(out)["t_start_ns"]
+    assert len(released) >= 15 and buf.late == 0  # the horizon keeps the stream going

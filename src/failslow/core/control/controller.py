@@ -53,6 +53,9 @@ from failslow.core.localize.diagnose import diagnose
 
 log = logging.getLogger(__name__)
 
+DEFAULT_AGENT_POLL_S = 0.2
+"""An agent's poll period when its progress record does not say (older agents)."""
+
 
 class State(enum.Enum):
     TRACKING = "tracking"
@@ -201,16 +204,17 @@ class Controller:
         self._suspects = suspects
         self._enter(State.VALIDATING, suspects=[s.to_dict() for s in suspects])
 
-    def _target(self, margin_s: float) -> dict[str, int] | None:
+    def _target(self, widen: float) -> dict[str, int] | None:
         """Where every rank pauses, ahead of its published position: ``{"step": S}`` when
         every rank is driven by a session (the boundary of training step S - any parallel
         layout), else ``{"group_key": k, "call_index": c}`` on the group every rank published;
-        None when neither exists."""
+        None when neither exists. The margin is ``widen`` x :meth:`_margin_s`."""
         positions = [
             self.store.get_json(f"{self.agent_prefix}/progress/{r}") for r in range(self.world_size)
         ]
         if any(p is None for p in positions):
             return None
+        margin_s = widen * self._margin_s(positions)
         now = time.time()
         if all("step" in p for p in positions):
             ahead = max(
@@ -236,6 +240,14 @@ class Controller:
                 target = align(target, (int(phase[0]), int(phase[1])))
         return {"group_key": group_keys.pop(), "call_index": target}
 
+    def _margin_s(self, positions: list[dict[str, Any]]) -> float:
+        """How far ahead of the ranks the pause lands: the configured margin, else 1.5 x the
+        slowest agent's poll period (each sees the request within one poll; it publishes the
+        period beside its position)."""
+        if self.validation.pause_margin_s is not None:
+            return self.validation.pause_margin_s
+        return 1.5 * max(float(p.get("poll_s", DEFAULT_AGENT_POLL_S)) for p in positions)
+
     def _validate(self) -> None:
         from failslow.core.localize.validation.schedules import communicator_passes
 
@@ -249,9 +261,9 @@ class Controller:
                 "repetitions": self.validation.link_repetitions,
             },
         ]
-        margin_s = self.validation.pause_margin_s
+        widen = 1.0
         for attempt in range(self.validation.pause_attempts):
-            target = self._target(margin_s)
+            target = self._target(widen)
             if target is None:
                 self._abandon("no common pause group published by the ranks")
                 return
@@ -268,7 +280,7 @@ class Controller:
                 break
             except PauseMissed as exc:  # released at once; aim further ahead
                 log.info("failslow controller: %s (attempt %d)", exc, attempt + 1)
-                margin_s *= 2
+                widen *= 2
             except ValidationTimeout as exc:
                 self._abandon(str(exc))
                 return

@@ -33,9 +33,11 @@ class ValidationConfig:
     link_mb: int = 16
     """Bytes per O(1) ring/tree link test, in MiB."""
     link_repetitions: int = 3
-    pause_margin_s: float = 0.3
+    pause_margin_s: float | None = None
     """How far ahead of the ranks' extrapolated positions the pause lands (calls/s x margin);
-    must cover the agents' poll period (they see the request within one poll)."""
+    must cover the agents' poll period (they see the request within one poll). None: 1.5 x the
+    slowest agent's poll period, as the agents publish it (0.3 s at the default 0.2 s poll;
+    a fixed margin of a few tenths of a second is many iterations of a short-step job)."""
     pause_attempts: int = 3
     """A round whose target some rank had passed is released at once and retried, each time
     with twice the margin."""

@@ -44,11 +44,14 @@ class RankState:
     def readers(self) -> list[RingReader]:
         return [self.reader, *self.more]
 
-    def read(self) -> np.ndarray:
-        """What the process's rings committed since the last read."""
+    def read(self) -> tuple[np.ndarray, int | None]:
+        """What the process's rings committed since the last read, and the time before which
+        every call they record has started and been committed (None: a ring does not say)."""
+        settled = [r.settled_ns for r in self.readers]  # before the records (RingReader)
+        known = min(settled) if all(settled) else None
         if not self.more:
-            return self.reader.poll()
-        return np.concatenate([r.poll() for r in self.readers])
+            return self.reader.poll(), known
+        return np.concatenate([r.poll() for r in self.readers]), known
 
 
 @dataclass
@@ -131,9 +134,9 @@ class LocalAnalyzer:
         self.records_seen = 0
         for rank in sorted(self.ranks):
             state = self.ranks[rank]
-            fresh = state.read()
+            fresh, settled = state.read()
             self.records_seen += len(fresh)
-            records = state.reorder.push(fresh)
+            records = state.reorder.push(fresh, settled_ns=settled)
             if not len(records):
                 continue
             epoch = state.tracker.epoch

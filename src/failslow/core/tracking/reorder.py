@@ -12,6 +12,13 @@ is the longest duration among recent records (times a margin), so the extra late
 collective's duration, never a fixed delay. Records that still arrive late (a call longer than
 any seen before) would break the order already handed on: they are dropped and counted in
 ``late``.
+
+A writer that knows its calls in flight says so exactly: the Python hook keeps the ring
+header's ``settled_ns`` (:meth:`failslow.core.ring.RingWriter.begin`), before which every call
+has been committed. Records that started before it are released at once - the horizon, a
+guess sized by the longest call (a healthy rank's all-reduce that waits for a straggler), is
+then only the fallback (the C shim does not keep the word; a call that never completes would
+otherwise hold the stream for good).
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ class ReorderBuffer:
         self._newest_end = np.iinfo(np.int64).min
         self.late = 0
 
-    def push(self, records: np.ndarray) -> np.ndarray:
-        """Add newly committed records; return the records now final, in issue order."""
+    def push(self, records: np.ndarray, *, settled_ns: int | None = None) -> np.ndarray:
+        """Add newly committed records; return the records now final, in issue order.
+        ``settled_ns``: the writer's word that every call started before it is committed (read
+        before these records): those are final at once, whatever the horizon says."""
         if len(records):
             ends = records["t_end_ns"]
             done = ends > 0
@@ -49,6 +58,8 @@ class ReorderBuffer:
             return self._pending[:0]
         horizon = int(max(self._durations, default=0) * self.margin)
         cutoff = self._newest_end - horizon
+        if settled_ns is not None:
+            cutoff = max(cutoff, settled_ns - 1)
         starts = self._pending["t_start_ns"]
         ready = starts <= cutoff
         late = starts < self._released_until

@@ -30,7 +30,8 @@ typedef struct fls_ring_header {
   uint64_t self_releases;  /* 88  parks ended by the trap's timeout */
   uint64_t pause_group;    /* 96  0: park at the next call; else only at this group's call */
   uint64_t pause_call;     /* 104 with call_index >= pause_call (a targeted pause) */
-  uint8_t reserved[144];   /* 112 */
+  int64_t settled_ns;      /* 112 calls started before this are committed; 0 = not kept here */
+  uint8_t reserved[136];   /* 120 */
 } fls_ring_header;
 
 typedef struct fls_record {
@@ -80,7 +81,7 @@ enum fls_flags { FLS_FLAGS(FLS_ENUM_ITEM_FL) };
 #define FLS_HEADER_FIELDS(X)                                                                 \
   X(magic) X(version) X(record_size) X(capacity) X(write_index) X(dropped) X(pid)            \
   X(global_rank) X(local_rank) X(mono_anchor_ns) X(wall_anchor_ns) X(control) X(parked)      \
-  X(self_releases) X(pause_group) X(pause_call)
+  X(self_releases) X(pause_group) X(pause_call) X(settled_ns)
 #define FLS_RECORD_FIELDS(X)                                                                 \
   X(commit) X(t_start_ns) X(t_end_ns) X(nbytes) X(group_key) X(call_index) X(op) X(dtype)    \
   X(source) X(flags) X(peer)
