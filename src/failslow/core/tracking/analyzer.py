@@ -3,8 +3,8 @@
 One analyzer watches the rings of the ranks on one node. For each rank it keeps an online
 :class:`IterationTracker` (ACF period over the call sequence) and a :class:`FailSlowDetector`
 (BOCD + verification); the rings of one process (the C shim's and, beside it, the Python
-hook's) are read as one stream. ``poll()`` reads whatever the capture layer committed since the last
-call and returns the new iteration times and change events per rank. Its cost per call is
+hook's) are read as one stream. ``poll()`` reads whatever the capture layer committed since the
+last call and returns the new iteration times and change events per rank. Its cost per call is
 proportional to the new records of the node's own ranks only - never to the world size.
 """
 

@@ -113,7 +113,10 @@ class IterationTracker:
         self._next_attempt = min_tokens
         self._next_recheck = 0
         self._recheck_gap = min_tokens  # doubles after each recheck, up to ``recheck``
-        self.epoch = 0  # +1 whenever the pattern is found anew or its period changes
+        self.epoch = 0
+        """+1 whenever the times start measuring something else: the pattern found anew or its
+        period changed; between step markers, only the pattern lost and found again (a
+        topology change), measuring markers at all after anchors, or another marker key."""
         self._last_anchor_idx = -1
         self._last_anchor_t = 0
         self._found = False  # the ACF found a pattern once
