@@ -59,7 +59,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from failslow.core.events import MARKER_OPS
+from failslow.core.events import is_marker
 from failslow.core.ring import RingReader, find_rings
 from failslow.core.tracking import iteration_times
 from failslow.traceio import export_rings
@@ -103,7 +103,7 @@ def compare_rank(records: np.ndarray, truth: dict[str, Any]) -> dict[str, Any]:
     s_end = np.asarray(truth["step_end_ns"], dtype=np.int64)
     s_sec = np.asarray(truth["step_s"], dtype=np.float64)
     n_steps = len(s_sec)
-    calls_only = records[~np.isin(records["op"], MARKER_OPS)]  # step markers are not calls
+    calls_only = records[~is_marker(records)]  # step markers are not calls
     t = calls_only["t_start_ns"].astype(np.int64)
     in_loop = (t >= s_start[0]) & (t < s_end[-1])
     calls = np.bincount(np.searchsorted(s_end, t[in_loop], side="right"), minlength=n_steps)
@@ -154,7 +154,7 @@ def analyze_job(job: str, work: Path, *, markers: bool = True) -> dict[str, Any]
     for ring in find_rings(work):
         rank, records, rank_lost = read_ring(ring)
         if not markers:
-            records = records[~np.isin(records["op"], MARKER_OPS)]
+            records = records[~is_marker(records)]
         lost += rank_lost
         truth_path = work / f"steps.rank{rank}.json"
         if not truth_path.exists():

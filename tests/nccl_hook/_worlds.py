@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from _rank_procs import await_ranks
-from failslow.core.events import MARKER_OPS, CommEvent, GroupInfo, records_to_events
+from failslow.core.events import CommEvent, GroupInfo, is_marker, records_to_events
 from failslow.core.group_files import read_groups
 from failslow.core.ring import RingReader, find_rings
 
@@ -86,7 +84,7 @@ def run_world(
         result = json.loads((out_dir / f"rank{rank}.json").read_text())
         reader = RingReader(rings[rank])
         records = reader.poll()
-        marks = np.isin(records["op"], MARKER_OPS)
+        marks = is_marker(records)
         events = records_to_events(records[~marks])
         dropped = reader.writer_dropped
         reader.close()

@@ -99,13 +99,11 @@ def test_a_copied_framework_object_steps_its_own_optimizer(tmp_path: Path) -> No
     """The wrapper sits on the class: a deep copy made after wrapping trains itself only."""
     model = torch.nn.Linear(4, 2)
     engine = engine_class()(model, accumulate=1)
-    copies: list[Any] = []
 
     def body() -> None:
         model(torch.ones(3, 4)).sum().backward()
         engine.step()  # wraps Engine.step
         twin = copy.deepcopy(engine)
-        copies.append(twin)
         before = [p.detach().clone() for p in model.parameters()]
         twin_params = [p for g in twin.opt.param_groups for p in g["params"]]
         for p in twin_params:

@@ -24,7 +24,7 @@ import numpy as np
 
 from failslow import envvars
 from failslow.conformance.harness import AdapterHarness
-from failslow.core.events import MARKER_OPS, CommEvent, GroupInfo, records_to_events
+from failslow.core.events import CommEvent, GroupInfo, is_marker, records_to_events
 from failslow.core.group_files import read_groups
 from failslow.core.ring import RingReader, find_rings
 
@@ -239,7 +239,7 @@ def _collect(
     for rank, path in rings.items():
         reader = RingReader(path)
         records = reader.poll()
-        marks = np.isin(records["op"], MARKER_OPS)
+        marks = is_marker(records)
         events[rank] = (
             records_to_events(records[~marks]), records_to_events(records[marks]),
             reader.writer_dropped,

@@ -123,6 +123,11 @@ calls (summaries, the conformance suite, the ACF period) leave them out; the ite
 measures iterations between them (:mod:`failslow.core.tracking.iteration`)."""
 
 
+def is_marker(records: np.ndarray) -> np.ndarray:
+    """Which of ``records`` (:data:`RECORD_DTYPE`) are step markers, not calls (a mask)."""
+    return np.isin(records["op"], MARKER_OPS)
+
+
 RECORD_LAYOUT: tuple[tuple[str, str, int], ...] = (
     ("commit", "<u8", 0),
     ("t_start_ns", "<i8", 8),

@@ -63,10 +63,6 @@ class StepMarker:
         self._steps: dict[int, int] = {}  # markers written per key
         self._open = threading.local()  # .calls: the outer steps running in this thread
 
-    @property
-    def attached(self) -> bool:
-        return self._handle is not None
-
     def attach(self, writer_of: Callable[[], RingWriter | None]) -> None:
         """Register the global post-hook; ``writer_of()`` gives the ring writer (or None before
         the ring exists: steps before it are not marked)."""

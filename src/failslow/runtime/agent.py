@@ -41,6 +41,7 @@ from typing import Any
 from failslow.core.control import keys
 from failslow.core.control.polling import PollingThread
 from failslow.core.control.store import Store
+from failslow.core.control.validator import AGENT_POLL_S
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class RankAgent:
         rank: int,
         set_header_word: Callable[[str, int], None],
         prefix: str = keys.VALIDATE,
-        poll_s: float = 0.2,
+        poll_s: float = AGENT_POLL_S,
         check_every_s: float = 0.02,
         position: Callable[[], tuple[int, ...] | None] | None = None,
         token: str | None = None,

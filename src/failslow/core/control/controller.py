@@ -43,6 +43,7 @@ from failslow.core.control.journal import event
 from failslow.core.control.phase import align
 from failslow.core.control.store import Store
 from failslow.core.control.validator import (
+    AGENT_POLL_S,
     PauseMissed,
     ValidationTimeout,
     validation_round,
@@ -52,9 +53,6 @@ from failslow.core.localize.config import DetectionConfig, ValidationConfig
 from failslow.core.localize.diagnose import diagnose
 
 log = logging.getLogger(__name__)
-
-DEFAULT_AGENT_POLL_S = 0.2
-"""An agent's poll period when its progress record does not say (older agents)."""
 
 
 class State(enum.Enum):
@@ -246,7 +244,7 @@ class Controller:
         period beside its position)."""
         if self.validation.pause_margin_s is not None:
             return self.validation.pause_margin_s
-        return 1.5 * max(float(p.get("poll_s", DEFAULT_AGENT_POLL_S)) for p in positions)
+        return 1.5 * max(float(p.get("poll_s", AGENT_POLL_S)) for p in positions)
 
     def _validate(self) -> None:
         from failslow.core.localize.validation.schedules import communicator_passes

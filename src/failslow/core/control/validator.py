@@ -19,6 +19,10 @@ from failslow.core.control import keys
 from failslow.core.control.store import Store
 from failslow.errors import FailslowError
 
+AGENT_POLL_S = 0.2
+"""How often a rank's agent looks for a pause request, unless told otherwise; each agent
+publishes its own period in its progress record (the controller sizes the pause margin by it)."""
+
 
 class ValidationTimeout(FailslowError):
     """Ranks did not park or finish a task in time; the job was released anyway."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from failslow.core.events import MARKER_OPS
+from failslow.core.events import is_marker
 from failslow.core.tracking.acf import DEFAULT_THRESHOLD, Pattern, dominant_pattern
 
 _KEY_FIELDS = ("op", "group_key", "nbytes")
@@ -167,7 +167,7 @@ class IterationTracker:
         if recs.size == 0:
             return np.empty(0, dtype=np.int64), np.empty(0)
         recs = recs[np.argsort(recs["t_start_ns"], kind="stable")]
-        marks = np.isin(recs["op"], MARKER_OPS)
+        marks = is_marker(recs)
         if not marks.any() and self._marker_key is None:
             return self._feed_calls(recs)
         if self._marker_key is None:
