@@ -195,3 +195,21 @@ def test_throttled_rank_is_the_late_rank(tmp_path: Path) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
     worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+
+
+def test_summarizer_history_is_the_newest_records_whatever_the_batch_sizes() -> None:
+    """The summarizer keeps its history at O(new records) per add (a poll once copied all
+    16,384 records it keeps): what it holds is still exactly the newest ``size`` items."""
+    from failslow.core.localize.summaries import _Tail
+
+    rng = np.random.default_rng(3)
+    tail = _Tail(50, np.int64)
+    seen: list[int] = []
+    for _ in range(400):
+        n = int(rng.choice([0, 1, 3, 17, 49, 50, 51, 120]))
+        items = np.arange(len(seen), len(seen) + n, dtype=np.int64)
+        tail.add(items)
+        seen.extend(items.tolist())
+        assert tail.view().tolist() == seen[-50:]
+    tail.clear()
+    assert tail.view().size == 0

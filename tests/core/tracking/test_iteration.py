@@ -196,3 +196,26 @@ def test_a_rebuilt_optimizer_over_other_parameters_is_followed_in_a_new_epoch() 
     np.testing.assert_allclose(got[: truth_a.size - 1], truth_a[1:], rtol=1e-6)
     # key 6 is followed from its third marker on
     np.testing.assert_allclose(got[truth_a.size - 1 :], truth_b[3:], rtol=1e-6)
+
+
+@pytest.mark.parametrize("max_tokens", [10, 1 << 16])
+@pytest.mark.parametrize("batch", [1, 7, 64, 65, 500])
+def test_token_ids_do_not_depend_on_how_records_are_batched(batch: int, max_tokens: int) -> None:
+    """A poll's few records are coded one by one in Python, bigger batches with np.unique:
+    both give every key the same id (new keys numbered in key order), so the ACF - and its
+    tie-breaks between anchors - sees the same tokens online as offline."""
+    from failslow.core.tracking.iteration import TokenCoder
+
+    rng = np.random.default_rng(batch)
+    recs = np.zeros(500, dtype=RECORD_DTYPE)
+    recs["op"] = rng.integers(0, 5, recs.size)
+    recs["group_key"] = rng.integers(0, 3, recs.size).astype(np.uint64) * np.uint64(2**61)
+    recs["nbytes"] = rng.integers(0, 4, recs.size) * 1000
+    online = TokenCoder(max_tokens)
+    ids = np.concatenate([online.encode(recs[i : i + batch]) for i in range(0, 500, batch)])
+    vectorized = TokenCoder(max_tokens)
+    vectorized.SMALL = 0  # every batch through np.unique
+    expected = np.concatenate(
+        [vectorized.encode(recs[i : i + batch]) for i in range(0, 500, batch)]
+    )
+    assert ids.tolist() == expected.tolist()

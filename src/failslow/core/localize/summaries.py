@@ -226,6 +226,37 @@ def summarize(
 # -- the node's side ------------------------------------------------------------------------------
 
 
+class _Tail:
+    """The newest ``size`` items of a stream of arrays, appended at O(new items) amortized:
+    a buffer of twice the size whose live part is moved down once it fills (never a copy of
+    the whole history per append - the analyzer adds to it on every poll)."""
+
+    def __init__(self, size: int, dtype: Any) -> None:
+        self.size = size
+        self._buf = np.empty(2 * size, dtype=dtype)
+        self._len = 0
+
+    def add(self, items: np.ndarray) -> None:
+        n = len(items)
+        if n >= self.size:
+            self._buf[: self.size] = items[-self.size :]
+            self._len = self.size
+            return
+        if self._len + n > len(self._buf):
+            keep = self.size - n
+            self._buf[:keep] = self._buf[self._len - keep : self._len]
+            self._len = keep
+        self._buf[self._len : self._len + n] = items
+        self._len += n
+
+    def clear(self) -> None:
+        self._len = 0
+
+    def view(self) -> np.ndarray:
+        """The newest ``size`` items, oldest first (a view: valid until the next add)."""
+        return self._buf[max(0, self._len - self.size) : self._len]
+
+
 class GroupSummarizer:
     """Recent records and iteration boundaries of one rank; summaries on demand."""
 
@@ -245,22 +276,21 @@ class GroupSummarizer:
         self.max_records = max_records
         self.max_anchors = max_anchors
         self.max_calls = max_calls
-        self._records = np.empty(0, dtype=RECORD_DTYPE)
-        self._anchors = np.empty(0, dtype=np.int64)
+        self._records = _Tail(max_records, RECORD_DTYPE)
+        self._anchors = _Tail(max_anchors, np.int64)
         self._groups: dict[int, GroupInfo] = {}
         self._groups_stat: tuple[int, int] | None = None
 
     def add(self, records: np.ndarray, iteration_ends_ns: np.ndarray | None = None) -> None:
         """Take the rank's newest final records and the anchors of iterations they closed."""
         if len(records):
-            self._records = np.concatenate([self._records, records])[-self.max_records :]
+            self._records.add(records)
         if iteration_ends_ns is not None and len(iteration_ends_ns):
-            ends = np.asarray(iteration_ends_ns, dtype=np.int64)
-            self._anchors = np.concatenate([self._anchors, ends])[-self.max_anchors :]
+            self._anchors.add(np.asarray(iteration_ends_ns, dtype=np.int64))
 
     def reset_iterations(self) -> None:
         """Forget iteration boundaries (the tracker re-detected the call pattern)."""
-        self._anchors = self._anchors[:0]
+        self._anchors.clear()
 
     @property
     def groups(self) -> dict[int, GroupInfo]:
@@ -283,11 +313,12 @@ class GroupSummarizer:
     def window(self, iterations: int = 5, seconds: float = 10.0) -> tuple[int, int, bool]:
         """``(start_ns, end_ns, by_iterations)`` of the last ``iterations`` whole iterations,
         or of the last ``seconds`` of history when fewer boundaries are known."""
-        if iterations > 0 and self._anchors.size > iterations:
-            return int(self._anchors[-iterations - 1]), int(self._anchors[-1]), True
-        if not len(self._records):
+        anchors, records = self._anchors.view(), self._records.view()
+        if iterations > 0 and anchors.size > iterations:
+            return int(anchors[-iterations - 1]), int(anchors[-1]), True
+        if not len(records):
             return 0, 0, False
-        newest = int(self._records["t_start_ns"].max())
+        newest = int(records["t_start_ns"].max())
         return newest - int(seconds * 1e9), newest + 1, False
 
     def summaries(self, *, iterations: int = 5, seconds: float = 10.0) -> list[GroupSummary]:
@@ -296,11 +327,11 @@ class GroupSummarizer:
         if t1 <= t0:
             return []
         return summarize(
-            self._records,
+            self._records.view(),
             self.groups,
             window=(t0, t1),
             rank=self.rank,
             host=self.host,
-            iteration_ends_ns=self._anchors if by_iterations else None,
+            iteration_ends_ns=self._anchors.view() if by_iterations else None,
             max_calls=self.max_calls,
         )

@@ -53,6 +53,9 @@ def _check_records(records: np.ndarray) -> np.ndarray:
 class TokenCoder:
     """Maps ``(op, group_key, nbytes)`` of each record to a small stable integer."""
 
+    SMALL = 64
+    """Batches up to this size are coded record by record (``np.unique`` costs more)."""
+
     def __init__(self, max_tokens: int = 1 << 16) -> None:
         self._ids: dict[tuple[int, int, int], int] = {}
         self._max = max_tokens
@@ -60,6 +63,8 @@ class TokenCoder:
     def encode(self, records: np.ndarray) -> np.ndarray:
         if records.size == 0:
             return np.empty(0, dtype=np.int64)
+        if records.size <= self.SMALL:
+            return self._encode_few(records)
         keys = np.empty(records.size, dtype=[("op", "<u8"), ("g", "<u8"), ("b", "<u8")])
         keys["op"], keys["g"], keys["b"] = records["op"], records["group_key"], records["nbytes"]
         uniq, inverse = np.unique(keys, return_inverse=True)
@@ -69,6 +74,23 @@ class TokenCoder:
         for i, key in enumerate(uniq.tolist()):
             ids[i] = self._ids.setdefault(key, len(self._ids))
         return ids[inverse.ravel()]
+
+    def _encode_few(self, records: np.ndarray) -> np.ndarray:
+        """A poll's few records: a dict lookup each, with the ids :meth:`encode` gives."""
+        keys = list(
+            zip(
+                records["op"].tolist(),
+                records["group_key"].tolist(),
+                records["nbytes"].tolist(),
+                strict=True,
+            )
+        )
+        ids, uniq = self._ids, set(keys)
+        if len(ids) + len(uniq) > self._max:  # the same rule as for a big batch
+            ids.clear()
+        for key in sorted(k for k in uniq if k not in ids):  # new ids in key order, as
+            ids[key] = len(ids)  # np.unique numbers them
+        return np.fromiter((ids[key] for key in keys), dtype=np.int64, count=len(keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +206,10 @@ class IterationTracker:
         ends: list[int] = []
         secs: list[float] = []
         for key, t, calls in zip(
-            recs["group_key"][marks].tolist(), recs["t_start_ns"][marks].tolist(),
-            calls_at.tolist(), strict=True,
+            recs["group_key"][marks].tolist(),
+            recs["t_start_ns"][marks].tolist(),
+            calls_at.tolist(),
+            strict=True,
         ):
             if key != self._marker_key:
                 run = self._other[1] + 1 if self._other[0] == key else 1
@@ -224,9 +248,7 @@ class IterationTracker:
                 limit = math.ceil(4 * self._pattern.calls_per_period) + 64
                 boundary = min(self._next_recheck, self._last_anchor_idx + limit + 1)
             step = max(1, min(m - i, boundary - self._total))
-            e, s = self._process(
-                tokens[i : i + step], times[i : i + step], nbytes[i : i + step]
-            )
+            e, s = self._process(tokens[i : i + step], times[i : i + step], nbytes[i : i + step])
             ends.append(e)
             secs.append(s)
             i += step
@@ -292,7 +314,10 @@ class IterationTracker:
         pattern = None
         if tok.size >= 4:
             pattern = dominant_pattern(
-                tok, t, nbytes=b, max_lag=min(self.max_lag, tok.size // 3),
+                tok,
+                t,
+                nbytes=b,
+                max_lag=min(self.max_lag, tok.size // 3),
                 threshold=self.threshold,
             )
         if pattern is None:  # back off geometrically up to ``retry`` calls between attempts

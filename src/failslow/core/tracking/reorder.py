@@ -36,6 +36,7 @@ class ReorderBuffer:
     def __init__(self, *, margin: float = 1.5, recent: int = 256) -> None:
         self.margin = margin
         self._durations: deque[int] = deque(maxlen=recent)
+        self._longest = 0  # max(self._durations), kept as they change
         self._pending = np.empty(0, dtype=RECORD_DTYPE)
         self._released_until = np.iinfo(np.int64).min
         self._newest_end = np.iinfo(np.int64).min
@@ -46,21 +47,32 @@ class ReorderBuffer:
         ``settled_ns``: the writer's word that every call started before it is committed (read
         before these records): those are final at once, whatever the horizon says."""
         if len(records):
-            ends = records["t_end_ns"]
+            ends, starts = records["t_end_ns"], records["t_start_ns"]
             done = ends > 0
-            if done.any():
+            if done.all():
+                self._newest_end = max(self._newest_end, int(ends.max()))
+                self._durations.extend((ends - starts).tolist())
+                self._longest = max(self._durations)
+            elif done.any():
                 self._newest_end = max(self._newest_end, int(ends[done].max()))
-                self._durations.extend((ends[done] - records["t_start_ns"][done]).tolist())
+                self._durations.extend((ends[done] - starts[done]).tolist())
+                self._longest = max(self._durations)
             else:  # records without completion times are already in issue order
-                self._newest_end = max(self._newest_end, int(records["t_start_ns"].max()))
-            self._pending = np.concatenate([self._pending, records])
+                self._newest_end = max(self._newest_end, int(starts.max()))
+            if len(self._pending):
+                self._pending = np.concatenate([self._pending, records])
+            else:  # the common case: nothing held back (no structured-dtype concatenation)
+                self._pending = records
         if not len(self._pending):
             return self._pending[:0]
-        horizon = int(max(self._durations, default=0) * self.margin)
-        cutoff = self._newest_end - horizon
-        if settled_ns is not None:
-            cutoff = max(cutoff, settled_ns - 1)
         starts = self._pending["t_start_ns"]
+        if settled_ns is not None and settled_ns > int(starts.max()):
+            cutoff = settled_ns - 1  # the writer vouches for all of them: no horizon needed
+        else:
+            horizon = int(self._longest * self.margin)
+            cutoff = self._newest_end - horizon
+            if settled_ns is not None:
+                cutoff = max(cutoff, settled_ns - 1)
         ready = starts <= cutoff
         late = starts < self._released_until
         self.late += int(late.sum())

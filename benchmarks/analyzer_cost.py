@@ -1,0 +1,146 @@
+"""What the node's LocalAnalyzer costs per poll, and that it scales with new records only.
+
+``python benchmarks/analyzer_cost.py [--ranks 4] [--steps 6000] [--window 500]`` prints one
+table from one run (greyhound 4.2: the LocalAnalyzer reads the rings in shared memory and
+tracks iteration times; the node's share of the tracking overhead).
+
+Real :class:`~failslow.core.ring.RingWriter` rings, one per rank, get the records of the
+``tracking_overhead.py`` job - three bucket all-reduces and one step marker per step of
+``--step-ms`` (200 ms: that job's step on this machine) with 2% jitter - in one of two writer
+modes: ``hook`` (the Python hook: every call begun and ended, so the header's ``settled_ns``
+vouches for what is committed) and ``shim`` (the C shim: no ``settled_ns``, the reorder buffer
+holds records for its horizon). A real :class:`~failslow.core.tracking.analyzer.LocalAnalyzer`
+polls the directory twice per step (its 0.1 s period against a 0.2 s step), as the node agent
+does. The analyzer's CPU time (``time.process_time_ns``, this process only) is taken over a
+window of ``--window`` steps early in the run and again after ``--steps`` steps of history:
+the two must match, because a poll may cost O(new records), never O(history) (the summarizer
+keeps the newest 16,384 records and once copied all of them on every poll).
+
+The last column is the analyzer's CPU per step as a share of the ranks' CPU per step
+(``--rank-cpu-ms``: 100 ms, the DDP job's measured rank CPU per step, times the ranks): the
+analyzer's part of the tracking overhead on a node whose cores are all busy with ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from failslow.core.events import OpCode, group_key
+from failslow.core.ring import RingWriter, ring_path
+from failslow.core.tracking.analyzer import LocalAnalyzer
+
+BUCKETS = (4_000_000, 4_000_000, 2_000_000)
+
+
+class Job:
+    """The ranks' rings and a synthetic clock: one :meth:`step` writes one training step."""
+
+    def __init__(self, ring_dir: str, ranks: int, step_ms: float, mode: str, seed: int) -> None:
+        self.writers = [
+            RingWriter(ring_path(ring_dir, r, 10_000 + r), capacity=1 << 14, global_rank=r)
+            for r in range(ranks)
+        ]
+        self.mode = mode
+        self.step_ns = step_ms * 1e6
+        self.group = group_key("0", range(ranks))
+        self.marker = group_key("failslow:step:Adam", [6, 3_000_000])
+        self.rng = np.random.default_rng(seed)
+        self.t = time.monotonic_ns()
+        self.calls = 0
+        self.steps = 0
+
+    def step(self) -> None:
+        dt = int(self.step_ns * (1 + 0.02 * self.rng.standard_normal()))
+        for w in self.writers:
+            for k, nbytes in enumerate(BUCKETS):
+                start = self.t + int(dt * (0.5 + 0.15 * k))
+                token = w.begin()[0] if self.mode == "hook" else None
+                w.write(
+                    t_start_ns=start,
+                    t_end_ns=start + 2_000_000,
+                    nbytes=nbytes,
+                    group_key=self.group,
+                    op=int(OpCode.ALLREDUCE),
+                    call_index=self.calls + k,
+                    token=token,
+                )
+            w.write(
+                t_start_ns=self.t + dt,
+                t_end_ns=self.t + dt,
+                nbytes=0,
+                group_key=self.marker,
+                op=int(OpCode.STEP),
+                call_index=self.steps,
+            )
+        self.calls += len(BUCKETS)
+        self.steps += 1
+        self.t += dt
+
+
+def measure(args: argparse.Namespace, mode: str) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as d:
+        job = Job(d, args.ranks, args.step_ms, mode, args.seed)
+        analyzer = LocalAnalyzer(d)
+        out: dict[str, float] = {}
+        marks = {"early": 200, "late": args.steps}
+        for name, start in marks.items():
+            while job.steps < start:
+                job.step()
+                analyzer.poll()
+                analyzer.poll()
+            cpu = 0
+            for _ in range(args.window):
+                job.step()
+                for _ in range(2):
+                    c0 = time.process_time_ns()
+                    analyzer.poll()
+                    cpu += time.process_time_ns() - c0
+            out[name] = cpu / args.window / 2 / 1e3  # us per poll
+        out["iterations"] = min(s.iterations for s in analyzer.ranks.values())
+        analyzer.close()
+        for w in job.writers:
+            w.close()
+        return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=6000, help="history before the late window")
+    p.add_argument("--window", type=int, default=500, help="steps per measured window")
+    p.add_argument("--step-ms", type=float, default=200.0)
+    p.add_argument("--rank-cpu-ms", type=float, default=100.0)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    table = Table(title=f"LocalAnalyzer CPU, {args.ranks} ranks, 2 polls per step")
+    for col in (
+        "writer",
+        "us / poll (early)",
+        "us / poll (after history)",
+        "late / early",
+        "iterations",
+        "share of rank CPU",
+    ):
+        table.add_column(col, justify="right")
+    for mode in ("hook", "shim"):
+        r = measure(args, mode)
+        share = 2 * r["late"] / 1e3 / (args.rank_cpu_ms * args.ranks)
+        table.add_row(
+            mode,
+            f"{r['early']:.0f}",
+            f"{r['late']:.0f}",
+            f"{r['late'] / r['early']:.2f}",
+            f"{r['iterations']:.0f}",
+            f"{100 * share:.3f}%",
+        )
+    Console(width=120).print(table)
+
+
+if __name__ == "__main__":
+    main()
