@@ -59,6 +59,12 @@ from typing import Any
 
 TARGET = 0.005
 
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+"""glibc's default thresholds, set explicitly: that turns off its dynamic mmap threshold, which
+otherwise moves with the process's allocation history (a freed big block raises it) and with it
+whether this step's tensors come from fresh mmaps - a per-process swing of up to ~10% in step
+time that any toggle inside the process measures as well (``hook_install_bias.py``)."""
+
 
 # -- worker (one rank) -------------------------------------------------------------------------
 def _worker(args: argparse.Namespace) -> None:
@@ -118,7 +124,8 @@ def _worker(args: argparse.Namespace) -> None:
         end = blocks[i + 1]["start_index"] if i + 1 < len(blocks) else ring.write_index
         block["records"] = end - block.pop("start_index")
     ring.close()
-    Path(args.out, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "blocks": blocks}))
+    Path(args.out, f"rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "blocks": blocks, "native": capture.native is not None}))
     dist.barrier()
     dist.destroy_process_group()
     hook.uninstall()
@@ -141,7 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     per_call = json.loads(subprocess.run(  # before the world starts: nothing competes
         [sys.executable, __file__, "--check-toggle", "--json"], check=True, capture_output=True,
-        text=True, env=dict(os.environ, OMP_NUM_THREADS="1")).stdout)
+        text=True, env=dict(os.environ, OMP_NUM_THREADS="1", **kernel_env(args.kernel))).stdout)
     work = Path(tempfile.mkdtemp(prefix="failslow-overhead-"))
     ring_dir, out = work / "rings", work / "out"
     ring_dir.mkdir()
@@ -149,6 +156,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     store = dist.TCPStore("127.0.0.1", 0, args.world, is_master=True, wait_for_workers=False)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
                WORLD_SIZE=str(args.world), OMP_NUM_THREADS="1")
+    if args.malloc == "fixed":
+        env.update(FIXED_MALLOC)
+    env.update(kernel_env(args.kernel))
     cmd = [sys.executable, __file__, "--worker", "--ring-dir", str(ring_dir), "--out", str(out),
            "--rounds", str(args.rounds), "--steps-per-block", str(args.steps_per_block),
            "--warmup", str(args.warmup), "--batch", str(args.batch)]
@@ -260,7 +270,8 @@ def summarize(per_rank: list[dict[str, Any]], args: argparse.Namespace,
     return {
         "world": args.world, "rounds": args.rounds, "steps_per_block": args.steps_per_block,
         "warmup": args.warmup, "batch": args.batch, "poll_interval_s": args.poll_interval,
-        "analyzer": not args.no_analyzer,
+        "analyzer": not args.no_analyzer, "malloc": args.malloc,
+        "kernel": "native" if all(p.get("native") for p in per_rank) else "python",
         "mean_step_on_s": statistics.fmean(on_steps), "mean_step_off_s": mean_off,
         "median_step_on_s": statistics.median(on_steps),
         "median_step_off_s": statistics.median(off_steps),
@@ -306,7 +317,8 @@ def render(res: dict[str, Any]) -> None:
 
     console = Console(width=max(Console().width, 120))
     table = Table(title=(f"Tracking overhead: {res['world']}-rank gloo DDP, {res['rounds']} rounds "
-                         f"x 2 blocks x {res['steps_per_block']} steps, hook on/off interleaved"))
+                         f"x 2 blocks x {res['steps_per_block']} steps, hook on/off interleaved; "
+                         f"{res['kernel']} kernel, malloc {res['malloc']}"))
     for col in ("capture", "mean step (ms)", "median step (ms)", "rank CPU/step (ms)",
                 "records/step"):
         table.add_column(col, justify="left" if col == "capture" else "right")
@@ -387,6 +399,13 @@ def render(res: dict[str, Any]) -> None:
         f"{res['analyzer_records_lost']} records lost")
 
 
+def kernel_env(kernel: str) -> dict[str, str]:
+    """``$FAILSLOW_NATIVE_HOOK`` for ``--kernel`` (native: built now if it is not yet)."""
+    from failslow import envvars
+
+    return {envvars.NATIVE_HOOK: "1" if kernel == "native" else "0"}
+
+
 def check_toggle(n: int = 3000) -> dict[str, float]:
     """Per-call cost of a small all-reduce (world 1): never installed, installed, uninstalled."""
     import torch
@@ -427,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--poll-interval", type=float, default=0.1, help="LocalAnalyzer poll (s)")
+    ap.add_argument("--malloc", choices=("fixed", "dynamic"), default="fixed",
+                    help="glibc's mmap threshold in the ranks: fixed (default) or dynamic")
+    ap.add_argument("--kernel", choices=("native", "python"), default="native",
+                    help="the hook's kernel in the ranks: native (C++, default) or python")
     ap.add_argument("--keep", metavar="DIR", help="keep the rings and per-rank block times")
     ap.add_argument("--no-analyzer", action="store_true",
                     help="do not run the LocalAnalyzer (isolates the hook's own cost)")

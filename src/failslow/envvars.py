@@ -22,6 +22,10 @@ CUDART_LIB = "FAILSLOW_CUDART_LIB"
 """The libcudart the shim uses for device timing."""
 DEVICE_TIMING = "FAILSLOW_DEVICE_TIMING"
 """The shim's device-side timing (CUDA events) on or off."""
+NATIVE_HOOK = "FAILSLOW_NATIVE_HOOK"
+"""``auto`` (default): the hook's C++ kernel when it is built, else its Python kernel; ``0``:
+always the Python kernel; ``1``: the C++ kernel, built at install if needed
+(:mod:`failslow.nccl_hook.native_hook`)."""
 SKIP_NATIVE = "FAILSLOW_SKIP_NATIVE"
 """``1`` at install time: do not build the C shim."""
 

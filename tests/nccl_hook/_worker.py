@@ -259,7 +259,7 @@ def main() -> None:
     dist.barrier()
     time.sleep(0.2)  # let the last completion callbacks land
     out = {"result": result, "windows": ctx["phases"].windows,
-           "ring_path": str(capture.ring_path)}
+           "ring_path": str(capture.ring_path), "native": capture.native is not None}
     with open(args.out, "w") as fh:
         json.dump(out, fh)
     dist.destroy_process_group()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from _rank_procs import await_ranks
 from failslow.core.events import CommEvent, GroupInfo, is_marker, records_to_events
 from failslow.core.group_files import read_groups
@@ -39,6 +41,19 @@ class RankResult:
         """Events issued inside the named phase window of this rank."""
         t0, t1 = self.result["windows"][name]
         return [e for e in self.events if t0 <= e.t_start_ns <= t1]
+
+
+def require_native_hook() -> None:
+    """The native hook must be built (``./dev setup`` builds it); only a machine without a C++
+    compiler may skip what needs it."""
+    import shutil
+
+    from failslow.nccl_hook import native_hook
+
+    if native_hook.built() is None:
+        if shutil.which("c++") is None and shutil.which("g++") is None:
+            pytest.skip("no C++ compiler here: the native hook cannot be built")
+        pytest.fail("the native hook is not built: run `failslow build-hook` (./dev setup does)")
 
 
 def run_world(

@@ -50,3 +50,29 @@ def test_auto_installs_from_env(tmp_path: Path) -> None:
     assert "True" in _run(code, {"FAILSLOW_RING_DIR": str(tmp_path), "FAILSLOW_CAPTURE": "1",
                                   "RANK": "0"})
     assert "False" in _run(code, {"FAILSLOW_RING_DIR": str(tmp_path)})
+
+
+def test_a_bad_native_hook_setting_is_a_clear_error(tmp_path: Path) -> None:
+    code = (
+        "import failslow.nccl_hook as h\n"
+        "try:\n    h.install()\nexcept ValueError as e:\n    print('ERR', e)\n"
+    )
+    out = _run(code, {"FAILSLOW_RING_DIR": str(tmp_path), "RANK": "0",
+                      "FAILSLOW_NATIVE_HOOK": "yes"})
+    assert out.startswith("ERR") and "FAILSLOW_NATIVE_HOOK='yes'" in out and "\n" == out[-1]
+
+
+def test_build_hook_names_the_built_kernel_and_install_uses_it(tmp_path: Path) -> None:
+    """``failslow build-hook`` (run by ./dev setup) leaves the C++ kernel where install()
+    finds it; without a compiler on the machine there is nothing to build."""
+    from _worlds import require_native_hook
+
+    require_native_hook()
+    out = subprocess.run([sys.executable, "-m", "failslow.cli", "build-hook"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()).is_file()
+    code = "import failslow.nccl_hook as h\nprint(h.install().native is not None)\n"
+    assert "True" in _run(code, {"FAILSLOW_RING_DIR": str(tmp_path), "RANK": "0"})
+    assert "False" in _run(code, {"FAILSLOW_RING_DIR": str(tmp_path), "RANK": "0",
+                                  "FAILSLOW_NATIVE_HOOK": "0"})

@@ -1,4 +1,5 @@
-"""The Python hook on a real 2-rank gloo world: every op kind, DDP and FSDP2 (one shared world)."""
+"""The Python hook on a real 2-rank gloo world: every op kind, DDP and FSDP2 (one shared world
+per kernel: the C++ one of native/hook.cpp, built by ``./dev setup``, and the Python one)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,21 @@ from failslow.core.events import OpCode
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(300)]
 
-from _worlds import RankResult, run_world  # noqa: E402
+from _worlds import RankResult, require_native_hook, run_world  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> list[RankResult]:
-    return run_world("torch", 2, Path(tmp_path_factory.mktemp("torch_world")))
+@pytest.fixture(scope="module", params=["native", "python"])
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> list[RankResult]:
+    from failslow import envvars
+
+    if request.param == "native":
+        require_native_hook()
+    kernel = "1" if request.param == "native" else "0"
+    ranks = run_world("torch", 2, Path(tmp_path_factory.mktemp(f"torch_world_{request.param}")),
+                      env={envvars.NATIVE_HOOK: kernel})
+    assert all(r.result["native"] == (request.param == "native") for r in ranks)
+    return ranks
 
 
 def test_every_op_kind_recorded(world: list[RankResult]) -> None:

@@ -2,8 +2,9 @@
 
 Subcommands, one module each group: ``analyze``, ``export``, ``simulate`` (:mod:`.analysis`),
 ``demo`` (:mod:`.demo`), ``controller``, ``node``, ``config`` (:mod:`.control`), ``run``,
-``update``, ``doctor`` (:mod:`.launch`), ``report``, ``top`` (:mod:`.observe`). User errors
-print one line and exit with status 2; nothing prints a traceback for them.
+``update``, ``doctor``, ``build-hook`` (:mod:`.launch`), ``report``, ``top``
+(:mod:`.observe`). User errors print one line and exit with status 2; nothing prints a
+traceback for them.
 """
 
 from __future__ import annotations

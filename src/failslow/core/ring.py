@@ -171,6 +171,15 @@ class RingWriter:
         self._next = 0
         self._inflight: dict[int, int] = {}  # token -> t_start_ns of a call not yet written
         self._token = 0
+        self._native: Any = None
+
+    def use_native(self, native: Any) -> None:
+        """Write through ``native`` from now on: the hook's C++ writer (``nccl_hook/native/
+        hook.cpp``), which maps this ring itself and takes slots with the C writer's
+        fetch-and-add. Its calls and this object's records (step markers) then share one slot
+        counter, one lock and one ``settled_ns``; nothing was written here before."""
+        native.open_ring(str(self.path))
+        self._native = native
 
     def write(
         self,
@@ -191,6 +200,13 @@ class RingWriter:
         (settled past once the record is in); without one, a record written at once (a
         marker) still moves ``settled_ns`` to now when no call is in flight - once a writer
         began any call (writers that never do leave it 0: unknown)."""
+        if self._native is not None:
+            return int(
+                self._native.write(
+                    t_start_ns, t_end_ns, nbytes, group_key, call_index, op, dtype, source,
+                    flags, peer, token or 0,
+                )
+            )
         body = _BODY.pack(
             t_start_ns, t_end_ns, nbytes, group_key, call_index, op, dtype, source, flags, peer
         )
@@ -214,6 +230,9 @@ class RingWriter:
         start, so a reader knows which records can still arrive out of order. The start is
         stamped under the writer's lock, so no call of another thread can settle past it
         before it is registered."""
+        if self._native is not None:
+            token, t = self._native.begin()
+            return int(token), int(t)
         with self._lock:
             t = time.monotonic_ns()
             token = self._token = self._token + 1
@@ -224,6 +243,9 @@ class RingWriter:
 
     def end(self, token: int) -> None:
         """The call of ``token`` was written (or given up): settle past it."""
+        if self._native is not None:
+            self._native.end(token)
+            return
         with self._lock:
             self._inflight.pop(token, None)
             self._settle()
@@ -249,6 +271,9 @@ class RingWriter:
 
     def count_dropped(self, n: int = 1) -> None:
         """Record that ``n`` events were abandoned by the writer."""
+        if self._native is not None:
+            self._native.count_dropped(n)
+            return
         with self._lock:
             dropped = _U64.unpack_from(self._mm, _OFF_DROPPED)[0]
             _U64.pack_into(self._mm, _OFF_DROPPED, dropped + n)
@@ -266,6 +291,9 @@ class RingWriter:
         header_words(self)[HEADER_WORDS[name]] = value
 
     def close(self) -> None:
+        if self._native is not None:
+            self._native.close_ring()  # unmapped there once its calls in flight are written
+            self._native = None
         words = getattr(self, "_words", None)
         if words is not None:
             self._words = None

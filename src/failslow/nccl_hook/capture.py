@@ -15,6 +15,13 @@ aten op and is thread-local. Measured: ``benchmarks/hook_mechanisms.py``. Before
 the kernel passes through the pause trap (:mod:`failslow.nccl_hook.trap`), one header load
 while no pause is requested.
 
+The kernel's per-call work runs in C++ when the native hook is built
+(:mod:`failslow.nccl_hook.native_hook`, ``native/hook.cpp``: the same record, about 1-4 us per
+call instead of ~0.1 ms plus the GIL on the backend's completion threads); this module then
+keeps the group table, the pause trap and the step markers, and the C++ kernel calls into it
+only for a new group, a requested pause or a ring not yet open. Without the build the Python
+kernel below does it all.
+
 The hook also marks the end of every optimizer step in the ring (:mod:`.step_marker`), where
 the iteration tracker measures iterations when it can.
 
@@ -42,8 +49,15 @@ from failslow import envvars
 from failslow.core.events import Flags, OpCode, Source
 from failslow.core.group_files import groups_path
 from failslow.core.ring import DEFAULT_CAPACITY, RingWriter, ring_path
+from failslow.nccl_hook import native_hook
 from failslow.nccl_hook.c10d_ops import OP_SPECS, OpSpec, payload_dtype
-from failslow.nccl_hook.groups import GroupEntry, GroupTable, backend_name_of, group_ranks_of
+from failslow.nccl_hook.groups import (
+    GroupEntry,
+    GroupTable,
+    NativeCallCounter,
+    backend_name_of,
+    group_ranks_of,
+)
 from failslow.nccl_hook.step_marker import StepMarker
 from failslow.nccl_hook.trap import Trap
 
@@ -93,6 +107,8 @@ class Capture:
         """Completion callbacks handed to torch and not yet released by it (:class:`_Callback`)."""
         self._inflight_lock = threading.Lock()
         self._exit_registered = False
+        self.native: Any = None
+        """The native hook module while its C++ kernel records the calls (native_hook.py)."""
         if global_rank is not None:
             self._open(global_rank)
 
@@ -109,6 +125,8 @@ class Capture:
                 path, capacity=self.capacity, global_rank=global_rank, local_rank=local_rank
             )
             self.trap = Trap(self.writer)
+            if self.native is not None:
+                self.writer.use_native(self.native)
             self.ring_path = path
             self.global_rank = global_rank
             self.groups.set_path(groups_path(path))
@@ -145,7 +163,16 @@ class Capture:
         if entry.name != self._world_name:
             self._world_name = entry.name
             self.pause_calls.clear()  # the phase is of the new group's call sequence
+            if self.native is not None:
+                self.native.set_pause_group(entry.name)
         return entry
+
+    def recent_pause_calls(self) -> list[tuple[int, int, int]]:
+        """``(call_index, token, t_start_ns)`` of the pause group's recent calls, oldest
+        first (kept by whichever kernel records them)."""
+        if self.native is not None:
+            return [tuple(c) for c in self.native.pause_calls()]  # type: ignore[misc]
+        return list(self.pause_calls)
 
     def ensure_ring(self) -> RingWriter | None:
         """The ring writer, opening it now if the default process group already exists."""
@@ -163,13 +190,16 @@ class Capture:
 
         if self.active:
             return
-        lib = torch.library.Library("c10d", "IMPL")
-        for spec in OP_SPECS:
-            packet = getattr(torch.ops.c10d, spec.name, None)
-            if packet is None:  # op not in this torch version
-                continue
-            lib.impl(spec.name, self._make_kernel(spec, packet.default), "Autograd")
-        self._lib = lib
+        specs = [s for s in OP_SPECS if getattr(torch.ops.c10d, s.name, None) is not None]
+        native = native_hook.load()
+        if native is not None:
+            self._start_native(native, specs)
+        else:
+            lib = torch.library.Library("c10d", "IMPL")
+            for spec in specs:
+                overload = getattr(torch.ops.c10d, spec.name).default
+                lib.impl(spec.name, self._make_kernel(spec, overload), "Autograd")
+            self._lib = lib
         if not self._exit_registered:  # after torch's import: runs before torch tears down
             atexit.register(self.quiesce)
             self._exit_registered = True
@@ -196,6 +226,8 @@ class Capture:
         if self._lib is not None:
             self._lib._destroy()
             self._lib = None
+        if self.native is not None:
+            self.native.uninstall()  # the C++ kernel is gone; its counters and ring stay
 
     def quiesce(self, timeout_s: float = 2.0) -> bool:
         """Stop capturing and wait (up to ``timeout_s``) until torch released every completion
@@ -214,6 +246,48 @@ class Capture:
         with self._open_lock:
             if self.writer is not None:
                 self.writer.close()
+
+    # -- the native hook (native_hook.py, native/hook.cpp) ------------------------------------
+    def _start_native(self, native: Any, specs: list[OpSpec]) -> None:
+        """Record with the C++ kernel: it gets the op table, every group known so far (and
+        each new one, with its call counter), and the ring."""
+        table = [_native_spec(spec) for spec in specs]
+        self.native = native
+        self.groups.on_add = self._register_native
+        for entry in self.groups.entries():
+            self._register_native(entry)
+        if self.writer is not None and self.writer._native is None:
+            self.writer.use_native(native)
+        native.install(self, table)
+        if self._world_name is not None:
+            native.set_pause_group(self._world_name)
+
+    def _register_native(self, entry: GroupEntry) -> None:
+        native = self.native
+        if native is None or isinstance(entry.calls, NativeCallCounter):
+            return
+        defer = self.defer_nccl and "nccl" in entry.backend.lower()
+        native.add_group(entry.name, entry.key, list(entry.ranks), defer, entry.calls.peek())
+        entry.calls = NativeCallCounter(native, entry.name)
+
+    def _native_resolve(self, pg_obj: Any) -> None:
+        """The C++ kernel met a group it does not know, or has no ring yet (GIL held)."""
+        from torch._C._distributed_c10d import ProcessGroup
+
+        self.ensure_ring()
+        self._register_native(self._entry_for(ProcessGroup.unbox(pg_obj)))
+
+    def _native_trap(self, pg_obj: Any) -> None:
+        """The C++ kernel saw a pause requested in the ring header (GIL held)."""
+        from torch._C._distributed_c10d import ProcessGroup
+
+        try:
+            trap = self.trap
+            if trap is not None and trap.requested():
+                entry = self._entry_for(ProcessGroup.unbox(pg_obj))
+                trap.check(entry.key, entry.calls.peek())
+        except Exception:  # the trap must never break the call it guards
+            log.debug("failslow: pause trap failed", exc_info=True)
 
     # -- groups ----------------------------------------------------------------------------
     def _wrap_helper(self, orig: Any) -> Any:
@@ -304,10 +378,14 @@ class Capture:
             return
         tls = self._tls
         busy, tls.busy = getattr(tls, "busy", False), True
+        native = self.native
+        native_busy = native.set_busy(True) if native is not None else False
         try:
             trap.park()
         finally:
             tls.busy = busy
+            if native is not None:
+                native.set_busy(native_busy)
 
     def _check_trap(self, spec: OpSpec, args: tuple[Any, ...], pg_cls: Any) -> None:
         try:
@@ -351,8 +429,10 @@ class Capture:
             return  # the shim records this call below, with NCCL's own timing
         payload = args[spec.input_arg]
         flags = Flags.COALESCED if spec.coalesced else Flags.NONE
-        if spec.async_arg is not None and spec.async_arg < len(args) and args[spec.async_arg]:
-            flags |= Flags.ASYNC_OP
+        if spec.async_arg is not None:  # torch leaves out trailing arguments at their
+            is_async = args[spec.async_arg] if spec.async_arg < len(args) else True  # default
+            if is_async:
+                flags |= Flags.ASYNC_OP
         peer = -1
         if spec.peer_arg is not None:
             peer = entry.global_rank(int(args[spec.peer_arg]))
@@ -423,6 +503,23 @@ class Capture:
         writer = self.writer
         if writer is not None and not writer._mm.closed:
             writer.write(t_end_ns=t_end, flags=int(flags), **fields)
+
+
+def _native_spec(spec: OpSpec) -> dict[str, Any]:
+    """One op's row of hook.cpp's table (it sums a payload's bytes by the argument's type:
+    a tensor, a list or a list of lists, as the spec's ``nbytes`` does)."""
+    return {
+        "name": spec.name,
+        "op": int(spec.op),
+        "input_arg": spec.input_arg,
+        "payload": spec.op != OpCode.BARRIER,
+        "pg_arg": spec.pg_arg,
+        "peer_arg": -1 if spec.peer_arg is None else spec.peer_arg,
+        "async_arg": -1 if spec.async_arg is None else spec.async_arg,
+        "coalesced": spec.coalesced,
+        "at_return": spec.op in _NEVER_POLLED,
+        "any_source": spec.name == "recv_any_source_",
+    }
 
 
 class _Callback:

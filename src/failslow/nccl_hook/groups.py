@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,22 @@ class CallCounter:
         return self._next
 
 
+class NativeCallCounter:
+    """A group's call counter kept by the native hook (``native/hook.cpp``), which takes one
+    per call it records; Python reads it (the pause trap) or takes one the same way."""
+
+    __slots__ = ("_name", "_native")
+
+    def __init__(self, native: Any, name: str) -> None:
+        self._native, self._name = native, name
+
+    def __next__(self) -> int:
+        return int(self._native.next_call(self._name))
+
+    def peek(self) -> int:
+        return int(self._native.peek_call(self._name))
+
+
 @dataclass(slots=True)
 class GroupEntry:
     """What the hook keeps per group: key, global ranks, and this rank's call counter."""
@@ -47,7 +63,7 @@ class GroupEntry:
     ranks: tuple[int, ...]
     name: str
     backend: str = ""
-    calls: CallCounter = field(default_factory=lambda: CallCounter())
+    calls: CallCounter | NativeCallCounter = field(default_factory=lambda: CallCounter())
 
     def global_rank(self, group_rank: int) -> int:
         if 0 <= group_rank < len(self.ranks):
@@ -66,6 +82,9 @@ class GroupTable:
         self._lock = threading.Lock()
         self._pending: list[GroupInfo] = []
         self.path = path
+        self.on_add: Callable[[GroupEntry], None] | None = None
+        """Called (under the table's lock) with every entry added: the native hook registers
+        the group and takes over its call counter."""
 
     def get(self, name: str) -> GroupEntry | None:
         return self._entries.get(name)
@@ -81,6 +100,8 @@ class GroupTable:
             entry = GroupEntry(
                 key=group_key(name, ranks_t), ranks=ranks_t, name=name, backend=backend
             )
+            if self.on_add is not None:
+                self.on_add(entry)
             self._entries[name] = entry
             info = GroupInfo(key=entry.key, ranks=ranks_t, role=role, backend=backend, name=name)
             if self.path is None:

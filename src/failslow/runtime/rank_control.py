@@ -57,7 +57,7 @@ class RankControl:
         entry = self.capture.pause_group(dist.get_world_size())
         if entry is None:
             return None
-        phase = iteration_phase(list(self.capture.pause_calls))
+        phase = iteration_phase(self.capture.recent_pause_calls())
         return (entry.key, entry.calls.peek(), *(phase or ()))
 
     def start(self) -> RankControl:
