@@ -18,17 +18,20 @@ training thread's CPU time per step in ABBA blocks (off, on, on, off; 5 steps ea
   the step touches).
 
 Measured 2026-11-25, one mode per process (``--modes X``), 50 rounds each: ``kernels``
-+0.01% / +4.35% (two processes), ``alloc:4000000`` +0.06% / -10.54%, ``none`` +0.30%; all
-three in one process: +1.48%, +0.09%, +0.08%. Four megabytes that
-no op reads moved the step by up to 10% - more, either way, than the kernels - and whether a
-toggle shows anything depends on the process. A C++ passthrough kernel (the same registration
-from a ``load_inline`` extension, not kept here: it needs a compiler run) gave +2.4% / +3.3% in
-two processes, so a native hook would not remove such a figure either. The in-process toggle
-of ``tracking_overhead.py`` therefore cannot resolve 0.5%: its few percent are within what the
-allocation state alone does to this step. The hook's own cost is the bottom-up per-call figure
-(``tracking_overhead.py``: ~100 us per call, 0.4% of that job's step); a whole-job figure needs
-many processes, each with its own layout (ASLR, allocator state), alternated with and without
-the hook.
++0.01% / +4.35% (two processes), ``alloc:4000000`` +0.06% / -10.54%, ``none`` +0.30%. Four
+megabytes that no op reads moved the step by up to 10%, either way, per process.
+
+The cause is glibc's *dynamic* mmap threshold: freeing a large block raises it, and whether
+this step's tensors (a few hundred KB each) are then served from the heap or from fresh,
+zero-filled mmaps depends on the process's allocation history. Setting the thresholds
+explicitly turns the adjustment off: with ``MALLOC_MMAP_THRESHOLD_=131072
+MALLOC_TRIM_THRESHOLD_=262144`` (the mmap threshold at glibc's default, fixed) in the
+environment, ``alloc:4000000`` gave -0.03%,
+-0.01%, -0.16%, -0.24% in four processes (30 rounds) and the round-to-round spread fell from
+~4.3% to 1.2-2.1%; ``kernels`` -0.33%, -0.44%, +0.36%, ``none`` -0.24%, +0.90%, +0.26%. So the
+Python kernels do not slow ordinary ops, and ``tracking_overhead.py`` now runs its ranks with
+fixed thresholds (``--malloc fixed``). What the Python hook does cost is per collective (its
+kernel and the GIL on the backend's threads: ``tracking_overhead.py --kernel python``).
 """
 
 from __future__ import annotations
