@@ -98,23 +98,8 @@ class Ring {
   uint64_t write(int64_t t_start, int64_t t_end, uint64_t nbytes, uint64_t key,
                  uint64_t call_index, int op, int dtype, int source, int flags, int32_t peer,
                  uint64_t token) {
-    uint64_t i = __atomic_fetch_add(&hdr_->write_index, 1, __ATOMIC_ACQ_REL);
-    fls_record* r = &rec_[i & mask_];
-    __atomic_store_n(&r->commit, 0, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    r->t_start_ns = t_start;
-    r->t_end_ns = t_end;
-    r->nbytes = nbytes;
-    r->group_key = key;
-    r->call_index = call_index;
-    r->op = uint16_t(op);
-    r->dtype = uint16_t(dtype);
-    r->source = uint8_t(source);
-    r->flags = uint8_t(flags);
-    r->reserved0 = 0;
-    r->peer = peer;
-    r->reserved1 = 0;
-    __atomic_store_n(&r->commit, i + 1, __ATOMIC_RELEASE);
+    uint64_t i = fls_ring_emit(hdr_, rec_, mask_, t_start, t_end, nbytes, key, call_index, op,
+                               dtype, source, flags, peer);
     settle(token);
     return i;
   }

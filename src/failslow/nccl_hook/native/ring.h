@@ -55,6 +55,33 @@ _Static_assert(sizeof(fls_record) == FLS_RECORD_SIZE, "ring record is 64 bytes")
 _Static_assert(offsetof(fls_ring_header, control) == 72, "control word at 72");
 _Static_assert(offsetof(fls_record, peer) == 56, "peer at 56");
 
+/* Appends one record: reserves slot write_index by fetch-and-add, then seqlock-style commit 0,
+ * fence, body, commit index + 1 with a release store (events.py, the reader's protocol). The
+ * one writer protocol of the C shim (writer.c) and the hook's C++ kernel (hook.cpp). */
+static inline uint64_t fls_ring_emit(fls_ring_header *h, fls_record *rec, uint64_t mask,
+                                     int64_t t_start, int64_t t_end, uint64_t nbytes,
+                                     uint64_t group_key, uint64_t call_index, int op, int dtype,
+                                     int source, int flags, int32_t peer) {
+  uint64_t i = __atomic_fetch_add(&h->write_index, 1, __ATOMIC_RELAXED);
+  fls_record *r = &rec[i & mask];
+  __atomic_store_n(&r->commit, 0, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  r->t_start_ns = t_start;
+  r->t_end_ns = t_end;
+  r->nbytes = nbytes;
+  r->group_key = group_key;
+  r->call_index = call_index;
+  r->op = (uint16_t)op;
+  r->dtype = (uint16_t)dtype;
+  r->source = (uint8_t)source;
+  r->flags = (uint8_t)flags;
+  r->reserved0 = 0;
+  r->peer = peer;
+  r->reserved1 = 0;
+  __atomic_store_n(&r->commit, i + 1, __ATOMIC_RELEASE);
+  return i;
+}
+
 /* X-macro lists so a test program can print every name with its value. */
 #define FLS_OPS(X)                                                                     \
   X(UNKNOWN, 0) X(ALLREDUCE, 1) X(ALLGATHER, 2) X(REDUCE_SCATTER, 3) X(BROADCAST, 4)   \

@@ -185,24 +185,8 @@ int fls_writer_ready(void) {
 
 void fls_emit(int64_t t_start, int64_t t_end, uint64_t nbytes, uint64_t group_key,
               uint64_t call_index, int op, int dtype, int flags, int32_t peer) {
-  uint64_t i = __atomic_fetch_add(&fls_w.hdr->write_index, 1, __ATOMIC_RELAXED);
-  fls_record *r = &fls_w.rec[i & fls_w.mask];
-  /* seqlock-style: commit 0, fence, body, commit i + 1 with release (events.py Protocol) */
-  __atomic_store_n(&r->commit, 0, __ATOMIC_RELAXED);
-  __atomic_thread_fence(__ATOMIC_RELEASE);
-  r->t_start_ns = t_start;
-  r->t_end_ns = t_end;
-  r->nbytes = nbytes;
-  r->group_key = group_key;
-  r->call_index = call_index;
-  r->op = (uint16_t)op;
-  r->dtype = (uint16_t)dtype;
-  r->source = FLS_SRC_SHIM;
-  r->flags = (uint8_t)flags;
-  r->reserved0 = 0;
-  r->peer = peer;
-  r->reserved1 = 0;
-  __atomic_store_n(&r->commit, i + 1, __ATOMIC_RELEASE);
+  fls_ring_emit(fls_w.hdr, fls_w.rec, fls_w.mask, t_start, t_end, nbytes, group_key, call_index,
+                op, dtype, FLS_SRC_SHIM, flags, peer);
 }
 
 /* Parks the calling thread until the control word is 0 again, or releases it after
