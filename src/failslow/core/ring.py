@@ -176,8 +176,8 @@ class RingWriter:
     def use_native(self, native: Any) -> None:
         """Write through ``native`` from now on: the hook's C++ writer (``nccl_hook/native/
         hook.cpp``), which maps this ring itself and takes slots with the C writer's
-        fetch-and-add. Its calls and this object's records (step markers) then share one slot
-        counter, one lock and one ``settled_ns``; nothing was written here before."""
+        fetch-and-add from the header's write index. Its calls and this object's records (step
+        markers) then share one slot counter, one lock and one ``settled_ns``."""
         native.open_ring(str(self.path))
         self._native = native
 

@@ -274,20 +274,17 @@ class Capture:
         """The C++ kernel met a group it does not know, or has no ring yet (GIL held)."""
         from torch._C._distributed_c10d import ProcessGroup
 
-        self.ensure_ring()
-        self._register_native(self._entry_for(ProcessGroup.unbox(pg_obj)))
+        try:
+            self.ensure_ring()
+            self._register_native(self._entry_for(ProcessGroup.unbox(pg_obj)))
+        except Exception:  # the call goes on unrecorded; it must never fail for failslow
+            log.debug("failslow: could not register a group with the native hook", exc_info=True)
 
     def _native_trap(self, pg_obj: Any) -> None:
         """The C++ kernel saw a pause requested in the ring header (GIL held)."""
         from torch._C._distributed_c10d import ProcessGroup
 
-        try:
-            trap = self.trap
-            if trap is not None and trap.requested():
-                entry = self._entry_for(ProcessGroup.unbox(pg_obj))
-                trap.check(entry.key, entry.calls.peek())
-        except Exception:  # the trap must never break the call it guards
-            log.debug("failslow: pause trap failed", exc_info=True)
+        self._check_trap(pg_obj, ProcessGroup)
 
     # -- groups ----------------------------------------------------------------------------
     def _wrap_helper(self, orig: Any) -> Any:
@@ -348,7 +345,7 @@ class Capture:
             tls.busy = True  # a collective issued from inside this call is not recorded
             try:
                 if self.trap is not None:  # the pause trap (trap.py)
-                    self._check_trap(spec, args, ProcessGroup)
+                    self._check_trap(args[spec.pg_arg], ProcessGroup)
                 writer = self.writer  # it keeps the call in flight until its record is in
                 token: int | None = None
                 if writer is not None:
@@ -387,11 +384,12 @@ class Capture:
             if native is not None:
                 native.set_busy(native_busy)
 
-    def _check_trap(self, spec: OpSpec, args: tuple[Any, ...], pg_cls: Any) -> None:
+    def _check_trap(self, pg_obj: Any, pg_cls: Any) -> None:
+        """Park here if a pause asks for this call (``pg_obj``: the call's boxed group)."""
         try:
             trap = self.trap
             if trap is not None and trap.requested():
-                entry = self._entry_for(pg_cls.unbox(args[spec.pg_arg]))
+                entry = self._entry_for(pg_cls.unbox(pg_obj))
                 trap.check(entry.key, entry.calls.peek())
         except Exception:  # the trap must never break the call it guards
             log.debug("failslow: pause trap failed", exc_info=True)
