@@ -289,6 +289,8 @@ class IterationTracker:
         if pos.size == 0:
             return np.empty(0, dtype=np.int64), np.empty(0)
         self._last_anchor_idx = start + int(pos[-1])
+        if self._marker_key is not None:  # markers measure the iterations; anchors only the
+            return np.empty(0, dtype=np.int64), np.empty(0)  # period (their times unused)
         return self._emit(t[pos])
 
     def _emit(self, anchor_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
