@@ -53,13 +53,15 @@ def scenario_ops(ctx: dict[str, Any]) -> dict[str, Any]:
     W = dist.group.WORLD
     wk = _gk(W)
 
-    def exp(op: OpCode, nbytes: int, peer: int = -1, key: int = wk) -> None:
-        expected.append({"op": int(op), "nbytes": nbytes, "peer": peer, "key": key})
+    def exp(op: OpCode, nbytes: int, peer: int = -1, key: int = wk, **more: Any) -> None:
+        expected.append({"op": int(op), "nbytes": nbytes, "peer": peer, "key": key, **more})
 
     def ops() -> None:
         t = torch.arange(10, dtype=torch.float32) + rank
         dist.all_reduce(t)
-        exp(OpCode.ALLREDUCE, 40)
+        exp(OpCode.ALLREDUCE, 40, async_op=False)
+        dist.all_reduce(t, async_op=True).wait()  # async_op=True is the schema's default:
+        exp(OpCode.ALLREDUCE, 40, async_op=True)  # torch leaves it out of the boxed call
         ts = [torch.ones(3), torch.ones(5)]
         dist.all_reduce_coalesced(ts)
         exp(OpCode.ALLREDUCE_COALESCED, 12 + 20)

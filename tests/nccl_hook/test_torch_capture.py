@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from failslow.core.events import OpCode
+from failslow.core.events import Flags, OpCode
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -39,6 +39,8 @@ def test_every_op_kind_recorded(world: list[RankResult]) -> None:
                 x["op"], x["nbytes"], x["peer"], x["key"]
             ), f"rank {r.rank}: {e} != {x}"
             assert e.t_end_ns >= e.t_start_ns > 0
+            if "async_op" in x:
+                assert bool(e.flags & Flags.ASYNC_OP) == x["async_op"], f"rank {r.rank}: {e}"
         assert r.writer_dropped == 0
 
 
