@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import failslow.nccl_hook as hook
-from failslow.core.events import OpCode, group_key
+from failslow.core.events import DType, OpCode, group_key
 
 
 class Phases:
@@ -59,9 +59,11 @@ def scenario_ops(ctx: dict[str, Any]) -> dict[str, Any]:
     def ops() -> None:
         t = torch.arange(10, dtype=torch.float32) + rank
         dist.all_reduce(t)
-        exp(OpCode.ALLREDUCE, 40, async_op=False)
+        exp(OpCode.ALLREDUCE, 40, async_op=False, dtype=int(DType.FLOAT32))
         dist.all_reduce(t, async_op=True).wait()  # async_op=True is the schema's default:
         exp(OpCode.ALLREDUCE, 40, async_op=True)  # torch leaves it out of the boxed call
+        dist.all_reduce(torch.ones(3, dtype=torch.int64))
+        exp(OpCode.ALLREDUCE, 24, dtype=int(DType.INT64))
         ts = [torch.ones(3), torch.ones(5)]
         dist.all_reduce_coalesced(ts)
         exp(OpCode.ALLREDUCE_COALESCED, 12 + 20)

@@ -52,7 +52,10 @@ def require_native_hook() -> None:
 
     if native_hook.built() is None:
         if shutil.which("c++") is None and shutil.which("g++") is None:
-            pytest.skip("no C++ compiler here: the native hook cannot be built")
+            pytest.skip(
+                "no C++ compiler (c++/g++) on this machine, so the hook's C++ kernel cannot be "
+                "built here; the Python kernel's world still runs"
+            )
         pytest.fail("the native hook is not built: run `failslow build-hook` (./dev setup does)")
 
 

@@ -39,6 +39,8 @@ def test_every_op_kind_recorded(world: list[RankResult]) -> None:
                 x["op"], x["nbytes"], x["peer"], x["key"]
             ), f"rank {r.rank}: {e} != {x}"
             assert e.t_end_ns >= e.t_start_ns > 0
+            if "dtype" in x:
+                assert int(e.dtype) == x["dtype"], f"rank {r.rank}: {e}"
             if "async_op" in x:
                 assert bool(e.flags & Flags.ASYNC_OP) == x["async_op"], f"rank {r.rank}: {e}"
         assert r.writer_dropped == 0

@@ -101,6 +101,19 @@ _DTYPES: dict[str, DType] = {
 }
 
 
+def dtype_table() -> list[tuple[Any, int]]:
+    """``(torch dtype, DType code)`` for every mapped dtype this torch has (the native hook's
+    table: the same mapping as :func:`payload_dtype`)."""
+    import torch
+
+    out = []
+    for name, code in _DTYPES.items():
+        dtype = getattr(torch, name.removeprefix("torch."), None)
+        if isinstance(dtype, torch.dtype):
+            out.append((dtype, int(code)))
+    return out
+
+
 def payload_dtype(payload: Any) -> DType:
     """DType of the first tensor of a payload argument (UNKNOWN if empty or unmapped)."""
     t = _first(payload)

@@ -50,7 +50,7 @@ from failslow.core.events import Flags, OpCode, Source
 from failslow.core.group_files import groups_path
 from failslow.core.ring import DEFAULT_CAPACITY, RingWriter, ring_path
 from failslow.nccl_hook import native_hook
-from failslow.nccl_hook.c10d_ops import OP_SPECS, OpSpec, payload_dtype
+from failslow.nccl_hook.c10d_ops import OP_SPECS, OpSpec, dtype_table, payload_dtype
 from failslow.nccl_hook.groups import (
     GroupEntry,
     GroupTable,
@@ -258,7 +258,7 @@ class Capture:
             self._register_native(entry)
         if self.writer is not None and self.writer._native is None:
             self.writer.use_native(native)
-        native.install(self, table)
+        native.install(self, table, dtype_table())
         if self._world_name is not None:
             native.set_pause_group(self._world_name)
 

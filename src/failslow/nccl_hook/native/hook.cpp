@@ -24,6 +24,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <fcntl.h>
@@ -241,6 +242,7 @@ struct Hook {
   std::unique_ptr<torch::Library> lib;
   std::atomic<bool> active{false};
   std::unordered_map<std::string, OpSpec> specs;  // written at install, read-only after
+  int dtypes[256] = {0};  // c10::ScalarType -> events.py DType code, likewise (0: UNKNOWN)
   std::shared_mutex groups_mu;
   std::unordered_map<std::string, std::shared_ptr<Group>> groups;  // by torch group name
   std::shared_ptr<Ring> ring;  // guarded by ring_mu (a shared_ptr copy per call)
@@ -272,21 +274,8 @@ std::shared_ptr<Group> find_group(const std::string& name) {
   return it == h->groups.end() ? nullptr : it->second;
 }
 
-int dtype_code(c10::ScalarType t) {  // events.py DType (c10d_ops.py payload_dtype)
-  switch (t) {
-    case c10::ScalarType::Float: return FLS_DT_FLOAT32;
-    case c10::ScalarType::Half: return FLS_DT_FLOAT16;
-    case c10::ScalarType::BFloat16: return FLS_DT_BFLOAT16;
-    case c10::ScalarType::Double: return FLS_DT_FLOAT64;
-    case c10::ScalarType::Char: return FLS_DT_INT8;
-    case c10::ScalarType::Byte: return FLS_DT_UINT8;
-    case c10::ScalarType::Int: return FLS_DT_INT32;
-    case c10::ScalarType::Long: return FLS_DT_INT64;
-    case c10::ScalarType::Float8_e4m3fn: return FLS_DT_FP8_E4M3;
-    case c10::ScalarType::Float8_e5m2: return FLS_DT_FP8_E5M2;
-    case c10::ScalarType::Bool: return FLS_DT_BOOL;
-    default: return FLS_DT_UNKNOWN;
-  }
+int dtype_code(c10::ScalarType t) {  // from c10d_ops.py's table (install)
+  return hook()->dtypes[static_cast<uint8_t>(t)];
 }
 
 // Bytes of a payload argument (a tensor, a list of them, or a list of lists) and the dtype
@@ -350,7 +339,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
       ring = current_ring();
     }
     if (ring && ring->control() != 0) call_python("_native_trap", &pg_iv);  // trap.py
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     group = nullptr;
   }
   if (!group || !ring) return below();
@@ -427,10 +416,15 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
 
 // -- the Python interface ------------------------------------------------------------------
 
-void install(py::object capture, const std::vector<py::dict>& specs) {
+void install(py::object capture, const std::vector<py::dict>& specs,
+             const std::vector<std::pair<py::object, int>>& dtypes) {
   Hook* h = hook();
   TORCH_CHECK(!h->lib, "failslow: the native hook is installed already");
   if (h->specs.empty()) {  // read by kernels without a lock: written once, at the first install
+    for (const auto& [dtype, code] : dtypes) {
+      TORCH_CHECK(THPDtype_Check(dtype.ptr()), "failslow: not a torch dtype in the dtype table");
+      h->dtypes[static_cast<uint8_t>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type)] = code;
+    }
     for (const py::dict& d : specs) {
       OpSpec s;
       s.op = d["op"].cast<int>();
