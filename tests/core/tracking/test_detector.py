@@ -16,6 +16,8 @@ from failslow.core.tracking import (
     SlidingWindowDetector,
     detect,
 )
+from failslow.sim.traces import CATEGORIES
+from failslow.sim.training_life import life_trace
 
 ALL = [FailSlowDetector, BOCDDetector, SlidingWindowDetector]
 
@@ -230,3 +232,42 @@ def test_detected_at_is_the_update_that_reports_even_after_held_points() -> None
     ((i, onset),) = reported
     assert onset.detected_at == i
     assert 1005 <= onset.iteration <= 1006 and i <= 1010
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_onset_s_own_points_do_not_delay_the_next_onset(seed: int) -> None:
+    """The points that made an onset are not one of the job's slow steps: a second fail-slow
+    of the same size is reported as fast as the first (it used to wait two points more)."""
+    x = noisy(3000, seed=seed)
+    x[1000:1300] *= 1.5
+    x[2000:2300] *= 1.5
+    events = onsets(detect(x))
+    assert [e.iteration for e in events] == [1000, 2000]
+    assert [e.detected_at - e.iteration for e in events] == [3, 3]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_ladder_step_right_after_a_compound_onset(seed: int) -> None:
+    """A further step ten iterations after a compound onset, with GC spikes between them:
+    BOCD's mass still sits on runs from before the compound onset, and the regime is too
+    young for its own noise scale; the trailing run of slow points is verified anyway, with
+    the noise measured over half the reference window."""
+    x = noisy(2000, seed=seed)
+    x[1000:] *= 1.6
+    x[1100:] *= 1.2
+    x[[1103, 1107]] *= 3.0
+    x[1110:] *= 1.35
+    events = onsets(detect(x))
+    assert [e.iteration for e in events] == [1000, 1100, 1110]
+    assert events[-1].detected_at <= 1114
+    assert events[-1].change == pytest.approx(0.35, abs=0.05)
+
+
+def test_a_level_that_creeps_past_the_line_is_not_an_onset() -> None:
+    """A healthy corpus job (seed 1, 4-node #112): a 7% level shift, then drift, put the
+    level 10-13% above where it was 160 iterations later. A change is verified within as
+    many points as the reference window before it, so this is drift, not a fail-slow."""
+    category = "4-node"
+    rng = np.random.default_rng([1, 1000 + CATEGORIES.index(category), 112])
+    trace = life_trace(category, rng, positive=False)
+    assert onsets(detect(trace.times)) == []

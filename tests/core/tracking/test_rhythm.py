@@ -39,12 +39,83 @@ def test_two_rhythms_with_one_period_and_different_phases() -> None:
     assert np.array_equal(explained[900:], high[900:])
 
 
-def test_a_slowdown_that_starts_before_a_slot_is_never_explained() -> None:
+def test_a_slowdown_that_starts_before_a_slot_is_not_explained_by_a_new_rhythm() -> None:
     high = steps(1200, 100, 50, 2)
     high[748:] = True  # a fail-slow two iterations before the eighth eval step
-    explained = feed(Rhythm(), high)
-    assert explained[450:452].all()  # the rhythm is known by then
-    assert not explained[748:].any()
+    rhythm = Rhythm()
+    explained = feed(rhythm, high[:748])
+    assert explained[450:452].all()  # the rhythm is known by then ...
+    assert rhythm.periods[0].hits < 8  # ... but seen fewer than eight times
+    assert not any(rhythm.observe(t, True) for t in range(748, 1200))
+
+
+def test_a_well_confirmed_step_inside_a_run_is_the_rhythm_s_own() -> None:
+    """Seen eight times, a multi-iteration step is explained even inside a run of high
+    iterations that began before its slot (a GC spike, a noise point just before an eval
+    step), but only its own iterations - not the slot's tolerance around them."""
+    high = steps(2000, 100, 50, 2)
+    high[1048:] = True  # two iterations before the eleventh eval step
+    rhythm = Rhythm()
+    feed(rhythm, high[:1048])
+    assert rhythm.periods[0].hits >= 8
+    later = [rhythm.observe(t, True) for t in range(1048, 1200)]
+    assert later[:8] == [False, False, True, True] + [False] * 4
+    assert later[102:104] == [True, True] and not later[101] and not later[104]
+
+
+def test_unlike_excursions_do_not_make_a_rhythm() -> None:
+    """Four starts in line, but a 1-iteration spike among 3-iteration steps: no rhythm."""
+    rhythm = Rhythm()
+    high = np.zeros(600, dtype=bool)
+    for start, length in ((100, 3), (200, 3), (300, 1), (400, 3)):
+        high[start : start + length] = True
+    feed(rhythm, high)
+    assert rhythm.periods == []
+    high[500:503] = True  # a fifth alike step: still no four alike ones in line
+    rhythm = Rhythm()
+    feed(rhythm, high)
+    assert rhythm.periods == []
+
+
+def test_a_step_seen_twice_must_be_outlasted_by_three() -> None:
+    """A slow step of L iterations can have a GC spike on each side: L + 2 slow points.
+    Seen once, a slowdown of its size must last L + 2; seen twice (a pattern, not a
+    one-off), L + 3. A run the detector reported as an onset is not one of these steps."""
+    rhythm = Rhythm()
+    t = 0
+
+    def run(length: int, excess: float, *, reported: bool = False) -> None:
+        nonlocal t
+        for _ in range(length):
+            rhythm.observe(t, True, excess)
+            t += 1
+        if reported:
+            rhythm.reported(slow=False)
+        rhythm.observe(t, False)
+        t += 37  # never in line: no rhythm is learned
+
+    assert rhythm.outlast(0.9) == 0
+    run(3, 0.9)
+    assert rhythm.outlast(0.9) == 5
+    assert rhythm.outlast(0.3) == 0  # not of a similar size
+    run(2, 1.0)
+    assert rhythm.outlast(0.9) == 6
+    run(6, 0.4, reported=True)  # a fail-slow's onset: its points are not a slow step
+    assert rhythm.outlast(0.4) == 0
+
+
+def test_during_a_fail_slow_excursions_are_not_slow_steps() -> None:
+    rhythm = Rhythm()
+    rhythm.reported(slow=True)  # an onset: the excursions over its level are congestion
+    for t in range(3):
+        rhythm.observe(t, True, 0.6)
+    rhythm.observe(3, False)
+    assert rhythm.outlast(0.6) == 0
+    rhythm.reported(slow=False)  # relief
+    for t in range(50, 53):
+        rhythm.observe(t, True, 0.6)
+    rhythm.observe(53, False)
+    assert rhythm.outlast(0.6) == 5
 
 
 def test_a_slowdown_that_starts_in_a_slot_is_explained_only_for_the_slot() -> None:

@@ -6,18 +6,21 @@ last accepted change, the start of every such run holding >= 5% of the posterior
 candidate. BOCD's posterior can trail a clean step by several iterations while its mass is
 still spread over runs that began in the noise before it, so the start of a trailing run of
 points above the current level by the threshold (and the next two points, for a slowdown that
-ramps up) is a candidate too. A candidate becomes a report only after *verification*: the
-iteration time after the change must differ from the time before it by at least 10% (the
-paper's rule). Verification uses robust statistics, so that the normal life of a training job -
-GC pauses and bursts, allocator misses, uneven sequence lengths, its periodic eval, checkpoint
-and logging steps of 1-3 iterations, sub-10% level shifts - cannot pass it:
+ramps up) is a candidate too, even while BOCD is not confident of any run in the current
+regime (right after a compound onset its mass still sits on runs from before it). A candidate
+becomes a report only after *verification*: the iteration time after the change must differ
+from the time before it by at least 10% (the paper's rule). Verification uses robust
+statistics, so that the normal life of a training job - GC pauses and bursts, allocator
+misses, uneven sequence lengths, its periodic eval, checkpoint and logging steps of 1-3
+iterations, sub-10% level shifts - cannot pass it:
 
 - "before" is the median of up to ``ref_window`` iterations before the candidate, within the
   current regime; nothing is reported in the first ``warmup`` (32) iterations;
 - with ``n >= min_post`` (4) points after the candidate, the median after must clear the 10%
   line by ``margin_z`` (1.5) standard errors of a median of ``n`` points, with the noise scale
-  measured robustly (successive differences): a 7% shift seen through 4% noise does not pass,
-  and the margin shrinks as points accumulate;
+  measured robustly (successive differences, over at least half of ``ref_window``, so that
+  a young regime's GC spikes are not taken for its noise): a 7% shift seen through 4% noise
+  does not pass, and the margin shrinks as points accumulate;
 - until ``settle`` (12) points, the slowdown must also have outlasted a periodic step and look
   like one new level: the newest point is beyond the line, no point is back near the old
   level (within half the threshold), at most one in six points (none before 7) is under the
@@ -26,7 +29,9 @@ and logging steps of 1-3 iterations, sub-10% level shifts - cannot pass it:
   step lasts up to three; a burst of GC spikes every other iteration fails "no point back";
 - from ``settle`` points on, the median decides (a noisy, congested new level is still
   reported), provided at most one point in ten is back near the old level and the newer half
-  of the points still clears the line;
+  of the points still clears the line; an onset is verified within ``ref_window`` (64)
+  points of its candidate or not at all (a level that crept past the line over more points
+  than the "before" window holds is drift: a healthy job's 7% shift plus drift did);
 - a relief needs the *upper tercile* after the candidate back within 10% of the baseline.
 The reported "after" is the median of the points after the change.
 
@@ -37,8 +42,9 @@ points in a predicted slot are held until their run ends. A run that outlasts a 
 slot (a logging step every 10-50 iterations: many onsets begin in one) was a slowdown that
 began there, and its held points are fed after all (the report is not delayed: the detector
 catches up in one update); the points of a multi-iteration slot (eval, checkpoint) stay the
-rhythm's, so a GC spike right after an eval step is judged alone. Events keep the job's
-iteration indices.
+rhythm's, so a GC spike right after an eval step is judged alone. A well-confirmed step's
+own iterations are left out even inside a run that began before its slot (:mod:`.rhythm`).
+Events keep the job's iteration indices.
 
 State: a healthy baseline ``B`` (frozen at an onset). An *onset* is a verified >= 10% slowdown
 versus the level before it (``B`` when healthy, the current slow level during a fail-slow, so a
@@ -235,7 +241,10 @@ class FailSlowDetector(Detector):
             else:
                 self.skipped += len(self._held)
             self._held.clear()
-        return events + self._feed(y, it)
+        events += self._feed(y, it)
+        if events and self.rhythm is not None:
+            self.rhythm.reported(slow=self._slow)
+        return events
 
     def _feed(self, y: float, it: int) -> list[ChangeEvent]:
         """One point into BOCD and the verification (``it``: the job's iteration index)."""
@@ -292,14 +301,15 @@ class FailSlowDetector(Detector):
         (a change since the last accepted one); every such run start holding at least
         ``candidate_mass`` of the posterior (at most three) is then verified. Looking past the
         single most probable run matters when a GC spike just before a real change started a
-        young, wide run that shadows the change.
+        young, wide run that shadows the change. The trailing run of slow points
+        (:meth:`_high_run`) is a candidate whether or not BOCD is confident.
         """
         young = min(t - self._seg_start, self.bocd.max_run)  # slots 1..young-1 start later
         if young <= self.min_post:
             return []
         head = probs[self.min_post : young]
         if probs[1:young].sum() < self.confidence or head.size == 0:
-            return []
+            return list(self._high_run(t))
         top = np.flatnonzero(head >= self.candidate_mass)
         if top.size > 3:
             top = top[np.argsort(head[top])[-3:]]
@@ -360,8 +370,13 @@ class FailSlowDetector(Detector):
         return None
 
     def _noise(self, c: int) -> float:
-        """Robust noise scale (log units) before ``c``, from successive differences."""
-        pre = self.history.window(max(self._seg_start, c - self.ref_window), c)
+        """Robust noise scale (log units) before ``c``, from successive differences.
+
+        Within the current regime, but over at least half the reference window: a regime a
+        few points old with a GC spike or two in it would make the spikes the noise (a level
+        step adds one large difference, which the median ignores)."""
+        start = min(max(self._seg_start, c - self.ref_window), c - self.ref_window // 2)
+        pre = self.history.window(start, c)
         if pre.size < 3:
             return 0.0
         return 1.0489 * median(np.abs(np.diff(pre)))  # sigma of y; trend- and step-proof
@@ -379,6 +394,8 @@ class FailSlowDetector(Detector):
         slow steps.
         """
         n = post.size
+        if onset and n > self.ref_window:
+            return False  # longer than the window before it: a level that crept up is drift
         after = 0.5 * float(post[(n - 1) // 2] + post[n // 2])
         scale = self._noise(c)
         if n >= self.settle:

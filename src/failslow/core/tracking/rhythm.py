@@ -11,20 +11,31 @@ an eval step then looks like noise.
 ``max_burst`` consecutive iterations above the current level by the detector's threshold,
 followed by one that is not. When an excursion starts at ``s`` and, for some earlier excursion
 start ``s - P``, excursions also started at ``s - 2P`` ... ``s - repeats * P`` (each within
-``tolerance`` iterations, for the odd iteration a capture layer missed), the job has a rhythm
-of period ``P`` and phase ``s mod P``. A rhythm's *slots* are the iterations it predicts:
-``[phase + k*P - tolerance, phase + k*P + duration + tolerance)``. A rhythm that predicts a
-slot and finds no excursion in it twice in a row is forgotten (an eval schedule that changed,
-or a coincidence of GC spikes). At most ``max_rhythms`` are kept (log, eval and checkpoint,
-plus one); learning costs O(``keep``) per excursion and prediction O(rhythms) per iteration.
+``tolerance`` iterations, for the odd iteration a capture layer missed), and all of them are
+*alike* (lengths within one iteration, sizes within :data:`ALIKE`: one slow step's
+occurrences differ by its +-15% and the noise, while a GC spike in line with three eval steps
+is a coincidence), the job has a rhythm of period ``P`` and phase ``s mod P``. A rhythm's
+*slots* are the iterations it predicts: ``[phase + k*P - tolerance, phase + k*P + duration +
+tolerance)``. A high iteration is explained by a rhythm when its run of high iterations began
+in the same slot; a slowdown that began before the slot is not, except for the step's own
+iterations (the slot without its tolerance) once the rhythm has been confirmed ``2 * (repeats
++ 1)`` times: a GC spike or a noise point just before a well-known eval step must not make the
+eval step part of an onset. A rhythm that predicts a slot and finds no excursion in it twice
+in a row is forgotten (an eval schedule that changed, or a coincidence of GC spikes). At most
+``max_rhythms`` are kept (log, eval and checkpoint, plus one); learning costs O(``keep``) per
+excursion and prediction O(rhythms) per iteration.
 
 Four aligned occurrences are needed because isolated GC spikes (up to 1% of iterations) and
 noise excursions line up by chance; with ``keep`` (128) remembered excursions - enough to span
 four eval periods of a noisy job - such chance rhythms still appear now and then, but die at
 their first two empty slots (in the tests, under 1% of random spikes are ever explained).
 Before a rhythm is known, the detector's own rules apply: a slowdown must outlast a burst, and
-one the size of a remembered multi-iteration excursion must outlast that excursion by two
-points (:meth:`Rhythm.outlast`, :mod:`.detector`).
+one the size of a remembered multi-iteration excursion must outlast it (:meth:`Rhythm.outlast`,
+:mod:`.detector`). A run the detector reported as a change of level still counts for the
+rhythm (a periodic step too long for the burst rule is reported until it is learned) but is
+not remembered as a slow step, nor are excursions while a fail-slow lasts (they are its
+congestion): before this, every onset left its own 4-8 points behind as a "slow step", and
+every later onset of its size waited two points more.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from collections import deque
 from dataclasses import dataclass
 
 LARGE = 0.25  # log excess (1.28x): smaller excursions are the noise's, not slow steps
+ALIKE = 0.4  # log: one slow step's occurrences differ by up to +-15% plus the noise
 
 
 @dataclass(slots=True)
@@ -43,6 +55,7 @@ class Excursion:
     length: int
     size: float  # mean log excess over the level
     periodic: bool = False  # explained by a learned rhythm
+    reported: bool = False  # the detector reported it as a change of level
 
 
 @dataclass(slots=True)
@@ -59,6 +72,12 @@ class Period:
         """Is iteration ``t`` inside one of this rhythm's predicted slots?"""
         offset = (t - self.phase + tolerance) % self.period
         return offset < self.duration + 2 * tolerance
+
+
+def _alike(a: Excursion, b: Excursion) -> bool:
+    """Could ``a`` and ``b`` be two occurrences of one periodic step? Lengths within one
+    iteration, sizes within ALIKE (log)."""
+    return abs(a.length - b.length) <= 1 and abs(a.size - b.size) <= ALIKE
 
 
 class Rhythm:
@@ -89,55 +108,76 @@ class Rhythm:
         self._run_sum = 0.0  # summed excess of the current run
         self._run_start = -1  # first iteration of the current run of high iterations
         self._run_len = 0
+        self._remember_large = True
+        self._run_reported = False
         self.periods: list[Period] = []
         self.step_length = 0  # duration of the rhythm that explained the last observed point
 
     def outlast(self, excess: float, similar: float = 0.25) -> int:
         """Points a slowdown of ``excess`` (log, over the level before it) must last before it
-        can be told from this job's own slow steps: two more than the longest remembered
-        multi-iteration excursion of a similar size (within ``similar`` of it, relatively),
-        else 0. Only excursions of at least :data:`LARGE` count: smaller ones are the noise's,
-        and the job's slow steps are larger.
+        can be told from this job's own slow steps: longer than the longest remembered
+        multi-iteration excursion of a similar size (within ``similar`` of it, relatively)
+        with a spike on one side (+2), or, once two such excursions are remembered (a
+        pattern, not a one-off), with a spike on each side (+3); else 0. Only excursions of at
+        least :data:`LARGE` count: smaller ones are the noise's, and the job's slow steps are
+        larger.
 
-        A 3-iteration eval step followed by a GC spike is four slow iterations at one level;
-        before the eval's rhythm is learned, only its size gives it away."""
+        A 3-iteration checkpoint with a GC spike before and after it is five slow iterations
+        at one level; before its rhythm is learned, only its size gives it away."""
         lengths = [
             e.length
             for e in self._large
             if not e.periodic and abs(e.size - excess) <= similar * max(e.size, excess)
         ]
-        return max(lengths) + 2 if lengths else 0
+        return max(lengths) + (3 if len(lengths) > 1 else 2) if lengths else 0
 
     def observe(self, t: int, high: bool, excess: float = 0.0) -> bool:
         """Record whether iteration ``t`` (fed in order) was above the current level (by
         ``excess``, log); return
         True if it is one of the job's periodic slow steps: high, and part of a run of high
-        iterations that began in the same predicted slot as ``t`` (a slowdown that began
-        before the slot, or outlasts it, is never explained by the rhythm)."""
+        iterations that began in the same predicted slot as ``t``, or inside the step itself
+        of a rhythm confirmed ``2 * (repeats + 1)`` times (see the module docstring)."""
         periodic = False
         if high:
             if self._run_len == 0:
-                self._run_start, self._run_sum = t, 0.0
+                self._run_start, self._run_sum, self._run_reported = t, 0.0, False
             self._run_len += 1
             self._run_sum += excess
             tol = self.tolerance
-            owners = [
+            began = [  # the run began in the slot that holds t
                 p
                 for p in self.periods
                 if p.slot(self._run_start, tol)
                 and p.slot(t, tol)
                 and (self._run_start - p.phase + tol) // p.period == (t - p.phase + tol) // p.period
             ]
+            within = [  # t is a well-confirmed multi-iteration step's own iteration
+                p
+                for p in self.periods
+                if p.duration > 1 and p.hits >= 2 * (self.repeats + 1) and p.slot(t, 0)
+            ]
+            owners = began + within
             periodic = bool(owners)
             self.step_length = max((p.duration for p in owners), default=0)
         elif self._run_len:
             if self._run_len <= self.max_burst:
+                mean = self._run_sum / self._run_len
                 self._excursion(
-                    Excursion(self._run_start, self._run_len, self._run_sum / self._run_len)
+                    Excursion(self._run_start, self._run_len, mean, reported=self._run_reported)
                 )
             self._run_len = 0
         self._expire(t)
         return periodic
+
+    def reported(self, *, slow: bool) -> None:
+        """The detector has just reported a change of level at the current run of high
+        iterations. The run still counts towards the rhythm (a periodic step too long for
+        the burst rule is reported until it is learned), but not for :meth:`outlast`: an
+        onset's own points are not one of the job's slow steps. While ``slow`` (a fail-slow
+        lasts), later excursions are not remembered for :meth:`outlast` either: over the
+        fail-slow's level, they are its congestion, not the job's slow steps."""
+        self._run_reported = self._run_len > 0
+        self._remember_large = not slow
 
     def _expire(self, t: int) -> None:
         """Count a miss for every rhythm whose slot ended long enough before ``t`` (an
@@ -164,12 +204,16 @@ class Rhythm:
             return
         for prev in reversed(self._seen):
             period = s - prev.start
-            if period < self.min_period:
+            if period < self.min_period or not _alike(prev, new):
                 continue
             aligned = [new]
             for k in range(1, self.repeats + 1):
                 at = s - k * period
-                near = [self._starts[x] for x in range(at - tol, at + tol + 1) if x in self._starts]
+                near = [
+                    self._starts[x]
+                    for x in range(at - tol, at + tol + 1)
+                    if x in self._starts and _alike(self._starts[x], new)
+                ]
                 if not near:
                     break
                 aligned.append(near[0])
@@ -188,7 +232,7 @@ class Rhythm:
                 del self._starts[old.start]
         self._seen.append(new)
         self._starts[new.start] = new
-        if new.length > 1 and new.size >= LARGE:
+        if new.length > 1 and new.size >= LARGE and self._remember_large and not new.reported:
             self._large.append(new)
 
     def _learn(self, new: Period) -> None:
