@@ -161,3 +161,19 @@ def test_a_missed_iteration_keeps_the_rhythm() -> None:
 def test_bad_parameters(kwargs: dict[str, int]) -> None:
     with pytest.raises(ValueError, match=r"must|need"):
         Rhythm(**kwargs)
+
+
+def test_during_a_fail_slow_only_large_excursions_start_a_rhythm() -> None:
+    """Congestion over a fail-slow's level makes many small excursions; they line up by
+    chance, so while slow only slow steps of at least 1.28x can start a rhythm."""
+
+    def learn(size: float, *, slow: bool) -> list[tuple[int, int]]:
+        rhythm = Rhythm()
+        rhythm.reported(slow=slow)
+        for t in range(1000):
+            rhythm.observe(t, t % 50 == 7, size)
+        return [(p.period, p.duration) for p in rhythm.periods]
+
+    assert learn(0.15, slow=False) == [(50, 1)]
+    assert learn(0.15, slow=True) == []
+    assert learn(0.6, slow=True) == [(50, 1)]

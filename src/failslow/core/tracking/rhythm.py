@@ -35,7 +35,10 @@ one the size of a remembered multi-iteration excursion must outlast it (:meth:`R
 rhythm (a periodic step too long for the burst rule is reported until it is learned) but is
 not remembered as a slow step, nor are excursions while a fail-slow lasts (they are its
 congestion): before this, every onset left its own 4-8 points behind as a "slow step", and
-every later onset of its size waited two points more.
+every later onset of its size waited two points more. While a fail-slow lasts, only
+excursions of at least :data:`LARGE` can start a new rhythm: every congestion point over the
+slow level is an excursion, and a 3000-iteration congested fail-slow otherwise filled
+``max_rhythms`` with chance rhythms and pushed out the job's checkpoint and eval rhythms.
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ class Rhythm:
                 p.phase, p.misses, p.hits = s, 0, p.hits + 1
                 new.periodic = True
         self._remember(new)
-        if new.periodic:
+        if new.periodic or (not self._remember_large and new.size < LARGE):
             return
         for prev in reversed(self._seen):
             period = s - prev.start
