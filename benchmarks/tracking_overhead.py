@@ -178,10 +178,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if time.monotonic() - t0 > args.timeout:
                 raise RuntimeError(f"timeout after {args.timeout:.0f}s")
             if not args.no_analyzer:
-                c = time.process_time()
+                c = time.thread_time()
                 for update in analyzer.poll():
                     iterations += len(update.new_times)
-                analyzer_cpu += time.process_time() - c
+                analyzer_cpu += time.thread_time() - c
                 polls += 1
             time.sleep(args.poll_interval)
         for update in analyzer.poll():

@@ -111,7 +111,7 @@ class Rhythm:
         self._run_sum = 0.0  # summed excess of the current run
         self._run_start = -1  # first iteration of the current run of high iterations
         self._run_len = 0
-        self._remember_large = True
+        self._failslow = False  # a reported fail-slow lasts (Rhythm.reported)
         self._run_reported = False
         self.periods: list[Period] = []
         self.step_length = 0  # duration of the rhythm that explained the last observed point
@@ -177,10 +177,11 @@ class Rhythm:
         iterations. The run still counts towards the rhythm (a periodic step too long for
         the burst rule is reported until it is learned), but not for :meth:`outlast`: an
         onset's own points are not one of the job's slow steps. While ``slow`` (a fail-slow
-        lasts), later excursions are not remembered for :meth:`outlast` either: over the
-        fail-slow's level, they are its congestion, not the job's slow steps."""
+        lasts), later excursions are not remembered for :meth:`outlast` either, and only
+        those of at least :data:`LARGE` can start a rhythm: over the fail-slow's level, they
+        are its congestion, not the job's slow steps."""
         self._run_reported = self._run_len > 0
-        self._remember_large = not slow
+        self._failslow = slow
 
     def _expire(self, t: int) -> None:
         """Count a miss for every rhythm whose slot ended long enough before ``t`` (an
@@ -203,7 +204,7 @@ class Rhythm:
                 p.phase, p.misses, p.hits = s, 0, p.hits + 1
                 new.periodic = True
         self._remember(new)
-        if new.periodic or (not self._remember_large and new.size < LARGE):
+        if new.periodic or (self._failslow and new.size < LARGE):
             return
         for prev in reversed(self._seen):
             period = s - prev.start
@@ -235,7 +236,7 @@ class Rhythm:
                 del self._starts[old.start]
         self._seen.append(new)
         self._starts[new.start] = new
-        if new.length > 1 and new.size >= LARGE and self._remember_large and not new.reported:
+        if new.length > 1 and new.size >= LARGE and not self._failslow and not new.reported:
             self._large.append(new)
 
     def _learn(self, new: Period) -> None:
