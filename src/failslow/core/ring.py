@@ -390,6 +390,14 @@ class RingReader:
         if n <= 0:
             return np.empty(0, dtype=RECORD_DTYPE)
         expected = np.arange(start + 1, end + 1, dtype=np.uint64)
+        lo = start % self.capacity
+        if lo + n <= self.capacity:  # no wrap: one slice, and every record committed (the
+            commits = self._commits[lo : lo + n]  # common case) costs a few array operations
+            if (commits == expected).all():
+                data = self._records[lo : lo + n].copy()
+                if (commits == expected).all():  # still the same records after the copy
+                    self._next, self._stuck_at = end, None
+                    return data
         slots = (expected - 1) % np.uint64(self.capacity)
         before = self._commits[slots]  # fancy indexing copies
         data = self._records[slots]

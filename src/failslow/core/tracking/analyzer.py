@@ -47,10 +47,11 @@ class RankState:
     def read(self) -> tuple[np.ndarray, int | None]:
         """What the process's rings committed since the last read, and the time before which
         every call they record has started and been committed (None: a ring does not say)."""
-        settled = [r.settled_ns for r in self.readers]  # before the records (RingReader)
-        known = min(settled) if all(settled) else None
         if not self.more:
-            return self.reader.poll(), known
+            settled = self.reader.settled_ns  # before the records (RingReader)
+            return self.reader.poll(), settled or None
+        every = [r.settled_ns for r in self.readers]
+        known = min(every) if all(every) else None
         return np.concatenate([r.poll() for r in self.readers]), known
 
 
@@ -155,8 +156,8 @@ class LocalAnalyzer:
             first = state.iterations
             events: list[ChangeEvent] = []
             reported_at: list[int] = []
-            for i, t in enumerate(times):
-                new = state.detector.update(float(t))
+            for i, t in enumerate(times.tolist()):
+                new = state.detector.update(t)
                 events.extend(new)
                 reported_at.extend([first + i] * len(new))
             state.iterations += len(times)

@@ -152,6 +152,11 @@ class LogHistory:
         self._len += 1
         self.n += 1
 
+    @property
+    def last(self) -> float:
+        """The newest point (the history must not be empty)."""
+        return float(self._buf[self._len - 1])
+
     def at(self, i: int) -> int:
         """The job's iteration index of point ``i`` (``i`` itself if it is no longer kept)."""
         first = self.n - self._len
@@ -321,8 +326,8 @@ class FailSlowDetector(Detector):
         the threshold - its first point, or one of the next two (a slowdown that ramps up
         over a few iterations). BOCD's posterior can trail a clean step by several iterations
         while it still spreads its mass over runs that began in the noise before it."""
-        if self._level is None:
-            return range(0)
+        if self._level is None or self.history.last - self._level < self.log_threshold:
+            return range(0)  # the newest point is not slow: no trailing run (the usual case)
         tail = self.history.window(max(self._seg_start, t + 1 - self.ref_window), t + 1)
         low = np.flatnonzero(tail - self._level < self.log_threshold)
         start = t + 1 - tail.size + (int(low[-1]) + 1 if low.size else 0)

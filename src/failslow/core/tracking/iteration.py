@@ -88,9 +88,20 @@ class TokenCoder:
         ids, uniq = self._ids, set(keys)
         if len(ids) + len(uniq) > self._max:  # the same rule as for a big batch
             ids.clear()
-        for key in sorted(k for k in uniq if k not in ids):  # new ids in key order, as
-            ids[key] = len(ids)  # np.unique numbers them
-        return np.fromiter((ids[key] for key in keys), dtype=np.int64, count=len(keys))
+        if not ids.keys() >= uniq:
+            for key in sorted(k for k in uniq if k not in ids):  # new ids in key order, as
+                ids[key] = len(ids)  # np.unique numbers them
+        return np.fromiter(map(ids.__getitem__, keys), dtype=np.int64, count=len(keys))
+
+
+_NO_ENDS = np.empty(0, dtype=np.int64)
+_NO_SECS = np.empty(0, dtype=np.float64)
+_NO_ENDS.flags.writeable = _NO_SECS.flags.writeable = False
+
+
+def _none() -> tuple[np.ndarray, np.ndarray]:
+    """No iteration completed (shared read-only empties: most polls complete none)."""
+    return _NO_ENDS, _NO_SECS
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,17 +189,19 @@ class IterationTracker:
 
     def _flush(self) -> tuple[np.ndarray, np.ndarray]:
         if self._pattern is not None or self._total - self._search_from < 4:
-            return np.empty(0, dtype=np.int64), np.empty(0)
+            return _none()
         found = self._attempt()
         if self._marker_key is not None:  # the period only: markers measure the iterations
-            return np.empty(0, dtype=np.int64), np.empty(0)
+            return _none()
         return found
 
     def _feed(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         recs = _check_records(records)
         if recs.size == 0:
-            return np.empty(0, dtype=np.int64), np.empty(0)
-        recs = recs[np.argsort(recs["t_start_ns"], kind="stable")]
+            return _none()
+        starts = recs["t_start_ns"]
+        if not (starts[1:] >= starts[:-1]).all():  # the analyzer's come in order already
+            recs = recs[np.argsort(starts, kind="stable")]
         marks = is_marker(recs)
         if not marks.any() and self._marker_key is None:
             return self._feed_calls(recs)
@@ -201,15 +214,18 @@ class IterationTracker:
         """Iterations between consecutive markers of one key. The first key seen is measured;
         when three markers of one other key come in a row (the optimizer was rebuilt over
         other parameters), that key is measured from then on, in a new epoch."""
-        calls_at = self._calls + np.cumsum(~marks)[marks]
-        self._calls += int(np.count_nonzero(~marks))
+        at = marks.nonzero()[0]
+        first_calls = self._calls
+        self._calls += recs.size - at.size
         ends: list[int] = []
         secs: list[float] = []
-        for key, t, calls in zip(
-            recs["group_key"][marks].tolist(),
-            recs["t_start_ns"][marks].tolist(),
-            calls_at.tolist(),
-            strict=True,
+        for j, (i, key, t) in enumerate(
+            zip(
+                at.tolist(),
+                recs["group_key"][at].tolist(),
+                recs["t_start_ns"][at].tolist(),
+                strict=True,
+            )
         ):
             if key != self._marker_key:
                 run = self._other[1] + 1 if self._other[0] == key else 1
@@ -218,12 +234,15 @@ class IterationTracker:
                     continue
                 self._adopt(key)
             self._other = (0, 0)
+            calls = first_calls + i - j  # the calls before this marker (i records, j markers)
             if self._marker_t and t > self._marker_t:
                 ends.append(t)
                 secs.append((t - self._marker_t) / 1e9)
                 self._per_step = [*self._per_step[-7:], calls - self._marker_calls]
             self._marker_t = max(self._marker_t, t)
             self._marker_calls = calls
+        if not ends:
+            return _none()
         return np.asarray(ends, dtype=np.int64), np.asarray(secs, dtype=np.float64)
 
     def _adopt(self, key: int) -> None:
@@ -234,9 +253,9 @@ class IterationTracker:
 
     def _feed_calls(self, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if recs.size == 0:
-            return np.empty(0, dtype=np.int64), np.empty(0)
-        times = recs["t_start_ns"].astype(np.int64)
-        nbytes = recs["nbytes"].astype(np.int64)
+            return _none()
+        times = recs["t_start_ns"].astype(np.int64, copy=False)
+        nbytes = recs["nbytes"].astype(np.int64, copy=False)
         tokens = self._coder.encode(recs)
         ends: list[np.ndarray] = []
         secs: list[np.ndarray] = []
@@ -263,6 +282,8 @@ class IterationTracker:
                     self._next_attempt = max(self._search_from + self.min_tokens, self._total)
                 elif self._total >= self._next_recheck:
                     self._recheck()
+        if len(ends) == 1:  # one chunk (a poll's few records): no concatenation
+            return ends[0], secs[0]
         return np.concatenate(ends), np.concatenate(secs)
 
     def _append(self, tok: np.ndarray, t: np.ndarray, b: np.ndarray) -> None:
@@ -284,13 +305,13 @@ class IterationTracker:
         self._append(tok, t, b)
         self._total += tok.size
         if self._pattern is None:
-            return np.empty(0, dtype=np.int64), np.empty(0)
-        pos = np.flatnonzero(tok == self._pattern.anchor)
+            return _none()
+        pos = (tok == self._pattern.anchor).nonzero()[0]
         if pos.size == 0:
-            return np.empty(0, dtype=np.int64), np.empty(0)
+            return _none()
         self._last_anchor_idx = start + int(pos[-1])
         if self._marker_key is not None:  # markers measure the iterations; anchors only the
-            return np.empty(0, dtype=np.int64), np.empty(0)  # period (their times unused)
+            return _none()  # period (their times unused)
         return self._emit(t[pos])
 
     def _emit(self, anchor_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -325,7 +346,7 @@ class IterationTracker:
         if pattern is None:  # back off geometrically up to ``retry`` calls between attempts
             span = self._total - self._search_from
             self._next_attempt = self._total + min(self.retry, max(self.min_tokens, span))
-            return np.empty(0, dtype=np.int64), np.empty(0)
+            return _none()
         self._pattern = pattern
         if self._found or self._marker_key is None:  # markers: the first pattern changes none
             self.epoch += 1

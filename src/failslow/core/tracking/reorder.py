@@ -36,7 +36,7 @@ class ReorderBuffer:
     def __init__(self, *, margin: float = 1.5, recent: int = 256) -> None:
         self.margin = margin
         self._durations: deque[int] = deque(maxlen=recent)
-        self._longest = 0  # max(self._durations), kept as they change
+        self._longest: int | None = 0  # max(self._durations); None: they changed since
         self._pending = np.empty(0, dtype=RECORD_DTYPE)
         self._released_until = np.iinfo(np.int64).min
         self._newest_end = np.iinfo(np.int64).min
@@ -52,11 +52,11 @@ class ReorderBuffer:
             if done.all():
                 self._newest_end = max(self._newest_end, int(ends.max()))
                 self._durations.extend((ends - starts).tolist())
-                self._longest = max(self._durations)
+                self._longest = None
             elif done.any():
                 self._newest_end = max(self._newest_end, int(ends[done].max()))
                 self._durations.extend((ends[done] - starts[done]).tolist())
-                self._longest = max(self._durations)
+                self._longest = None
             else:  # records without completion times are already in issue order
                 self._newest_end = max(self._newest_end, int(starts.max()))
             if len(self._pending):
@@ -67,10 +67,12 @@ class ReorderBuffer:
             return self._pending[:0]
         starts = self._pending["t_start_ns"]
         if settled_ns is not None and settled_ns > int(starts.max()):
+            if int(starts.min()) >= self._released_until:  # all final, none late: the
+                out, self._pending = self._pending, self._pending[:0]  # writer's word (hook)
+                return self._release(out)
             cutoff = settled_ns - 1  # the writer vouches for all of them: no horizon needed
         else:
-            horizon = int(self._longest * self.margin)
-            cutoff = self._newest_end - horizon
+            cutoff = self._newest_end - int(self.longest * self.margin)
             if settled_ns is not None:
                 cutoff = max(cutoff, settled_ns - 1)
         ready = starts <= cutoff
@@ -78,10 +80,21 @@ class ReorderBuffer:
         self.late += int(late.sum())
         out = self._pending[ready & ~late]
         self._pending = self._pending[~ready & ~late]
+        return self._release(out)
+
+    def _release(self, out: np.ndarray) -> np.ndarray:
         if len(out):
             out = out[np.argsort(out["t_start_ns"], kind="stable")]
             self._released_until = max(self._released_until, int(out["t_start_ns"][-1]))
         return out
+
+    @property
+    def longest(self) -> int:
+        """The longest duration among the recent records (the horizon's base), computed when
+        a horizon is needed, not on every push."""
+        if self._longest is None:
+            self._longest = max(self._durations, default=0)
+        return self._longest
 
     def flush(self) -> np.ndarray:
         """Everything still held, in issue order (at the end of a run)."""
