@@ -213,3 +213,41 @@ def test_summarizer_history_is_the_newest_records_whatever_the_batch_sizes() -> 
         assert tail.view().tolist() == seen[-50:]
     tail.clear()
     assert tail.view().size == 0
+
+
+def test_summaries_of_the_window_equal_summaries_of_the_whole_history() -> None:
+    """The summarizer hands :func:`summarize` only the calls that ended at or after the window's
+    start (O(window) per summary, not O(the 16k records kept)): the result is the same as
+    summarizing the whole history - including a call issued long before the window that
+    delays the first calls in it, and calls of several groups, sizes and p2p peers."""
+    from failslow.core.events import GroupInfo, OpCode
+    from failslow.core.localize.summaries import GroupSummarizer, summarize
+
+    rng = np.random.default_rng(11)
+    n = 3000
+    recs = np.zeros(n, dtype=RECORD_DTYPE)
+    recs["t_start_ns"] = np.sort(rng.integers(0, 10**10, n))
+    recs["t_end_ns"] = recs["t_start_ns"] + rng.integers(10**5, 10**7, n)
+    recs["group_key"] = rng.choice([7, 8], n)
+    recs["op"] = rng.choice([int(OpCode.ALLREDUCE), int(OpCode.SEND), int(OpCode.STEP)], n)
+    long_end = int(recs["t_start_ns"][-1]) + 1  # a call issued long before every window
+    recs[100]["t_end_ns"], recs[100]["group_key"] = long_end, 7  # still runs in all of them
+    recs[100]["op"] = int(OpCode.ALLREDUCE)
+    recs["nbytes"] = rng.choice([64, 4096], n)
+    recs["peer"] = rng.choice([1, 2], n)
+    recs["call_index"] = np.arange(n)
+    recs["t_end_ns"][rng.random(n) < 0.02] = 0  # unfinished calls
+    groups = {7: GroupInfo(7, (0, 1), role="dp"), 8: GroupInfo(8, (0, 1, 2, 3), role="tp")}
+    anchors = recs["t_start_ns"][recs["op"] == int(OpCode.STEP)]
+    summarizer = GroupSummarizer(0, host="h", max_anchors=1024)
+    summarizer.set_groups(groups)
+    for chunk in np.array_split(np.arange(n), 37):
+        summarizer.add(recs[chunk], anchors[np.isin(anchors, recs["t_start_ns"][chunk])])
+    delayed = []
+    for iterations in (1, 5, 40):
+        t0, t1, _ = summarizer.window(iterations)
+        got = summarizer.summaries(iterations=iterations)
+        want = summarize(recs, groups, window=(t0, t1), rank=0, host="h", iteration_ends_ns=anchors)
+        assert got and [s.to_dict() for s in got] == [s.to_dict() for s in want]
+        delayed += [s for s in want if s.group_key == 7 and s.op == "allreduce"]
+    assert delayed and all(t == long_end for s in delayed for t in s.start_ns)
