@@ -62,12 +62,13 @@ class NodePublisher:
         """Per local rank: an onset was reported and no relief since."""
         self.latest_states: dict[int, dict[str, Any]] = {}
         """The last published :meth:`rank_states` (the metrics exporter reads it)."""
+        self._iteration_s = 0.0  # median recent iteration time over the local ranks
 
     def run(self, stop: Callable[[], bool], poll_s: float = 0.05, idle_s: float = 0.2) -> None:
-        """Poll every ``poll_s`` until ``stop()``; a failing poll is logged, never raised (the
-        publisher must not take its launcher down). While polls find no new record (a job
-        between steps, stopped or not started) the wait doubles up to ``idle_s``, and drops
-        back to ``poll_s`` with the first record."""
+        """Poll until ``stop()``; a failing poll is logged, never raised (the publisher must
+        not take its launcher down). After a poll that read records the next one comes about
+        two iterations later (:meth:`next_wait`); while polls find no new record (a job between
+        steps, stopped or not started) the wait doubles up to ``idle_s``."""
         wait = poll_s
         while not stop():
             try:
@@ -76,18 +77,35 @@ class NodePublisher:
             except Exception:
                 log.warning("failslow: node publisher poll failed", exc_info=True)
                 idle = False
-            wait = min(2 * wait, idle_s) if idle else poll_s
+            wait = min(2 * wait, idle_s) if idle else self.next_wait(poll_s, idle_s)
             time.sleep(wait)
+
+    def next_wait(self, poll_s: float, idle_s: float) -> float:
+        """The wait after a poll that read records: two of this node's iterations (the median
+        of its ranks' recent ones), within ``[poll_s, idle_s]``. Much of a poll's cost is per
+        poll, not per record - a few array operations per rank whatever their length, and on
+        a node whose cores are busy with ranks, waking a thread whose caches they emptied - so
+        polling more than once per iteration only multiplies the analyzer's CPU (the job of
+        ``benchmarks/analyzer_cost.py`` on an idle machine: 100 us per rank and step polled
+        every step, 70 every two steps, 50 every four). An onset reaches the store at most two
+        iterations (``idle_s`` for long ones) after the ranks wrote it, one on average. Before
+        any iteration time is known: ``poll_s``."""
+        if not self._iteration_s:
+            return poll_s
+        return min(max(2 * self._iteration_s, poll_s), idle_s)
 
     def poll(self) -> list[RankUpdate]:
         updates = self.analyzer.poll()
         for update in updates:
             self.iterations[update.rank] = update.first_iteration + len(update.new_times)
             times = self.recent.setdefault(update.rank, collections.deque(maxlen=RECENT))
-            times.extend(float(t) for t in update.new_times)
+            times.extend(update.new_times.tolist())
             for event, reported in zip(update.events, update.reported_at, strict=True):
                 self.slow[update.rank] = event.type == "onset"
                 self._publish_event(update.rank, event, reported)
+        recent = [t for ts in self.recent.values() for t in ts] if updates else None
+        if recent:
+            self._iteration_s = statistics.median(recent)
         now = time.monotonic()
         if now - self._last_summary >= self.summary_every_s:
             self._last_summary = now

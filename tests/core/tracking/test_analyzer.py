@@ -6,6 +6,7 @@ import os
 import time
 
 import numpy as np
+import pytest
 
 from failslow.core.events import OpCode
 from failslow.core.ring import RingWriter, ring_path
@@ -108,7 +109,9 @@ def test_a_ring_created_in_the_same_timestamp_tick_is_found(tmp_path) -> None:
 
 def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) -> None:
     """Between steps or before the job starts, the node publisher's wait doubles up to
-    ``idle_s``; the first record brings it back to ``poll_s``."""
+    ``idle_s``; records bring it back to ``poll_s`` while no iteration time is known, and to
+    two iterations (within ``poll_s`` .. ``idle_s``) once one is: a poll's cost is mostly per
+    poll, so a poll reads about two iterations' records."""
     from failslow.core.control.store import open_store
     from failslow.node import publisher as publisher_module
 
@@ -116,18 +119,28 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
     writer = RingWriter(ring_path(tmp_path, 0, 1), capacity=1 << 10, global_rank=0)
     pub = publisher_module.NodePublisher(LocalAnalyzer(tmp_path), store)
     waits: list[float] = []
+    t = 0
 
     def sleep(s: float) -> None:
+        nonlocal t
         waits.append(s)
-        if len(waits) == 6:  # training resumes
-            _write_steps(writer, np.full(5, 0.2))
+        if len(waits) == 6:  # training resumes: too few calls for the period yet
+            t = _write_steps(writer, np.full(5, 0.04))
+        if len(waits) == 9:  # enough calls: iterations of 0.04 s, then 0.5 s
+            t = _write_steps(writer, np.full(60, 0.04), t)
+        if len(waits) == 12:
+            _write_steps(writer, np.full(20, 0.5), t)
 
     monkeypatch.setattr(publisher_module.time, "sleep", sleep)
     try:
-        pub.run(lambda: len(waits) >= 9, poll_s=0.05, idle_s=0.2)
+        pub.run(lambda: len(waits) >= 15, poll_s=0.05, idle_s=0.2)
     finally:
         store.close()
-    assert waits == [0.1, 0.2, 0.2, 0.2, 0.2, 0.2, 0.05, 0.1, 0.2]
+    assert waits[:9] == [0.1, 0.2, 0.2, 0.2, 0.2, 0.2, 0.05, 0.1, 0.2]
+    assert waits[9] == pytest.approx(0.08, rel=0.01)  # two iterations
+    assert waits[10:12] == [pytest.approx(0.16, rel=0.01), 0.2]
+    assert waits[12] == 0.2  # two iterations, at most idle_s
+    assert pub.iterations[0] > 60
 
 
 def test_the_shim_ring_and_the_hook_ring_of_one_process_are_read_as_one(tmp_path) -> None:
