@@ -67,7 +67,7 @@ class NodePublisher:
     def run(self, stop: Callable[[], bool], poll_s: float = 0.05, idle_s: float = 0.2) -> None:
         """Poll until ``stop()``; a failing poll is logged, never raised (the publisher must
         not take its launcher down). After a poll that read records the next one comes about
-        two iterations later (:meth:`next_wait`); while polls find no new record (a job between
+        one iteration later (:meth:`next_wait`); while polls find no new record (a job between
         steps, stopped or not started) the wait doubles up to ``idle_s``."""
         wait = poll_s
         while not stop():
@@ -81,18 +81,20 @@ class NodePublisher:
             time.sleep(wait)
 
     def next_wait(self, poll_s: float, idle_s: float) -> float:
-        """The wait after a poll that read records: two of this node's iterations (the median
-        of its ranks' recent ones), within ``[poll_s, idle_s]``. Much of a poll's cost is per
-        poll, not per record - a few array operations per rank whatever their length, and on
-        a node whose cores are busy with ranks, waking a thread whose caches they emptied - so
-        polling more than once per iteration only multiplies the analyzer's CPU (the job of
-        ``benchmarks/analyzer_cost.py`` on an idle machine: 100 us per rank and step polled
-        every step, 70 every two steps, 50 every four). An onset reaches the store at most two
-        iterations (``idle_s`` for long ones) after the ranks wrote it, one on average. Before
-        any iteration time is known: ``poll_s``."""
+        """The wait after a poll that read records: one of this node's iterations (the median
+        of its ranks' recent ones), within ``[poll_s, idle_s]``, so that a poll reads about one
+        iteration's records. Much of a poll's cost is per poll, not per record - a few array
+        operations per rank whatever their length, and on a node whose cores are busy with
+        ranks, waking a thread whose caches they emptied - so polling several times per
+        iteration only multiplies the analyzer's CPU (the job of ``benchmarks/analyzer_cost.py``
+        on an idle machine: 110 us per rank and step polled twice per step, 100 once, 70 every
+        two steps). Every two iterations would save more, but an onset then reaches the store
+        up to two iterations after the ranks wrote it: the controller e2e's onset -> diagnosis
+        went from a median of 8-10 iterations to 10-16 (``reaction_time.py``, 35 ms
+        iterations). Before any iteration time is known: ``poll_s``."""
         if not self._iteration_s:
             return poll_s
-        return min(max(2 * self._iteration_s, poll_s), idle_s)
+        return min(max(self._iteration_s, poll_s), idle_s)
 
     def poll(self) -> list[RankUpdate]:
         updates = self.analyzer.poll()

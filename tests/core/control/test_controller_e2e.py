@@ -2,7 +2,8 @@
 and diagnosed by the controller state machine (greyhound 4.1-4.3), training never stops.
 
 Ranks train (matmul + two all-reduces per step) with the Python hook and an agent; the test
-process plays the node (LocalAnalyzer -> NodePublisher) and the controller (embedded). After a
+process plays the node (LocalAnalyzer -> NodePublisher, on a thread running the publisher's own
+loop and poll cadence, as ``failslow run`` hosts it) and the controller (embedded). After a
 healthy warm-up, rank 2 is duty-cycled with SIGSTOP/SIGCONT. The controller must go TRACKING ->
 PROFILING -> VALIDATING -> DIAGNOSED and name rank 2, kind compute; the reaction (onset ->
 diagnosis, in the straggler's iterations) is printed and kept in ``reaction.json``.
@@ -70,13 +71,14 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "rings did not appear"
             time.sleep(0.05)
         publisher = NodePublisher(LocalAnalyzer(ring_dir), control, summary_every_s=0.5)
+        node = threading.Thread(target=publisher.run, args=(done.is_set,), daemon=True)
+        node.start()  # the node's loop as `failslow run` hosts it, with its poll cadence
         onset_iteration = None
         controller: Controller | None = None
         timeline: list[tuple[str, int]] = []  # (controller state, the straggler's iterations)
         deadline = time.monotonic() + 150
         while not diagnosed:
             assert time.monotonic() < deadline, "no diagnosis in time"
-            publisher.poll()
             if controller is not None and len(controller.history) > len(timeline):
                 for t in controller.history[len(timeline) :]:
                     timeline.append((t.state.value, publisher.iterations.get(SLOW, 0)))

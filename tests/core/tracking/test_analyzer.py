@@ -110,8 +110,8 @@ def test_a_ring_created_in_the_same_timestamp_tick_is_found(tmp_path) -> None:
 def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) -> None:
     """Between steps or before the job starts, the node publisher's wait doubles up to
     ``idle_s``; records bring it back to ``poll_s`` while no iteration time is known, and to
-    two iterations (within ``poll_s`` .. ``idle_s``) once one is: a poll's cost is mostly per
-    poll, so a poll reads about two iterations' records."""
+    one iteration (within ``poll_s`` .. ``idle_s``) once one is: a poll's cost is mostly per
+    poll, so a poll reads about one iteration's records."""
     from failslow.core.control.store import open_store
     from failslow.node import publisher as publisher_module
 
@@ -125,9 +125,9 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
         nonlocal t
         waits.append(s)
         if len(waits) == 6:  # training resumes: too few calls for the period yet
-            t = _write_steps(writer, np.full(5, 0.04))
-        if len(waits) == 9:  # enough calls: iterations of 0.04 s, then 0.5 s
-            t = _write_steps(writer, np.full(60, 0.04), t)
+            t = _write_steps(writer, np.full(5, 0.08))
+        if len(waits) == 9:  # enough calls: iterations of 0.08 s, then 0.5 s
+            t = _write_steps(writer, np.full(60, 0.08), t)
         if len(waits) == 12:
             _write_steps(writer, np.full(20, 0.5), t)
 
@@ -137,9 +137,9 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
     finally:
         store.close()
     assert waits[:9] == [0.1, 0.2, 0.2, 0.2, 0.2, 0.2, 0.05, 0.1, 0.2]
-    assert waits[9] == pytest.approx(0.08, rel=0.01)  # two iterations
+    assert waits[9] == pytest.approx(0.08, rel=0.01)  # one iteration
     assert waits[10:12] == [pytest.approx(0.16, rel=0.01), 0.2]
-    assert waits[12] == 0.2  # two iterations, at most idle_s
+    assert waits[12] == 0.2  # one iteration, at most idle_s
     assert pub.iterations[0] > 60
 
 
