@@ -24,6 +24,7 @@ analyzer's part of the tracking overhead on a node whose cores are all busy with
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
@@ -86,6 +87,11 @@ class Job:
 def measure(args: argparse.Namespace, mode: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         job = Job(d, args.ranks, args.step_ms, mode, args.seed)
+        # The rings were made long ago (a job's steady state): a directory changed under a
+        # second ago is listed on every poll (LocalAnalyzer.discover), which this compressed
+        # clock would otherwise charge to every early poll.
+        past = time.time_ns() - 60 * 10**9
+        os.utime(d, ns=(past, past))
         analyzer = LocalAnalyzer(d)
         out: dict[str, float] = {}
         marks = {"early": 200, "late": args.steps}

@@ -12,11 +12,14 @@ hook installed (:func:`failslow.nccl_hook.install`) and one without
 dispatcher's own Autograd kernel runs again and a call pays nothing of failslow; measured per
 call in ``--check-toggle``). All ranks switch at the same step, after a barrier issued with the
 hook off; the block order alternates on/off, off/on (ABBA), so a linear drift of the machine
-cancels within each pair of rounds. Meanwhile the launcher process runs a
-:class:`failslow.core.tracking.analyzer.LocalAnalyzer` over the rings (ACF tracker + BOCD
-detector, polled every ``--poll-interval`` s) - the "tracking" half, competing for the same
-cores as the ranks, as it would on a real node. During off blocks it keeps polling and finds
-nothing new.
+cancels within each pair of rounds. Meanwhile the launcher process runs the node side as
+``failslow run`` hosts it: a :class:`failslow.node.publisher.NodePublisher` on its own thread,
+over a :class:`failslow.core.tracking.analyzer.LocalAnalyzer` of the rings (ACF tracker + BOCD
+detector), with the product's poll cadence (about one poll per iteration, never more often than
+``--poll-interval`` s; :meth:`~failslow.node.publisher.NodePublisher.next_wait`), publishing
+group summaries and rank states to the job's TCPStore every second - the "tracking" half,
+competing for the same cores as the ranks, as it would on a real node. During off blocks it
+keeps polling, finds nothing new and backs off to 0.2 s.
 
 Step time = wall time between optimizer steps, averaged over ranks (the ranks are in lock-step).
 The overhead of round ``r`` is ``mean(on block) / mean(off block) - 1`` (adjacent blocks, so
@@ -32,16 +35,19 @@ spent waiting (for a peer, for a core, for the GIL), so scheduling noise drops o
 the work the capture adds to a rank - but not changes in the speed of the core itself (on a
 shared VM, host contention; there it was as noisy as wall time, see benchmarks/README.md).
 The main thread's CPU (``time.thread_time_ns()``) is recorded as well, to split the difference
-between the training thread and the others. The LocalAnalyzer's share is the CPU time of
-the launcher thread that runs it (``time.thread_time()``: its ``poll()`` and its loop; the
-launcher's other thread is the TCPStore server, which every torch job's agent runs, failslow
-or not - its process total is printed too), divided by the steps that wrote records (warm-up
-+ on blocks) and by the ranks it serves, as a fraction of a rank's CPU per step (off blocks).
-It polls through the off blocks as well, so this is an upper bound of the cost with capture
-always on (``analyzer_cpu_share_all_steps`` in ``--json`` divides by all steps). Their sum,
-"CPU total", is the cost in CPU of tracking; on a node whose cores are all busy with ranks it
-becomes step time, on a node with a spare core the
-analyzer's share does not. The exit status is 0 iff the wall-clock target is met.
+between the training thread and the others. The analyzer's share comes from the CPU time
+of the publisher's thread (``time.thread_time()``: its polls, its summaries and its loop; the
+launcher's other threads are its main loop waiting for the ranks and the TCPStore server, which
+every torch job's agent runs, failslow or not - the process total is printed too), per step of
+each rank it serves, as a fraction of a rank's CPU per step (off blocks), three ways: *always
+on* (the figure used) charges the polls that read records, with their share of the loop, to the
+steps that wrote records (warm-up + on blocks) and the summaries (one per second, capture on or
+off) to all steps - the empty polls of the off blocks, which a job with capture always on does
+not make, to none; the *upper bound* charges the whole thread to the steps that wrote records,
+the *lower bound* to all steps. "CPU total" (rank + analyzer always on) is the cost in CPU of
+tracking; on a node whose cores are all busy with ranks it becomes step time, on a node with a
+spare core the analyzer's share does not. The exit status is 0 iff the wall-clock target is
+met.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -146,7 +153,9 @@ def _bootstrap_mean(values: list[float], n: int = 5000, seed: int = 0) -> tuple[
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
+    from failslow.core.control.store import open_store
     from failslow.core.tracking.analyzer import LocalAnalyzer
+    from failslow.node.publisher import NodePublisher
 
     per_call = json.loads(subprocess.run(  # before the world starts: nothing competes
         [sys.executable, __file__, "--check-toggle", "--json"], check=True, capture_output=True,
@@ -167,9 +176,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
              for r in range(args.world)]
     launcher_cpu0 = time.process_time()  # the whole launcher process, all its threads
-    loop_cpu0 = time.thread_time()  # this thread: the analyzer's poll() and its loop
-    analyzer = LocalAnalyzer(ring_dir, keep_history=False)
-    polls, analyzer_cpu, iterations, lost = 0, 0.0, 0, 0
+    # The node side as `failslow run` hosts it: a NodePublisher on its own thread, with the
+    # product's poll cadence, publishing to the job's store.
+    publisher = NodePublisher(LocalAnalyzer(ring_dir, keep_history=False),
+                              open_store(f"tcp://127.0.0.1:{store.port}"))
+    analyzer = publisher.analyzer
+    node = {"thread_cpu": 0.0, "poll_cpu": 0.0, "polls": 0, "iterations": 0,
+            "poll_cpu_records": 0.0, "polls_records": 0, "summaries_cpu": 0.0, "summaries": 0}
+    poll, summaries = analyzer.poll, publisher.publish_summaries
+
+    def timed_poll() -> list[Any]:  # runs on the publisher's thread: its CPU time
+        c = time.thread_time()
+        updates = poll()
+        spent = time.thread_time() - c
+        node["poll_cpu"] += spent
+        node["polls"] += 1
+        if analyzer.records_seen:  # the work that records cause (an always-on job's polls)
+            node["poll_cpu_records"] += spent
+            node["polls_records"] += 1
+        node["iterations"] += sum(len(u.new_times) for u in updates)
+        return updates
+
+    def timed_summaries() -> None:
+        c = time.thread_time()
+        summaries()
+        node["summaries_cpu"] += time.thread_time() - c
+        node["summaries"] += 1
+
+    analyzer.poll = timed_poll  # type: ignore[method-assign]
+    publisher.publish_summaries = timed_summaries  # type: ignore[method-assign]
+    done = threading.Event()
+
+    def serve() -> None:
+        c = time.thread_time()  # this thread only: the publisher's polls, summaries and loop
+        try:
+            publisher.run(done.is_set, poll_s=args.poll_interval)
+        finally:
+            node["thread_cpu"] = time.thread_time() - c
+
+    thread = threading.Thread(target=serve, name="failslow-node", daemon=True)
+    if not args.no_analyzer:
+        thread.start()
+    lost = 0
     t0 = time.monotonic()
     try:
         while any(p.poll() is None for p in procs):
@@ -177,24 +225,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"a rank failed: exit codes {[p.returncode for p in procs]}")
             if time.monotonic() - t0 > args.timeout:
                 raise RuntimeError(f"timeout after {args.timeout:.0f}s")
-            if not args.no_analyzer:
-                c = time.thread_time()
-                for update in analyzer.poll():
-                    iterations += len(update.new_times)
-                analyzer_cpu += time.thread_time() - c
-                polls += 1
-            time.sleep(args.poll_interval)
-        for update in analyzer.poll():
-            iterations += len(update.new_times)
+            time.sleep(0.1)
+        done.set()
+        if thread.is_alive():
+            thread.join()
         lost = analyzer.dropped()
         launcher_cpu = time.process_time() - launcher_cpu0
-        loop_cpu = time.thread_time() - loop_cpu0
     finally:
+        done.set()
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
+        if thread.is_alive():
+            thread.join()
         analyzer.close()
+        publisher.store.close()
     wall = time.monotonic() - t0
     if any(p.returncode for p in procs):
         raise RuntimeError(f"a rank failed: exit codes {[p.returncode for p in procs]}")
@@ -204,9 +250,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.copytree(work, Path(args.keep), dirs_exist_ok=True)
     shutil.rmtree(work, ignore_errors=True)
     return summarize(per_rank, args, {
-        "analyzer_polls": polls, "analyzer_cpu_s": analyzer_cpu, "wall_s": wall,
-        "launcher_cpu_s": launcher_cpu, "analyzer_loop_cpu_s": loop_cpu,
-        "iterations_tracked": iterations, "analyzer_records_lost": lost,
+        "analyzer_polls": node["polls"], "analyzer_cpu_s": node["poll_cpu"], "wall_s": wall,
+        "analyzer_polls_with_records": node["polls_records"],
+        "analyzer_cpu_records_s": node["poll_cpu_records"],
+        "summaries_published": node["summaries"], "summaries_cpu_s": node["summaries_cpu"],
+        "launcher_cpu_s": launcher_cpu, "analyzer_loop_cpu_s": node["thread_cpu"],
+        "iterations_tracked": node["iterations"], "analyzer_records_lost": lost,
         "per_call_us": per_call, "cores": os.cpu_count() or 1,
     })
 
@@ -270,7 +319,18 @@ def summarize(per_rank: list[dict[str, Any]], args: argparse.Namespace,
     steps_all = args.warmup + 2 * args.rounds * args.steps_per_block
     world = len(per_rank)
     analyzer_cpu_share = extra["analyzer_loop_cpu_s"] / (steps_recorded * world) / cpu_step_off
-    cpu_total = cpu_mean + analyzer_cpu_share
+    # Always on (what a job pays): each piece of the thread's work charged to what it scales
+    # with - the polls that read records (and their share of the loop: wake-up, sleep) to the
+    # steps that wrote them, the summaries (one per second, capture on or off) to all steps;
+    # the empty polls of the off blocks, which an always-on job would not make, to none.
+    polls = max(extra["analyzer_polls"], 1)
+    loop = max(0.0, extra["analyzer_loop_cpu_s"] - extra["analyzer_cpu_s"]
+               - extra["summaries_cpu_s"])
+    records_work = (extra["analyzer_cpu_records_s"]
+                    + loop * extra["analyzer_polls_with_records"] / polls)
+    analyzer_always_on = (records_work / (steps_recorded * world)
+                          + extra["summaries_cpu_s"] / (steps_all * world)) / cpu_step_off
+    cpu_total = cpu_mean + analyzer_always_on
     return {
         "world": args.world, "rounds": args.rounds, "steps_per_block": args.steps_per_block,
         "warmup": args.warmup, "batch": args.batch, "poll_interval_s": args.poll_interval,
@@ -302,17 +362,19 @@ def summarize(per_rank: list[dict[str, Any]], args: argparse.Namespace,
         "cpu_per_round": cpu_ratios,
         "cpu_overhead_per_rank": [statistics.fmean(v) for v in cpu_rank_ratios],
         "analyzer_cpu_share": analyzer_cpu_share,
+        "analyzer_cpu_share_always_on": analyzer_always_on,
+        "cpu_total_upper": cpu_mean + analyzer_cpu_share,
         "analyzer_cpu_share_all_steps": (extra["analyzer_loop_cpu_s"] / (steps_all * world)
                                          / cpu_step_off),
         "launcher_process_cpu_share": (extra["launcher_cpu_s"] / (steps_recorded * world)
                                        / cpu_step_off),
         "analyzer_poll_cpu_share": (extra["analyzer_cpu_s"] / (steps_recorded * world)
                                     / cpu_step_off),
-        "cpu_total": cpu_total, "cpu_total_ci95": [cpu_lo + analyzer_cpu_share,
-                                                   cpu_hi + analyzer_cpu_share],
+        "cpu_total": cpu_total, "cpu_total_ci95": [cpu_lo + analyzer_always_on,
+                                                   cpu_hi + analyzer_always_on],
         "cpu_target_met": cpu_total <= TARGET,
         "rank_cpu_target_met": cpu_mean <= TARGET,
-        "analyzer_cpu_target_met": analyzer_cpu_share <= TARGET,
+        "analyzer_cpu_target_met": analyzer_always_on <= TARGET,
         **extra,
     }
 
@@ -354,12 +416,12 @@ def render(res: dict[str, Any]) -> None:
     over.add_row("rank CPU per step, on/off - 1", f"{res['cpu_overhead_mean']:+.2%}",
                  f"{clo:+.2%} .. {chi:+.2%}", f"{res['cpu_overhead_median']:+.2%}",
                  f"{res['cpu_overhead_stdev']:.2%}", yes(res["rank_cpu_target_met"]))
-    over.add_row("LocalAnalyzer CPU per rank-step / rank CPU per step" if res["analyzer"]
-                 else "launcher CPU (no analyzer) per rank-step / rank CPU per step",
-                 f"{res['analyzer_cpu_share']:+.2%}", "-", "-", "-",
-                 yes(res["analyzer_cpu_target_met"]))
+    over.add_row("node analyzer CPU per rank-step / rank CPU per step (always on)",
+                 f"{res['analyzer_cpu_share_always_on']:+.2%}",
+                 f"{res['analyzer_cpu_share_all_steps']:.2%} .. {res['analyzer_cpu_share']:.2%}",
+                 "-", "-", yes(res["analyzer_cpu_target_met"]))
     tlo, thi = res["cpu_total_ci95"]
-    over.add_row("CPU total (rank + analyzer)", f"{res['cpu_total']:+.2%}",
+    over.add_row("CPU total (rank + analyzer always on)", f"{res['cpu_total']:+.2%}",
                  f"{tlo:+.2%} .. {thi:+.2%}", "-", "-", yes(res["cpu_target_met"]))
     console.print(over)
     d_main = res["cpu_main_per_rank_step_on_s"] - res["cpu_main_per_rank_step_off_s"]
@@ -368,12 +430,16 @@ def render(res: dict[str, Any]) -> None:
         "rank CPU overhead per rank: " + ", ".join(
             f"r{k} {v:+.2%}" for k, v in enumerate(res["cpu_overhead_per_rank"]))
         + f"; on - off per rank-step: main thread {1e3 * d_main:+.2f} ms, other threads (gloo, "
-        f"hook callbacks) {1e3 * (d_all - d_main):+.2f} ms; analyzer thread CPU "
-        f"{res['analyzer_loop_cpu_s']:.2f} s (of it in poll() {res['analyzer_cpu_s']:.2f} s) over "
-        f"{res['wall_s']:.0f} s, charged to the "
-        f"{res['warmup'] + res['rounds'] * res['steps_per_block']} steps x {res['world']} ranks "
-        f"that wrote records (over all steps: {res['analyzer_cpu_share_all_steps']:.2%}); the "
-        f"whole launcher process (with the TCPStore server the ranks use): "
+        f"hook callbacks) {1e3 * (d_all - d_main):+.2f} ms; node publisher thread CPU "
+        f"{res['analyzer_loop_cpu_s']:.2f} s over {res['wall_s']:.0f} s: polls "
+        f"{res['analyzer_cpu_s']:.2f} s ({res['analyzer_polls']}; those that read records "
+        f"{res['analyzer_cpu_records_s']:.2f} s, {res['analyzer_polls_with_records']}), summaries "
+        f"{res['summaries_cpu_s']:.2f} s ({res['summaries_published']}); always on "
+        f"{res['analyzer_cpu_share_always_on']:.2%} of a rank's CPU, the whole thread charged to "
+        f"the {res['warmup'] + res['rounds'] * res['steps_per_block']} steps x {res['world']} "
+        f"ranks that wrote records {res['analyzer_cpu_share']:.2%} (upper bound; CPU total "
+        f"{res['cpu_total_upper']:+.2%}), to all steps {res['analyzer_cpu_share_all_steps']:.2%};"
+        f" the whole launcher process (with the TCPStore server the ranks use): "
         f"{res['launcher_cpu_s']:.2f} s, {res['launcher_process_cpu_share']:.2%}")
     lo, hi = res["overhead_ci95"]
     ok = "[green]met[/]" if res["target_met"] else "[red]NOT met[/]"
@@ -453,14 +519,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=4, help="steps before the first block")
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--world", type=int, default=4)
-    ap.add_argument("--poll-interval", type=float, default=0.1, help="LocalAnalyzer poll (s)")
+    ap.add_argument("--poll-interval", type=float, default=0.05,
+                    help="the node publisher's poll_s (s; the product's default)")
     ap.add_argument("--malloc", choices=("fixed", "dynamic"), default="fixed",
                     help="glibc's mmap threshold in the ranks: fixed (default) or dynamic")
     ap.add_argument("--kernel", choices=("native", "python"), default="native",
                     help="the hook's kernel in the ranks: native (C++, default) or python")
     ap.add_argument("--keep", metavar="DIR", help="keep the rings and per-rank block times")
     ap.add_argument("--no-analyzer", action="store_true",
-                    help="do not run the LocalAnalyzer (isolates the hook's own cost)")
+                    help="do not run the node publisher (isolates the hook's own cost)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--check-toggle", action="store_true",
                     help="only measure the per-call cost never-installed/installed/uninstalled")
