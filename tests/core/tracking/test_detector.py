@@ -192,6 +192,25 @@ def test_a_three_iteration_burst_is_not_a_fail_slow() -> None:
     assert len(onsets(detect(x, BOCDDetector()))) >= 3
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_first_big_step_with_a_gc_spike_beside_it_is_not_a_fail_slow(seed: int) -> None:
+    """The job's first checkpoint step (3 iterations at 2.3x) right after a GC spike is four
+    slow points in a row, all at 2x or more, before any step of its size is remembered: not
+    reported (FIRST_STEP: a 2x slowdown needs a fifth point). A fail-slow of that size is
+    reported at its fifth point; a 1.5x one still at its fourth."""
+    x = noisy(1200, seed=20 + seed)
+    x[399] *= 2.5  # GC
+    x[400:403] *= 2.3  # checkpoint
+    assert detect(x) == []
+    big, small = noisy(1200, seed=30 + seed), noisy(1200, seed=30 + seed)
+    big[400:] *= 2.3
+    small[400:] *= 1.5
+    (onset,) = detect(big)
+    assert onset.iteration == 400 and onset.detected_at == 404
+    (onset,) = detect(small)
+    assert onset.iteration == 400 and onset.detected_at == 403
+
+
 def test_a_fail_slow_beside_an_eval_step_keeps_its_latency_and_indices() -> None:
     """The fail-slow starts on the iteration after a (learned) eval step: it is reported at
     the job's iteration index, four iterations in, and its level excludes the eval step."""

@@ -27,6 +27,10 @@ iterations, sub-10% level shifts - cannot pass it:
   line, and the points - less one spike in four - lie within six noise scales of each other
   (the upper two thirds within four). Four points are needed because an eval or checkpoint
   step lasts up to three; a burst of GC spikes every other iteration fails "no point back";
+  a slowdown of :data:`FIRST_STEP` (2x) or more needs five while no slow step of its size is
+  remembered (:meth:`.Rhythm.outlast` sets the count once one is): the job's first eval or
+  checkpoint step (1.3-4x) with a GC spike beside it is four slow points in a row, while
+  fail-slows are mostly far smaller (greyhound Table 1: 12-35% longer jobs on average);
 - from ``settle`` points on, the median decides (a noisy, congested new level is still
   reported), provided at most one point in ten is back near the old level and the newer half
   of the points still clears the line; an onset is verified within ``ref_window`` (64)
@@ -69,6 +73,10 @@ import numpy as np
 
 from failslow.core.tracking.bocd import RunLengthPosterior
 from failslow.core.tracking.rhythm import Rhythm
+
+FIRST_STEP = math.log(2.0)
+"""A slowdown at least this large (log) needs one more point than ``min_post`` while no slow
+step of its size is remembered (module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,8 +421,12 @@ class FailSlowDetector(Detector):
         below = int(np.count_nonzero(raw - ref < self.log_threshold))
         if back or below > (n - 1) // 6 or raw[-1] - ref < self.log_threshold:
             return False
-        if onset and self.rhythm is not None and n < self.rhythm.outlast(after - ref):
-            return False  # as large as the job's own slow steps: must outlast them
+        if onset and self.rhythm is not None:
+            need = self.rhythm.outlast(after - ref)  # as large as the job's own slow steps
+            if not need and after - ref >= FIRST_STEP:  # as large as its first one may be
+                need = self.min_post + 1
+            if n < need:
+                return False  # must outlast them
         top = post[n - 1 - n // 4]  # up to one spike in four points is let through
         if top - post[0] > max(6.0 * scale, self.min_spread):
             return False  # not one level: a burst and the iterations around it
