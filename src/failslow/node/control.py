@@ -58,6 +58,8 @@ class JobControl:
                 observers=observers,
             )
         self.publisher = NodePublisher(LocalAnalyzer(ring_dir), store) if ring_dir else None
+        if self.publisher is not None and self.plane is not None:
+            self.publisher.on_event = self.plane.controller.wake.set  # react at once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False

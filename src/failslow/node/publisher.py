@@ -63,6 +63,9 @@ class NodePublisher:
         self.latest_states: dict[int, dict[str, Any]] = {}
         """The last published :meth:`rank_states` (the metrics exporter reads it)."""
         self._iteration_s = 0.0  # median recent iteration time over the local ranks
+        self.on_event: Callable[[], None] | None = None
+        """Called after a poll that wrote onsets or reliefs (a controller in the same process
+        wakes on it: :attr:`failslow.core.control.controller.Controller.wake`)."""
 
     def run(self, stop: Callable[[], bool], poll_s: float = 0.05, idle_s: float = 0.2) -> None:
         """Poll until ``stop()``; a failing poll is logged, never raised (the publisher must
@@ -105,6 +108,8 @@ class NodePublisher:
             for event, reported in zip(update.events, update.reported_at, strict=True):
                 self.slow[update.rank] = event.type == "onset"
                 self._publish_event(update.rank, event, reported)
+        if self.on_event is not None and any(update.events for update in updates):
+            self.on_event()
         recent = [t for ts in self.recent.values() for t in ts] if updates else None
         if recent:
             self._iteration_s = statistics.median(recent)

@@ -86,6 +86,7 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
                 # the controller starts with the fault: warm-up noise on a shared machine is
                 # not what this test is about (the detector's false alarms are benchmarked)
                 controller = Controller(control, **settings, on_diagnosis=diagnosed.append)
+                publisher.on_event = controller.wake.set  # as failslow run wires them
                 ctl = threading.Thread(target=controller.run, args=(done.is_set,), daemon=True)
                 ctl.start()
                 onset_iteration = publisher.iterations[SLOW]

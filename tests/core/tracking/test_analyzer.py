@@ -143,6 +143,31 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
     assert pub.iterations[0] > 60
 
 
+def test_the_publisher_tells_its_process_when_it_wrote_an_event(tmp_path) -> None:
+    """``on_event`` (a controller in the same process wakes on it) is called after each poll
+    that wrote onsets or reliefs, and after no other."""
+    from failslow.core.control.store import open_store
+    from failslow.node.publisher import NodePublisher
+
+    times = np.full(240, 0.2)
+    times[120:200] *= 1.6
+    writer = RingWriter(ring_path(tmp_path, 0, 1), capacity=1 << 12, global_rank=0)
+    store = open_store("tcp://127.0.0.1:0?master=1")
+    try:
+        pub = NodePublisher(LocalAnalyzer(tmp_path), store)
+        calls: list[int] = []
+        pub.on_event = lambda: calls.append(len(polls_with_events))
+        polls_with_events: list[int] = []
+        for chunk in np.array_split(np.arange(240), 24):
+            _write_steps(writer, times[chunk], t0=int(times[: chunk[0]].sum() * 1e9))
+            if any(u.events for u in pub.poll()):
+                polls_with_events.append(1)
+        assert len(polls_with_events) == 2  # the onset's poll and the relief's
+        assert calls == [0, 1]  # once each, during that poll
+    finally:
+        store.close()
+
+
 def test_the_shim_ring_and_the_hook_ring_of_one_process_are_read_as_one(tmp_path) -> None:
     """Under the C shim the Python hook writes its step markers (and non-NCCL calls) into a
     second ring of the same process: the rank's iterations come from both rings together."""

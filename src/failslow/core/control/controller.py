@@ -31,6 +31,7 @@ import enum
 import json
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -113,6 +114,9 @@ class Controller:
         """Onsets absorbed in the cooldown after a round that found every rank healthy: a
         fail-slow can begin right after a false alarm, and its onsets come only once."""
         self._last_healthy = False
+        self.wake = threading.Event()
+        """Set by a node publisher in the same process when it has written an onset or relief
+        (``failslow run`` hosts both): :meth:`run` ticks at once instead of after ``tick_s``."""
 
     def _enter(self, state: State, **detail: Any) -> None:
         self.state = state
@@ -146,8 +150,8 @@ class Controller:
                     return
                 log.warning("failslow controller: %s failed: %s", self.state.value, exc)
                 self._abandon(f"{type(exc).__name__}: {exc}")
-            if self.state is before:
-                time.sleep(tick_s)
+            if self.state is before and self.wake.wait(tick_s):
+                self.wake.clear()  # what set it is in the store already: the next tick reads it
 
     def _track(self) -> None:
         prefix = self.node_prefix
