@@ -228,6 +228,17 @@ structures = st.recursive(
 )
 
 
+def test_a_tensor_and_a_value_that_trade_places_change_the_layout() -> None:
+    """Same keys, same tensors, same values - but a tensor and a value swapped places: the
+    cached layout must not be reused (hypothesis found it: the structure key recorded where
+    the tensors were, not where the values were)."""
+    first = {"b": torch.zeros(0), 1: torch.zeros(0), "a": 0}
+    second = {"b": torch.zeros(0), 1: 0, "a": torch.zeros(0)}
+    _, cache = _LayoutCache.plan(first)
+    assert cache is not None
+    assert cache.layout_for(second) is None  # a new structure: planned afresh
+
+
 @given(sequence=st.lists(structures, min_size=1, max_size=6))
 @settings(max_examples=150, deadline=None)
 def test_cached_layout_matches_a_fresh_plan(sequence: list[Any]) -> None:

@@ -219,6 +219,7 @@ def _walk(state: Any, refs: list[blob.TensorRef]) -> tuple[Hashable, list[Any], 
             key.append((type(obj), len(obj)))
             return type(obj)(walk(v) for v in obj)
         else:
+            key.append(None)  # a value here: where the tensors sit is part of the structure
             value(obj)
             return obj
         return refs[len(tensors) - 1] if len(tensors) <= len(refs) else None
