@@ -39,6 +39,10 @@ def test_compute_failslow_escalates_s2_then_s4_with_configured_costs():
         names += [d.strategy for d in planner.observe(2.0)]
     # one straggler host: S3 finds nothing to consolidate; restart at its 100 s break-even
     assert names == ["S4 restart"]
+    # the restart resumed from the snapshot, uneven split included: relief undoes it
+    reverts = planner.relief()
+    assert [(d.action, d.strategy) for d in reverts] == [("revert", "S2 micro-batches")]
+    assert reverts[0].plan is plan
 
 
 def test_link_failslow_gets_a_topology_plan_whose_overhead_is_pause_plus_transfer():

@@ -25,8 +25,9 @@ What this object adds to the paper's loop, each as a rule a user can read here:
 - **Compound events**: a new onset while an event is active re-plans with the new diagnosis
   and keeps the accumulated impact, so cheap strategies are re-applied at once for the new
   straggler, expensive ones still wait for their break-even point.
-- **Restart is last**: a strategy flagged ``last_resort`` is always sorted after the others;
-  applying a non-revertible one (a restart rebuilds the job) supersedes the plans before it.
+- **Restart is last**: a strategy flagged ``last_resort`` is always sorted after the others. A
+  restart does not supersede the plans before it: the job resumes from its in-memory snapshot,
+  which carries the S2 split and the layout in force, so relief still reverts them.
 
 Two buy rules (``rule=``):
 
@@ -269,9 +270,8 @@ class MultiLevelPlanner:
     def _apply(self, candidate: _Candidate, why: str) -> Decision:
         event = self._event
         assert event is not None
-        if not candidate.strategy.revertible:
-            event.applied.clear()  # a restart rebuilds the job: earlier plans are moot
-        event.applied.append(candidate)
+        event.applied.append(candidate)  # a restart resumes from the snapshot, which carries
+        # the plans in force (the S2 split, the swapped layout): relief must still undo them
         event.recent.clear()
         return Decision("apply", candidate.strategy.name, candidate.plan, why)
 
