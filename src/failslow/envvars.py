@@ -56,3 +56,11 @@ UPDATE_ID = "FAILSLOW_UPDATE_ID"
 """The last update applied to this launch (0: none)."""
 RESTART = "FAILSLOW_RESTART"
 """How many times the launcher relaunched the command before this launch."""
+
+# -- the rank launcher (failslow run --nproc-per-node) --------------------------------------------
+SLOT = "FAILSLOW_SLOT"
+"""The launcher's slot (device) a rank runs on: 0..N-1 first, standbys N.. after an eviction."""
+WARM_FD = "FAILSLOW_WARM_FD"
+"""A warm process's socket to its launcher (:mod:`failslow.node.warm`)."""
+WARM_PRELOAD = "FAILSLOW_WARM_PRELOAD"
+"""The modules a warm process imports before it is given a rank (comma-separated)."""

@@ -38,6 +38,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         code_dir=Path(args.code_dir) if args.code_dir else None,
         metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr,
+        nproc_per_node=args.nproc_per_node,
+        standbys=args.standbys,
+        preload=tuple(m.strip() for m in (args.preload or "").split(",") if m.strip()),
+        warm=args.warm,
         agent=AgentOptions(
             max_restarts=args.max_restarts,
             probation_s=args.probation,
@@ -209,6 +213,32 @@ def register(sub: Any) -> None:
         default=300.0,
         metavar="SECONDS",
         help="SIGTERM CMD this long after its ranks agreed to stop for an update (default 300)",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="start N ranks here, as torchrun would (CMD is SCRIPT [ARGS] or -m MODULE [ARGS]), "
+        "from warm processes, with a dead rank noticed at once and its survivors released",
+    )
+    p.add_argument(
+        "--standbys",
+        type=int,
+        default=0,
+        metavar="S",
+        help="with --nproc-per-node: S standby slots; a failed rank's slot is evicted onto one",
+    )
+    p.add_argument(
+        "--preload",
+        metavar="MODULES",
+        help="with --nproc-per-node: modules the warm processes import before they get a rank, "
+        "comma-separated (torch always; add the framework: --preload deepspeed)",
+    )
+    p.add_argument(
+        "--warm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --nproc-per-node: keep a warm spare per rank, so restarts skip the imports",
     )
     p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_run, cmd=None)

@@ -46,6 +46,18 @@ if TYPE_CHECKING:
 
 SHM = Path("/dev/shm")
 
+PRELOAD_WITH = {
+    # what any torch.optim optimizer imports when it is built: torch._dynamo, ~3 s here
+    "torch": ("?torch._dynamo",),
+    # failslow's adapter, and what deepspeed.initialize imports lazily (its ZeRO optimizer
+    # check imports the Muon optimizer, which compiles at import)
+    "deepspeed": ("failslow.deepspeed", "?deepspeed.runtime.zero.muon.muon_optimizer"),
+    "megatron.core": ("failslow.megatron",),
+    "accelerate": ("failslow.accelerate",),
+}
+"""What ``--preload`` of a module imports with it, so a warm rank's start-up finds it loaded
+(``?``: skipped where this version of the framework does not have it)."""
+
 
 @dataclass(kw_only=True, slots=True)
 class RunOptions:
@@ -80,6 +92,16 @@ class RunOptions:
     of failslow's settings (``FAILSLOW__OBSERVE__METRICS_PORT``), else no endpoint."""
     metrics_addr: str | None = None
     """The metrics endpoint's address (default ``observe.metrics_addr``: 127.0.0.1)."""
+    nproc_per_node: int | None = None
+    """Start this many ranks here (CMD is ``script.py args`` or ``-m module args``), from warm
+    processes, with fail-stop detection and standby slots (:mod:`failslow.node.ranks`); None:
+    CMD is a command that starts its own ranks (``torchrun ...``)."""
+    standbys: int = 0
+    """Standby slots of ``nproc_per_node``: a failed rank's slot is evicted onto one."""
+    preload: tuple[str, ...] = ()
+    """Modules the warm rank processes import before they get a rank (torch always)."""
+    warm: bool = True
+    """Keep one warm spare per rank while the job runs."""
 
 
 @dataclass(slots=True)
@@ -150,6 +172,28 @@ def _check_options(options: RunOptions) -> None:
         raise ConfigError(f"--metrics-port must be a port (0-65535), got {options.metrics_port}")
     if options.code_dir is not None and not options.code_dir.is_dir():
         raise ConfigError(f"--code-dir {options.code_dir}: not a directory")
+    if options.nproc_per_node is not None:
+        if options.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node must be >= 1, got {options.nproc_per_node}")
+        if options.standbys < 0:
+            raise ConfigError(f"--standbys must be >= 0, got {options.standbys}")
+        if options.command[0] == "-m" and len(options.command) < 2:
+            raise FailslowError("failslow run --nproc-per-node: -m needs a module name")
+        if options.command[0].startswith("-") and options.command[0] != "-m":
+            raise FailslowError(
+                f"failslow run --nproc-per-node runs SCRIPT or -m MODULE, got {options.command[0]}"
+            )
+        import importlib.util
+
+        for name in options.preload:
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                raise ConfigError(f"--preload {name}: no such module in this Python")
+    elif options.standbys or options.preload:
+        raise ConfigError("--standbys and --preload need --nproc-per-node")
 
 
 def _find_executable(name: str, env: Mapping[str, str]) -> str:
@@ -167,7 +211,13 @@ def prepare(options: RunOptions, base_env: Mapping[str, str] | None = None) -> L
     """Resolve the command and build its environment; creates the ring directory."""
     _check_options(options)
     env = dict(os.environ if base_env is None else base_env)
-    executable = _find_executable(options.command[0], env)
+    if options.nproc_per_node is None:
+        argv = [_find_executable(options.command[0], env), *options.command[1:]]
+    else:  # what follows python in each rank (node/ranks.py)
+        argv = list(options.command)
+        script = Path(options.code_dir or ".") / argv[0]
+        if argv[0] != "-m" and not script.is_file():
+            raise FailslowError(f"{argv[0]!r}: no such script (failslow run --nproc-per-node)")
     shim = _shim_path() if options.shim else None
     ring_dir = (options.ring_dir or default_ring_dir()).absolute()
     try:
@@ -191,7 +241,7 @@ def prepare(options: RunOptions, base_env: Mapping[str, str] | None = None) -> L
         env[envvars.CAPTURE] = "1"
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
         env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *paths])
-    return Launch([executable, *options.command[1:]], env, ring_dir, shim, snapshot_dir)
+    return Launch(argv, env, ring_dir, shim, snapshot_dir)
 
 
 def default_snapshot_dir(ring_dir: Path) -> Path:
@@ -243,8 +293,14 @@ def run(options: RunOptions) -> int:
     spawn_options: dict[str, Any] = (
         {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     )
+    ranks = _local_ranks(options, state_dir) if options.nproc_per_node else None
 
-    def spawn(version: Version, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def spawn(version: Version, env: dict[str, str]) -> Any:
+        if ranks is not None:
+            group = ranks.spawn(list(version.command), env, version.code_dir)
+            if control is not None:
+                control.start()
+            return group
         name = version.command[0]
         if version.code_dir and os.sep in name and not os.path.isabs(name):
             name = os.path.join(version.code_dir, name)
@@ -268,6 +324,8 @@ def run(options: RunOptions) -> int:
         store=control.store if control is not None and options.controller_world_size else None,
         say=say,
     )
+    if ranks is not None:
+        ranks.listeners.append(lambda _: agent.incidents.update(["failstop"]))
     try:
         if metrics is not None:
             _node_metrics(metrics[0], control, launch, state_dir, agent)
@@ -275,6 +333,8 @@ def run(options: RunOptions) -> int:
             say(f"metrics on {server.url}")
         status = agent.run()
     finally:
+        if ranks is not None:
+            ranks.close()
         if metrics is not None:
             metrics[1].stop()
         if control is not None:
@@ -282,10 +342,50 @@ def run(options: RunOptions) -> int:
             control.store.close()
         history.close()
     say(
-        f"{options.command[0]} exited with status {status}; rings kept in {launch.ring_dir} "
+        f"{' '.join(options.command[: 2 if options.command[0] == '-m' else 1])} exited with "
+        f"status {status}; rings kept in {launch.ring_dir} "
         f"(failslow export {launch.ring_dir}; failslow report {launch.ring_dir})"
     )
     return status
+
+
+def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
+    """The node's ranks (``--nproc-per-node``); each fail-stop is also a line of
+    ``<state dir>/failstops.jsonl``."""
+    import json
+    from dataclasses import asdict
+
+    from failslow.node.ranks import LocalRanks, RankOptions
+
+    assert options.nproc_per_node is not None
+    preload: list[str] = []
+    for name in ("torch", *options.preload):
+        for module in (name, *PRELOAD_WITH.get(name, ())):
+            if module not in preload:
+                preload.append(module)
+    ranks = LocalRanks(
+        RankOptions(
+            nproc=options.nproc_per_node,
+            standbys=options.standbys,
+            preload=tuple(preload),
+            warm=options.warm,
+            kill_grace_s=options.agent.kill_grace_s,
+        ),
+        say=_stderr_line,
+    )
+    _stderr_line(
+        f"{options.nproc_per_node} ranks on slots 0-{options.nproc_per_node - 1}, "
+        f"{options.standbys} standby slots; warm processes preload "
+        f"{', '.join(m.lstrip('?') for m in preload)}"
+    )
+    log = state_dir / "failstops.jsonl"
+
+    def record(failstop: Any) -> None:
+        with log.open("a") as f:
+            f.write(json.dumps(asdict(failstop)) + "\n")
+
+    ranks.listeners.append(record)
+    return ranks
 
 
 def _agent_options() -> AgentOptions:

@@ -315,6 +315,10 @@ class Agent:
 
     @staticmethod
     def _signal(child: subprocess.Popen[bytes], signum: int) -> None:
+        group = getattr(child, "signal_group", None)  # failslow's own ranks (node/ranks.py)
+        if group is not None:
+            group(signum)
+            return
         try:
             os.killpg(child.pid, signum)
         except (ProcessLookupError, PermissionError):

@@ -1,0 +1,421 @@
+"""``failslow run --nproc-per-node N``: this node's ranks, started from warm processes, a dead
+rank noticed at once, its slot replaced by a standby (byterobust 6.2 warm standbys, 6.3
+restart from memory; greyhound 5.2 S4).
+
+With ``torchrun`` as CMD the launcher only sees CMD: a rank that dies is noticed by torchrun
+(gloo peers get a reset connection; NCCL peers hang until the collective timeout) and every
+restart pays Python, torch and the framework's imports again. Here the launcher is the node's
+rank agent itself:
+
+- **warm processes** (:mod:`failslow.node.warm`): each rank runs in a process that had already
+  imported ``--preload`` (torch and the framework) before it was given its rank; while the job
+  trains, the launcher keeps one warm spare per rank, so a restart in place (a fail-stop, a hot
+  update) skips the imports;
+- **fail-stop detection**: every rank process is watched through its pidfd, so a rank that
+  exits with a failure (a crash, SIGKILL, the OOM killer) is seen within milliseconds, whatever
+  the survivors are doing; the survivors are then released - SIGTERM to each rank's process
+  group, SIGKILL after ``kill_grace_s`` - instead of waiting in a collective for a peer that will
+  never come;
+- **slots and standbys**: the node has ``N + standbys`` slots (devices; ``$FAILSLOW_SLOT``);
+  ranks run on the first N. The slot of a rank that failed is evicted while a standby slot is
+  left, and the rank restarts on the standby; without one it restarts where it was;
+- the :class:`~failslow.node.hot_update.agent.Agent` restarts the group (``--max-restarts``) and
+  every rank resumes from the in-memory snapshots (:mod:`failslow.runtime.snapshot_service`).
+
+Rendezvous: the launcher hosts a fresh TCPStore per launch and the ranks use it as torchrun's
+agent store (``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``), so ``env://``
+initialization works unchanged. One node: a job of several machines runs ``torchrun`` (or
+``failslow run`` on each node with its own world) as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from failslow import envvars
+from failslow.core.control.stop import EXIT_FOR_UPDATE
+from failslow.errors import ConfigError, FailslowError
+
+PER_LAUNCH = frozenset({envvars.RESTART, envvars.UPDATE_ID})
+"""Variables that change at every launch: set at activation, not part of a warm process's key."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailStop:
+    """A rank that ended with a failure while the others were running."""
+
+    rank: int
+    slot: int
+    pid: int
+    status: int
+    """The exit status (128 + N for signal N)."""
+    launch: int
+    wall: float
+    """When the launcher saw it (time.time(); the pidfd wakes it as the process ends)."""
+    replaced_by: int | None = None
+    """The standby slot the rank moves to (None: restarts on its own slot)."""
+
+    def describe(self) -> str:
+        how = f"signal {self.status - 128}" if self.status > 128 else f"status {self.status}"
+        where = (
+            f"slot {self.slot} evicted, standby slot {self.replaced_by} takes rank {self.rank}"
+            if self.replaced_by is not None
+            else f"no standby left: rank {self.rank} restarts on slot {self.slot}"
+        )
+        return f"rank {self.rank} (slot {self.slot}, pid {self.pid}) died ({how}); {where}"
+
+
+@dataclass(slots=True)
+class _Warm:
+    process: subprocess.Popen[bytes]
+    sock: socket.socket
+    key: str
+    ready: bool = False
+
+    def check(self) -> None:
+        """Read what the process said so far (``ready`` or ``error ...``), without blocking."""
+        if self.ready:
+            return
+        try:
+            data = self.sock.recv(4096, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data.startswith(b"ready"):
+            self.ready = True
+        elif data.startswith(b"error"):
+            raise FailslowError(f"warm rank process: {data.decode(errors='replace').strip()}")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def _status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+class RankGroup:
+    """One launch of the node's ranks, seen by the agent as one child (``poll``, ``wait``,
+    ``signal_group``). Its status: the first failed rank's, else :data:`EXIT_FOR_UPDATE` when a
+    rank stopped for an update, else 0."""
+
+    def __init__(
+        self,
+        ranks: dict[int, tuple[int, subprocess.Popen[bytes]]],
+        *,
+        launch: int,
+        on_failstop: Callable[[FailStop], FailStop],
+        kill_grace_s: float,
+        store: Any = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        self.ranks = ranks
+        self._on_tick = on_tick
+        self.launch = launch
+        self._on_failstop = on_failstop
+        self._kill_grace_s = kill_grace_s
+        self._store = store  # the launch's rendezvous store, alive as long as the group
+        self.pid = next(iter(ranks.values()))[1].pid if ranks else 0
+        self.failstop: FailStop | None = None
+        self._released_at: float | None = None
+        self._killed = False
+        self.returncode: int | None = None
+        self._fds: dict[int, int] = {}
+        for rank, (_, process) in ranks.items():
+            with contextlib.suppress(OSError, AttributeError):
+                self._fds[rank] = os.pidfd_open(process.pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        if self._on_tick is not None:
+            self._on_tick()
+        now = time.monotonic()
+        statuses: dict[int, int] = {}
+        for rank, (slot, process) in self.ranks.items():
+            code = process.poll()
+            if code is None:
+                continue
+            statuses[rank] = status = _status(code)
+            if status not in (0, EXIT_FOR_UPDATE) and self._released_at is None:
+                self._fail(rank, slot, process, status)
+        if self._released_at is not None and not self._killed:
+            if now - self._released_at > self._kill_grace_s:
+                self._killed = True
+                self._send(signal.SIGKILL)
+        if len(statuses) < len(self.ranks):
+            return None
+        self._close_fds()
+        failed = [s for s in statuses.values() if s not in (0, EXIT_FOR_UPDATE)]
+        if self.failstop is not None:
+            self.returncode = self.failstop.status
+        elif failed:  # the agent stopped the ranks (a signal to the launcher)
+            self.returncode = failed[0]
+        elif EXIT_FOR_UPDATE in statuses.values():
+            self.returncode = EXIT_FOR_UPDATE
+        else:
+            self.returncode = 0
+        self._store = None
+        return self.returncode
+
+    def _fail(self, rank: int, slot: int, process: subprocess.Popen[bytes], status: int) -> None:
+        record = FailStop(
+            rank=rank, slot=slot, pid=process.pid, status=status, launch=self.launch,
+            wall=time.time(),
+        )  # fmt: skip
+        self.failstop = self._on_failstop(record)
+        self.release()
+
+    def release(self) -> None:
+        """Stop every rank still running: SIGTERM now, SIGKILL after the grace period."""
+        if self._released_at is None:
+            self._released_at = time.monotonic()
+            self._send(signal.SIGTERM)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            left = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.5)
+            if left <= 0:
+                raise subprocess.TimeoutExpired("failslow ranks", timeout or 0.0)
+            self._sleep(left)
+        return code
+
+    def _sleep(self, seconds: float) -> None:
+        """Until a rank exits (its pidfd is readable) or ``seconds`` pass."""
+        live = {
+            fd: rank for rank, fd in self._fds.items() if self.ranks[rank][1].returncode is None
+        }
+        if not live:
+            time.sleep(min(seconds, 0.05))
+            return
+        with selectors.DefaultSelector() as selector:
+            for fd in live:
+                selector.register(fd, selectors.EVENT_READ)
+            selector.select(seconds)
+
+    def signal_group(self, signum: int) -> None:
+        """The agent's signal to the job (forwarded, or its stop for an update): ranks that end
+        from it are not fail-stops."""
+        if self._released_at is None:
+            self._released_at = time.monotonic()
+            self._killed = True  # the agent escalates on its own
+        self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        for _, process in self.ranks.values():
+            if process.poll() is None:
+                _signal_group(process, signum)
+
+    def _close_fds(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+
+@dataclass(kw_only=True, slots=True)
+class RankOptions:
+    nproc: int
+    standbys: int = 0
+    preload: tuple[str, ...] = ("torch",)
+    warm: bool = True
+    """Keep one warm spare per rank while the job runs (restarts skip the imports)."""
+    kill_grace_s: float = 10.0
+    refill_delay_s: float = 10.0
+    """Warm spares start this long after a launch (its ranks' own start-up goes first)."""
+    python: str = field(default_factory=lambda: sys.executable)
+
+
+class LocalRanks:
+    """The node's slots, its pool of warm processes and the launches of its ranks (the agent's
+    ``spawn``). Owns every process it starts: :meth:`close` ends the pool."""
+
+    def __init__(self, options: RankOptions, *, say: Callable[[str], None] = print) -> None:
+        if options.nproc < 1:
+            raise ConfigError(f"--nproc-per-node must be >= 1, got {options.nproc}")
+        if options.standbys < 0:
+            raise ConfigError(f"--standbys must be >= 0, got {options.standbys}")
+        self.options = options
+        self.say = say
+        self.slots = list(range(options.nproc))
+        """The slot of each rank."""
+        self.standby_slots = list(range(options.nproc, options.nproc + options.standbys))
+        self.evicted: list[int] = []
+        self.failstops: list[FailStop] = []
+        self.launches = 0
+        self._pool: list[_Warm] = []
+        self._refill: tuple[str, dict[str, str], float] | None = None
+        self.listeners: list[Callable[[FailStop], None]] = []
+        """Told of each fail-stop (the launcher records it and counts the incident)."""
+
+    # -- the agent's spawn ---------------------------------------------------------------------
+    def spawn(self, command: list[str], env: dict[str, str], cwd: str | None) -> RankGroup:
+        """Start the ranks of one launch: ``command`` is what follows ``python`` (``script.py
+        args`` or ``-m module args``)."""
+        from failslow.node.control import host_store
+
+        if not command:
+            raise FailslowError("no script to run: failslow run --nproc-per-node N -- SCRIPT ...")
+        key = self._key(env)
+        store = host_store()  # a fresh rendezvous per launch: no stale keys from the last one
+        port = int(store.url.rsplit(":", 1)[1].split("?")[0])
+        n = self.options.nproc
+        ranks: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+        try:
+            for rank in range(n):
+                warm = self._take(key, env)
+                rank_env = {
+                    **env,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(n),
+                    "LOCAL_WORLD_SIZE": str(n),
+                    "GROUP_RANK": "0",
+                    "ROLE_RANK": str(rank),
+                    "ROLE_WORLD_SIZE": str(n),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "TORCHELASTIC_USE_AGENT_STORE": "True",
+                    "TORCHELASTIC_RESTART_COUNT": str(self.launches),
+                    envvars.SLOT: str(self.slots[rank]),
+                }
+                message = {"env": rank_env, "cwd": cwd or os.getcwd(), "argv": list(command)}
+                try:
+                    warm.sock.sendall(json.dumps(message).encode() + b"\n")
+                except OSError as exc:
+                    why = f"its warm process is gone ({exc})"
+                    raise FailslowError(f"cannot start rank {rank}: {why}") from None
+                warm.close()
+                ranks[rank] = (self.slots[rank], warm.process)
+        except BaseException:
+            for _, process in ranks.values():
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
+            raise
+        group = RankGroup(
+            ranks,
+            launch=self.launches,
+            on_failstop=self._failstop,
+            kill_grace_s=self.options.kill_grace_s,
+            store=store,
+            on_tick=self.tick,
+        )
+        self.launches += 1
+        for warm in [w for w in self._pool if w.key != key]:
+            self._pool.remove(warm)  # started for another version: of no use now
+            self._retire(warm)
+        if self.options.warm:
+            self._refill = (key, env, time.monotonic() + self.options.refill_delay_s)
+        return group
+
+    def tick(self) -> None:
+        """Start the next warm spare when it is due: ``refill_delay_s`` after the launch, then
+        one at a time, each when the last one finished its imports - spares importing torch
+        beside ranks that are starting would slow the very restart they are for."""
+        if self._refill is None:
+            return
+        key, env, due = self._refill
+        if time.monotonic() < due:
+            return
+        if self._pool and not self._pool[-1].ready:
+            try:
+                self._pool[-1].check()
+            except FailslowError as exc:
+                self.say(f"no warm spares: {exc}")
+                self._retire(self._pool.pop())
+                self._refill = None
+                return
+            if not self._pool[-1].ready:
+                return
+        if len(self._pool) >= self.options.nproc:
+            self._refill = None
+            self.say(f"{len(self._pool)} warm spares ready: a restart skips the imports")
+            return
+        self._pool.append(self._start(key, env))
+
+    def _failstop(self, record: FailStop) -> FailStop:
+        replaced_by = None
+        if self.standby_slots:
+            replaced_by = self.standby_slots.pop(0)
+            self.evicted.append(record.slot)
+            self.slots[record.rank] = replaced_by
+        record = FailStop(**{**asdict(record), "replaced_by": replaced_by})
+        self.failstops.append(record)
+        self.say(record.describe())
+        for listener in self.listeners:
+            listener(record)
+        return record
+
+    # -- the pool ------------------------------------------------------------------------------
+    @staticmethod
+    def _key(env: dict[str, str]) -> str:
+        """What a warm process's start depended on: its whole environment but the per-launch
+        variables (a hot update that changes the environment gets fresh processes)."""
+        return json.dumps(sorted((k, v) for k, v in env.items() if k not in PER_LAUNCH))
+
+    def _take(self, key: str, env: dict[str, str]) -> _Warm:
+        while self._pool:
+            warm = self._pool.pop(0)
+            if warm.key == key and warm.process.poll() is None:
+                warm.check()
+                return warm
+            self._retire(warm)
+        return self._start(key, env)
+
+    def _start(self, key: str, env: dict[str, str]) -> _Warm:
+        ours, theirs = socket.socketpair()
+        child_env = {k: v for k, v in env.items() if k not in PER_LAUNCH}
+        child_env[envvars.WARM_FD] = str(theirs.fileno())
+        child_env[envvars.WARM_PRELOAD] = ",".join(self.options.preload)
+        try:
+            process = subprocess.Popen(
+                [self.options.python, "-m", "failslow.node.warm"],
+                env=child_env,
+                pass_fds=(theirs.fileno(),),
+                process_group=0,
+            )
+        except OSError as exc:
+            ours.close()
+            raise FailslowError(f"cannot start a rank process: {exc.strerror}") from None
+        finally:
+            theirs.close()
+        return _Warm(process, ours, key)
+
+    @staticmethod
+    def _retire(warm: _Warm) -> None:
+        """End a warm process that was never given a rank (it holds no state)."""
+        warm.close()
+        _signal_group(warm.process, signal.SIGKILL)
+        warm.process.wait()
+
+    def ready_spares(self) -> int:
+        """Warm spares that finished their imports."""
+        for warm in self._pool:
+            with contextlib.suppress(FailslowError):
+                warm.check()
+        return sum(w.ready for w in self._pool)
+
+    def close(self) -> None:
+        """End the warm pool (the ranks themselves end with their launch)."""
+        pool, self._pool = self._pool, []
+        for warm in pool:
+            self._retire(warm)

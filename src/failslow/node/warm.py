@@ -1,0 +1,95 @@
+"""A warm rank process: the interpreter and the training framework already imported, waiting to
+be given a rank (byterobust 6.2, warm standbys; 6.1, restarts in place that skip the imports).
+
+``failslow run --nproc-per-node N`` (:mod:`failslow.node.ranks`) starts these with the job's
+environment (the capture hook's ``sitecustomize`` included, so the hook is installed as torch is
+imported). Each one
+
+1. imports the modules named in ``$FAILSLOW_WARM_PRELOAD`` (default ``torch``; the framework
+   too, ``torch,deepspeed``: most of a rank's start-up time here; a name with a leading ``?``
+   is optional);
+2. tells the launcher ``ready`` on the socket it inherited (``$FAILSLOW_WARM_FD``);
+3. waits for one activation message: the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), the
+   working directory and what to run - ``["-m", "module", args...]`` or
+   ``["script.py", args...]``, as after ``python``;
+4. runs it as ``python`` would have (``__main__``, ``sys.argv``, ``sys.path[0]``).
+
+A warm process whose socket closes before an activation (the launcher drained its pool) exits
+0 without running anything. A preload that fails is reported on the socket (``error ...``) and
+the process exits 1: the launcher says which module could not be imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import socket
+import sys
+from typing import Any
+
+from failslow import envvars
+
+
+def _receive(sock: socket.socket) -> dict[str, Any] | None:
+    chunks = []
+    while True:
+        data = sock.recv(1 << 16)
+        if not data:
+            return None  # drained: the launcher closed our socket
+        chunks.append(data)
+        if data.endswith(b"\n"):
+            return dict(json.loads(b"".join(chunks)))
+
+
+def _run(argv: list[str]) -> None:
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("failslow warm process: -m needs a module name")
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    script = os.path.abspath(argv[0])
+    sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+def main() -> None:
+    fd = int(os.environ.pop(envvars.WARM_FD))
+    preload = [m for m in os.environ.pop(envvars.WARM_PRELOAD, "torch").split(",") if m]
+    sock = socket.socket(fileno=fd)
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]  # python -m put the launcher's directory first; the target sets its own
+    for name in preload:
+        try:
+            importlib.import_module(name.lstrip("?"))
+        except Exception as exc:  # reported to the launcher, then exit
+            if name.startswith("?") and isinstance(exc, ImportError):
+                continue  # optional: not in this version of the framework
+            with contextlib.suppress(OSError):
+                sock.sendall(f"error cannot import {name}: {exc!r}\n".encode())
+            raise SystemExit(f"failslow warm process: cannot import {name}: {exc!r}") from None
+    try:
+        sock.sendall(b"ready\n")
+    except OSError:
+        pass  # the launcher already sent the activation and closed its end: read it
+    try:
+        message = _receive(sock)
+    except OSError:
+        return  # the launcher is gone
+    sock.close()
+    if message is None:
+        return
+    os.environ.clear()
+    os.environ.update(message["env"])
+    if message.get("cwd"):
+        os.chdir(message["cwd"])
+    _run(list(message["argv"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""The node's own rank launcher (``failslow run --nproc-per-node``): warm processes, fail-stop
+detection, the survivors' release, standby slots (failslow.node.ranks, failslow.node.warm).
+
+Real processes, small scripts: each rank is a warm process (preloading ``colorsys`` here, so the
+tests do not pay torch's import) given its rank over its socket. A failing rank must be seen
+while its peers still run, the peers stopped (SIGTERM, SIGKILL after the grace period for one
+that ignores it), its slot evicted onto a standby while one is left; a stop for an update is
+not a failure; a restart takes the warm spares started with the last launch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from failslow.core.control.stop import EXIT_FOR_UPDATE
+from failslow.node.ranks import LocalRanks, RankGroup, RankOptions
+
+pytestmark = pytest.mark.timeout(120)
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    from pathlib import Path
+
+    out = Path(sys.argv[1])
+    rank = int(os.environ["RANK"])
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "FAILSLOW_SLOT",
+             "FAILSLOW_RESTART")
+    record = {k: os.environ.get(k) for k in names}
+    record.update(pid=os.getpid(), argv=sys.argv, name=__name__, cwd=os.getcwd(),
+                  preloaded="colorsys" in sys.modules)
+    (out / f"rank{rank}-{os.getpid()}.json").write_text(json.dumps(record))
+    mode = os.environ.get("MODE", "ok")
+    if mode == "fail" and rank == 1:
+        sys.exit(3)
+    if mode == "update":
+        sys.exit(75)
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode in ("fail", "stubborn") and rank != 1:
+        time.sleep(600)  # a survivor waiting for a peer that will never come
+    if mode == "stubborn":
+        time.sleep(1.0)  # the peer ignores SIGTERM by now
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def _ranks(nproc: int = 2, standbys: int = 0, grace: float = 10.0) -> LocalRanks:
+    said: list[str] = []
+    options = RankOptions(
+        nproc=nproc, standbys=standbys, preload=("colorsys",), kill_grace_s=grace,
+        refill_delay_s=0.0,
+    )  # fmt: skip
+    ranks = LocalRanks(options, say=said.append)
+    ranks.said = said  # type: ignore[attr-defined]
+    return ranks
+
+
+def _run(
+    tmp_path: Path, ranks: LocalRanks, mode: str, restart: int = 0
+) -> tuple[int, dict, RankGroup]:
+    import json
+
+    out = tmp_path / f"out-{mode}-{restart}"
+    out.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "MODE": mode, "FAILSLOW_RESTART": str(restart)}
+    group = ranks.spawn([str(script), str(out)], env, str(tmp_path))
+    status = group.wait(timeout=100)
+    records = {}
+    for f in out.glob("rank*.json"):
+        r = json.loads(f.read_text())
+        records[int(r["RANK"])] = r
+    return status, records, group
+
+
+def test_ranks_get_torchrun_s_environment_and_run_as_main(tmp_path: Path) -> None:
+    ranks = _ranks(nproc=3)
+    try:
+        status, records, _ = _run(tmp_path, ranks, "ok")
+    finally:
+        ranks.close()
+    assert status == 0
+    assert sorted(records) == [0, 1, 2]
+    for rank, r in records.items():
+        assert r["WORLD_SIZE"] == "3" and r["LOCAL_RANK"] == str(rank)
+        assert r["FAILSLOW_SLOT"] == str(rank) and r["name"] == "__main__"
+        assert r["argv"][0].endswith("job.py") and r["cwd"] == str(tmp_path)
+        assert r["preloaded"]  # preloaded before the rank was given
+    assert len({r["MASTER_PORT"] for r in records.values()}) == 1
+    assert not ranks.failstops
+
+
+def test_a_failed_rank_releases_its_peers_and_moves_to_a_standby(tmp_path: Path) -> None:
+    ranks = _ranks(nproc=3, standbys=1)
+    try:
+        status, records, _ = _run(tmp_path, ranks, "fail")
+        assert status == 3  # the failed rank's status, not the survivors' SIGTERM
+        [stop] = ranks.failstops
+        assert (stop.rank, stop.slot, stop.status, stop.replaced_by) == (1, 1, 3, 3)
+        assert ranks.slots == [0, 3, 2] and ranks.evicted == [1]
+        assert "slot 1 evicted, standby slot 3 takes rank 1" in ranks.said[-1]
+        # the restart: rank 1 on the standby slot; a second failure has no standby left
+        status, records, _ = _run(tmp_path, ranks, "fail", restart=1)
+        assert records[1]["FAILSLOW_SLOT"] == "3"
+        assert ranks.failstops[-1].replaced_by is None and ranks.slots == [0, 3, 2]
+        assert "no standby left: rank 1 restarts on slot 3" in ranks.said[-1]
+    finally:
+        ranks.close()
+
+
+def test_a_survivor_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    ranks = _ranks(nproc=2, grace=0.5)
+    try:
+        status, _, group = _run(tmp_path, ranks, "stubborn")
+    finally:
+        ranks.close()
+    assert status == 128 + signal.SIGKILL  # rank 1's own death
+    assert [s.rank for s in ranks.failstops] == [1]
+    assert group.ranks[0][1].returncode == -signal.SIGKILL  # SIGTERM ignored: killed
+
+
+def test_a_stop_for_an_update_is_not_a_fail_stop(tmp_path: Path) -> None:
+    ranks = _ranks(nproc=2, standbys=1)
+    try:
+        status, _, _ = _run(tmp_path, ranks, "update")
+    finally:
+        ranks.close()
+    assert status == EXIT_FOR_UPDATE
+    assert not ranks.failstops and ranks.slots == [0, 1]
+
+
+def test_the_agent_s_signal_stops_the_ranks_without_a_fail_stop(tmp_path: Path) -> None:
+    ranks = _ranks(nproc=2, standbys=1)
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    try:
+        group = ranks.spawn([str(script)], dict(os.environ), None)
+        time.sleep(0.5)
+        group.signal_group(signal.SIGTERM)
+        status = group.wait(timeout=60)
+    finally:
+        ranks.close()
+    assert status == 128 + signal.SIGTERM
+    assert not ranks.failstops and ranks.standby_slots == [2]
+
+
+def test_a_restart_takes_the_warm_spares_and_a_new_environment_gets_new_ones(
+    tmp_path: Path,
+) -> None:
+    ranks = _ranks(nproc=2)
+    try:
+        _run(tmp_path, ranks, "ok")
+        deadline = time.monotonic() + 60
+        while ranks.ready_spares() < 2 and time.monotonic() < deadline:
+            ranks.tick()  # the group's poll does this while the ranks run
+            # one spare at a time imports: never two beside the ranks
+            assert sum(not w.ready for w in ranks._pool) <= 1
+            time.sleep(0.02)
+        assert ranks.ready_spares() == 2
+        spares = {w.process.pid for w in ranks._pool}
+        # FAILSLOW_RESTART changes at every launch and is not part of the warm key
+        _, records, _ = _run(tmp_path, ranks, "ok", restart=1)
+        assert {r["pid"] for r in records.values()} == spares
+        assert {r["FAILSLOW_RESTART"] for r in records.values()} == {"1"}
+        old = {w.process for w in ranks._pool}
+        _, records, _ = _run(tmp_path, ranks, "ok2", restart=2)  # MODE changed: new processes
+        assert not {r["pid"] for r in records.values()} & {p.pid for p in old}
+        assert all(p.poll() is not None for p in old)  # the stale spares were ended
+    finally:
+        pool = [w.process for w in ranks._pool]
+        ranks.close()
+    assert all(p.poll() is not None for p in pool)
+
+
+def test_failslow_run_checks_its_rank_options(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "failslow.cli", "run", "--ring-dir", str(tmp_path / "r"),
+             *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    done = run("--nproc-per-node", "2", "--preload", "no_such_module_x", "--", "job.py")
+    assert done.returncode != 0 and "--preload no_such_module_x: no such module" in done.stderr
+    done = run("--nproc-per-node", "2", "--", str(tmp_path / "missing.py"))
+    assert done.returncode != 0 and "missing.py" in done.stderr and "no such script" in done.stderr
+    done = run("--standbys", "1", "--", "true")
+    assert done.returncode != 0 and "--standbys and --preload need --nproc-per-node" in done.stderr
+    done = run("--nproc-per-node", "0", "--", "job.py")
+    assert done.returncode != 0 and "--nproc-per-node must be >= 1" in done.stderr
