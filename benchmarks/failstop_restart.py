@@ -1,0 +1,163 @@
+"""Downtime of a fail-stop: a rank SIGKILLed, the job back to training from memory - onto a warm
+standby vs a cold restart in place vs a fresh launch from a disk checkpoint (issue 16).
+
+Usage::
+
+    python benchmarks/failstop_restart.py [--width 512] [--repeat 1]
+
+The job is the DeepSpeed ZeRO-1 demo job (4 ranks, CPU/gloo, ``failslow.demo.ds_worker``) with
+an in-memory snapshot (and its backup on a peer) every step. At step 15 or later - for the warm
+way, once the launcher said its warm spares are ready (they start 10 s after a launch, one at a
+time, ~35 s here) - rank 1's process gets SIGKILL from outside. The figure is the *downtime*:
+the gap between the last step done before the kill and the first step done after it, less one
+normal step (so the step in flight when the kill came, redone after the restore, counts as
+downtime; ``lost`` is how many steps were done twice).
+
+- **warm standby** (``failslow run --nproc-per-node 4 --standbys 1 --preload deepspeed``): the
+  launcher sees the rank die through its pidfd, releases the survivors, moves the rank to the
+  standby slot and restarts every rank from warm processes (torch and DeepSpeed imported), which
+  restore from /dev/shm;
+- **cold restart in place** (``failslow run --max-restarts 1 -- torchrun ...``): torchrun sees
+  the rank die and ends; the launcher restarts torchrun, every rank imports again and restores
+  from /dev/shm (what failslow did before the node launched ranks itself);
+- **fresh launch from disk** (plain ``torchrun``, :func:`hot_update.fresh`): every rank saves an
+  ``engine.save_checkpoint`` to local disk, a new torchrun starts and loads it - the restart a
+  job without failslow makes after a failure (its lost steps since the last disk checkpoint are
+  not counted here: the figure is the restart alone, in its favour).
+
+Also printed: kill -> detected (the launcher's record, warm only) and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hot_update import TORCHRUN, fresh
+
+from failslow.demo.worker_io import launch_env
+
+STEPS = 80
+KILL_AT = 15
+READY = "warm spares ready"
+VICTIM = 1
+SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
+
+
+def _kill_and_measure(tmp: Path, name: str, width: int, launcher: list[str]) -> dict[str, float]:
+    out = tmp / name
+    out.mkdir()
+    env = launch_env(
+        out, STEPS, FAILSLOW_DEMO_WIDTH=str(width), FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
+        FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
+    )  # fmt: skip
+    rings, state = tmp / f"{name}-rings", tmp / f"{name}-state"
+    shm = Path(tempfile.mkdtemp(prefix="failslow-fsbench-", dir="/dev/shm"))
+    cmd = [sys.executable, "-m", "failslow.cli", "run", "--controller", "4", "--no-shim",
+           "--ring-dir", str(rings), "--state-dir", str(state), "--snapshot-dir", str(shm),
+           "--max-restarts", "1", *launcher]  # fmt: skip
+    log = open(tmp / f"{name}.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    progress = out / "progress-rank0.json"
+    seen: dict[int, float] = {}
+    try:
+        warm = launcher[0] == "--nproc-per-node"  # (torchrun has the flag too)
+
+        def due() -> bool:  # warm: once the launcher said its spares are ready
+            if max(seen, default=-1) < KILL_AT:
+                return False
+            return not warm or READY in (tmp / f"{name}.log").read_text()
+
+        while not due():
+            if proc.poll() is not None:
+                raise SystemExit(f"{name}: the job ended early ({proc.returncode})")
+            try:
+                steps = json.loads(progress.read_text())["steps"]
+            except (OSError, ValueError, KeyError):
+                steps = []
+            now = time.time()
+            for step, _ in steps:
+                seen.setdefault(int(step), now)
+            time.sleep(0.02)
+        ring = max(rings.glob(f"rank{VICTIM:05d}-pid*.ring"), key=lambda p: p.stat().st_mtime)
+        pid = int(re.search(r"pid(\d+)", ring.name).group(1))  # type: ignore[union-attr]
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        if proc.wait(timeout=600) != 0:
+            raise SystemExit(f"{name}: the job failed; see {tmp / (name + '.log')}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for f in shm.iterdir():
+            f.unlink()
+        shm.rmdir()
+    last = max(s for s, t in seen.items() if t <= killed_at)
+    record = json.loads((out / "steps-rank0-1.json").read_text())
+    first_done_after = record["step_end"][1]
+    before = sorted(s for s in seen if s <= last)[-11:]
+    step_s = statistics.median(seen[b] - seen[a] for a, b in itertools.pairwise(before))
+    gap = first_done_after - seen[last]
+    result = {
+        "step_s": step_s, "gap_s": gap, "downtime": gap - step_s,
+        "lost": last + 1 - record["first_step"], "resumed": record["first_step"],
+    }  # fmt: skip
+    stops = state / "failstops.jsonl"
+    if stops.exists():
+        result["detected_s"] = json.loads(stops.read_text().splitlines()[0])["wall"] - killed_at
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    console = Console(width=160)
+    table = Table(title="a rank SIGKILLed in a 4-rank DeepSpeed ZeRO-1 job (CPU/gloo): downtime")
+    for col in ("run", "way", "kill -> seen", "resumed at", "lost steps", "normal step",
+                "gap", "downtime", "x warm"):  # fmt: skip
+        table.add_column(col)
+    ways = {
+        "warm standby (memory)": [
+            "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
+            "--", "-m", "failslow.demo.ds_worker",
+        ],
+        "cold restart in place (memory)": ["--", *TORCHRUN],
+    }  # fmt: skip
+    for i in range(args.repeat):
+        results = {}
+        for name, launcher in ways.items():
+            with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
+                console.print(f"run {i + 1}: {name} ...")
+                results[name] = _kill_and_measure(Path(t), "job", args.width, launcher)
+        with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
+            console.print(f"run {i + 1}: fresh launch from disk ...")
+            f = fresh(Path(t), args.width)
+            results["fresh launch (disk)"] = {**f, "lost": 0, "resumed": f["step"]}
+        warm = results["warm standby (memory)"]["downtime"]
+        for name, r in results.items():
+            seen = f"{r['detected_s'] * 1000:.0f} ms" if "detected_s" in r else "-"
+            table.add_row(
+                str(i + 1), name, seen, str(r["resumed"]), str(r["lost"]),
+                f"{r['step_s']:.2f} s", f"{r['gap_s']:.1f} s", f"{r['downtime']:.1f} s",
+                f"{r['downtime'] / warm:.2f}x",
+            )  # fmt: skip
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
