@@ -41,6 +41,13 @@ SCRIPT = textwrap.dedent(
     mode = os.environ.get("MODE", "ok")
     if mode == "fail" and rank == 1:
         sys.exit(3)
+    if mode == "orphan" and rank == 1:  # a data loader worker, say, left in the rank's group
+        import subprocess
+        child = subprocess.Popen(["sleep", "600"])
+        (out / "child.pid").write_text(str(child.pid))
+        os._exit(3)
+    if mode == "orphan":
+        time.sleep(600)
     if mode == "update":
         sys.exit(75)
     if mode == "stubborn":
@@ -199,3 +206,34 @@ def test_failslow_run_checks_its_rank_options(tmp_path: Path) -> None:
     assert done.returncode != 0 and "--standbys and --preload need --nproc-per-node" in done.stderr
     done = run("--nproc-per-node", "0", "--", "job.py")
     assert done.returncode != 0 and "--nproc-per-node must be >= 1" in done.stderr
+
+
+def test_a_dead_rank_s_children_do_not_outlive_it(tmp_path: Path) -> None:
+    ranks = _ranks(nproc=2)
+    try:
+        status, _, _ = _run(tmp_path, ranks, "orphan")
+    finally:
+        ranks.close()
+    assert status == 3
+    child = int((tmp_path / "out-orphan-0" / "child.pid").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def test_closing_the_launcher_ends_the_ranks_it_started(tmp_path: Path) -> None:
+    ranks = _ranks(nproc=2)
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    group = ranks.spawn([str(script)], dict(os.environ), None)
+    ranks.close()
+    assert all(p.poll() is not None for _, p in group.ranks.values())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False

@@ -42,6 +42,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         standbys=args.standbys,
         preload=tuple(m.strip() for m in (args.preload or "").split(",") if m.strip()),
         warm=args.warm,
+        spare_delay_s=args.spare_delay,
         agent=AgentOptions(
             max_restarts=args.max_restarts,
             probation_s=args.probation,
@@ -239,6 +240,14 @@ def register(sub: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="with --nproc-per-node: keep a warm spare per rank, so restarts skip the imports",
+    )
+    p.add_argument(
+        "--spare-delay",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --nproc-per-node: start the warm spares this long after a launch, one at a "
+        "time, so they do not slow the ranks' own start (default 10)",
     )
     p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_run, cmd=None)

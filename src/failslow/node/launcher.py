@@ -102,6 +102,8 @@ class RunOptions:
     """Modules the warm rank processes import before they get a rank (torch always)."""
     warm: bool = True
     """Keep one warm spare per rank while the job runs."""
+    spare_delay_s: float = 10.0
+    """Warm spares start this long after a launch, one at a time."""
 
 
 @dataclass(slots=True)
@@ -177,6 +179,8 @@ def _check_options(options: RunOptions) -> None:
             raise ConfigError(f"--nproc-per-node must be >= 1, got {options.nproc_per_node}")
         if options.standbys < 0:
             raise ConfigError(f"--standbys must be >= 0, got {options.standbys}")
+        if not options.spare_delay_s >= 0:
+            raise ConfigError(f"--spare-delay must be >= 0 seconds, got {options.spare_delay_s}")
         if options.command[0] == "-m" and len(options.command) < 2:
             raise FailslowError("failslow run --nproc-per-node: -m needs a module name")
         if options.command[0].startswith("-") and options.command[0] != "-m":
@@ -370,6 +374,7 @@ def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
             preload=tuple(preload),
             warm=options.warm,
             kill_grace_s=options.agent.kill_grace_s,
+            refill_delay_s=options.spare_delay_s,
         ),
         say=_stderr_line,
     )

@@ -133,7 +133,6 @@ class RankGroup:
         self._on_failstop = on_failstop
         self._kill_grace_s = kill_grace_s
         self._store = store  # the launch's rendezvous store, alive as long as the group
-        self.pid = next(iter(ranks.values()))[1].pid if ranks else 0
         self.failstop: FailStop | None = None
         self._released_at: float | None = None
         self._killed = False
@@ -163,6 +162,8 @@ class RankGroup:
                 self._send(signal.SIGKILL)
         if len(statuses) < len(self.ranks):
             return None
+        if self._released_at is not None:
+            self._send(signal.SIGKILL)  # what is left of the ranks' process groups
         self._close_fds()
         failed = [s for s in statuses.values() if s not in (0, EXIT_FOR_UPDATE)]
         if self.failstop is not None:
@@ -221,9 +222,10 @@ class RankGroup:
         self._send(signum)
 
     def _send(self, signum: int) -> None:
+        """``signum`` to each rank's process group - a dead rank's too: its children (data
+        loader workers, say) outlive it there."""
         for _, process in self.ranks.values():
-            if process.poll() is None:
-                _signal_group(process, signum)
+            _signal_group(process, signum)
 
     def _close_fds(self) -> None:
         for fd in self._fds.values():
@@ -264,6 +266,8 @@ class LocalRanks:
         self.launches = 0
         self._pool: list[_Warm] = []
         self._refill: tuple[str, dict[str, str], float] | None = None
+        self.group: RankGroup | None = None
+        """The last launch."""
         self.listeners: list[Callable[[FailStop], None]] = []
         """Told of each fail-stop (the launcher records it and counts the incident)."""
 
@@ -320,6 +324,7 @@ class LocalRanks:
             on_tick=self.tick,
         )
         self.launches += 1
+        self.group = group
         for warm in [w for w in self._pool if w.key != key]:
             self._pool.remove(warm)  # started for another version: of no use now
             self._retire(warm)
@@ -415,7 +420,13 @@ class LocalRanks:
         return sum(w.ready for w in self._pool)
 
     def close(self) -> None:
-        """End the warm pool (the ranks themselves end with their launch)."""
+        """End the warm pool, and the last launch's ranks if they still run (the launcher is
+        leaving: nothing it started may outlive it)."""
+        group, self.group = self.group, None
+        if group is not None and group.poll() is None:
+            group.signal_group(signal.SIGKILL)
+            for _, process in group.ranks.values():
+                process.wait()
         pool, self._pool = self._pool, []
         for warm in pool:
             self._retire(warm)
