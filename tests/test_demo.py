@@ -17,9 +17,22 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     out = tmp_path / "run"
     exe = os.path.join(os.path.dirname(sys.executable), "failslow")
     proc = subprocess.run(
-        [exe, "demo", "--no-live", "--iterations", "160", "--slow-start", "60",
-         "--slow-end", "110", "--out", str(out)],
-        capture_output=True, text=True, timeout=400,
+        [
+            exe,
+            "demo",
+            "--no-live",
+            "--iterations",
+            "160",
+            "--slow-start",
+            "60",
+            "--slow-end",
+            "110",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -50,9 +63,46 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     for name in ("iteration_times.csv", "events.jsonl", "iteration_times.png"):
         assert (out / name).stat().st_size > 0
     # The CSV the demo writes is itself a valid `failslow analyze` input.
-    analyzed = subprocess.run([exe, "analyze", str(out / "iteration_times.csv"), "--json"],
-                              capture_output=True, text=True, timeout=60)
+    analyzed = subprocess.run(
+        [exe, "analyze", str(out / "iteration_times.csv"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert analyzed.returncode == 0, analyzed.stderr
     events = json.loads(analyzed.stdout)[str(out / "iteration_times.csv")]["events"]
     # One rank's series (noisier than the four the live view merges) shows at least the onset.
     assert [e["type"] for e in events][:1] == ["onset"], analyzed.stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_kill_demo_restarts_from_memory_and_keeps_the_model(tmp_path) -> None:
+    """``failslow demo --framework deepspeed --fault kill`` as users run it: two ranks killed,
+    the job restarted from memory (the first victim onto the standby slot), the summary's
+    restarts, lost steps and downtime, and the parameters bitwise those of a run without kills.
+    With 120 steps the kills do not wait for warm spares (30 steps before the end they kill
+    anyway): the warm restart is checked by ``tests/e2e/test_failstop.py``."""
+    pytest.importorskip("deepspeed", reason="needs the deepspeed extra")
+    out = tmp_path / "run"
+    exe = os.path.join(os.path.dirname(sys.executable), "failslow")
+    proc = subprocess.run(
+        [exe, "demo", "--framework", "deepspeed", "--fault", "kill", "--no-live",
+         "--iterations", "120", "--out", str(out)],
+        capture_output=True, text=True, timeout=850,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    why = "demo summary: " + json.dumps(summary)
+    assert summary["fault"] == "kill" and len(summary["restarts"]) == 2, why
+    first, second = summary["restarts"]
+    assert (first["rank"], second["rank"]) == (2, 1), why  # --slow-rank 2, then (2 + 3) % 4
+    assert [s["replaced_by"] for s in summary["failstops"]] == [4, None], why
+    for restart in summary["restarts"]:
+        assert 0 <= restart["lost_steps"] <= 2, why
+        assert restart["downtime_s"] is not None and restart["downtime_s"] > 0, why
+        assert restart["detected_s"] < 5.0, why
+    assert summary["lost_steps"] == first["lost_steps"] + second["lost_steps"], why
+    assert summary["parameters"]["compared"] and summary["parameters"]["equal"], why
+    assert "bitwise equal" in proc.stdout

@@ -26,6 +26,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
     )
     out_dir = Path(args.out) if args.out else None
+    if args.fault == "kill":
+        if args.framework != "deepspeed":
+            raise SystemExit("failslow demo: --fault kill needs --framework deepspeed")
+        from failslow.demo.failstop import FailstopDemoOptions, run_failstop_demo
+
+        steps = args.iterations or FailstopDemoOptions.steps
+        kills = (steps * 2 // 7, steps * 9 // 14)  # 114 and 257 of the default 400
+        summary = run_failstop_demo(
+            FailstopDemoOptions(
+                world_size=args.world_size,
+                steps=steps,
+                kill_steps=kills,
+                victims=(args.slow_rank % args.world_size, (args.slow_rank + 3) % args.world_size),
+                out_dir=out_dir,
+                live=not args.no_live,
+            )
+        )
+        return 0 if summary["parameters"].get("equal", True) else 1
     if args.fault != "compute" and args.framework == "torch":
         raise SystemExit("failslow demo: --fault link needs --framework megatron or fsdp")
     if args.framework in ("deepspeed", "megatron", "accelerate", "fsdp"):
@@ -75,7 +93,9 @@ def register(sub: Any) -> None:
         "before/after throughput",
     )
     p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--iterations", type=int, help="steps (torch 200, the others 260)")
+    p.add_argument(
+        "--iterations", type=int, help="steps (torch 200, --fault kill 400, the others 260)"
+    )
     p.add_argument("--slow-rank", type=int, default=2)
     p.add_argument("--slow-start", type=int, help="iteration the slowdown starts (70, 60)")
     p.add_argument("--slow-end", type=int, help="iteration the slowdown ends (140, 180)")
@@ -86,11 +106,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--fault",
-        choices=("compute", "link"),
+        choices=("compute", "link", "kill"),
         default="compute",
         help="compute - the slow rank is SIGSTOP-cycled (S2); link (megatron or fsdp, root) - "
         "every rank in its own network namespace, the link between ranks 0 and 1 shaped with "
-        "tc (S3 swaps roles in place)",
+        "tc (S3 swaps roles in place); kill (deepspeed) - --slow-rank and another rank are "
+        "SIGKILLed at 2/7 and 9/14 of the run, the job restarts from memory on warm standbys "
+        "and its parameters are compared with a run without kills",
     )
     p.add_argument(
         "--link-rate", help="--fault link: the link's rate (megatron 25mbit, fsdp 200mbit)"

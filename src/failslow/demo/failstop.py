@@ -1,0 +1,343 @@
+"""``failslow demo --framework deepspeed --fault kill``: ranks SIGKILLed while the job trains,
+the job back from memory on warm standbys, the model unchanged (issue 16; byterobust 6.2-6.3).
+
+The 4-rank DeepSpeed ZeRO-1 demo job (:mod:`failslow.demo.ds_worker`, an in-memory snapshot
+and its backup on a peer every step) runs under what users run::
+
+    failslow run --controller 4 --nproc-per-node 4 --standbys 1 --preload deepspeed \\
+        --spare-delay 2 --max-restarts K -- -m failslow.demo.ds_worker
+
+From outside, this demo SIGKILLs the process of one rank at each step of ``kill_steps`` (once
+the launcher said its warm spares are ready, so the restart is the one a long job gets). The
+launcher sees each death at once, releases the survivors, moves the first victim's rank to the
+standby slot and restarts every rank from warm processes; every rank resumes from the snapshots.
+Then the same job runs once more without kills, and the final parameters of both are compared
+(bitwise: a restart from a bitwise snapshot runs the same math).
+
+The live view shows the step, the launch and each kill, fail-stop and resume; ``summary.json``
+has ``lost_steps`` and ``downtime_s`` (per restart and in total), the action taken per
+fail-stop and the parameter comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failslow.demo.worker_io import launch_env
+from failslow.errors import FailslowError
+
+READY = "warm spares ready"
+SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
+
+
+@dataclass
+class FailstopDemoOptions:
+    world_size: int = 4
+    steps: int = 400
+    kill_steps: tuple[int, ...] = (114, 257)
+    """Kill a rank at (or, waiting for warm spares, after) each of these steps."""
+    victims: tuple[int, ...] = (2, 1)
+    """The rank killed at each kill step."""
+    standbys: int = 1
+    out_dir: Path | None = None
+    live: bool = True
+    reference: bool = True
+    """Run the job once more without kills and compare the parameters."""
+    spare_wait_s: float = 120.0
+    """How long a kill waits for the warm spares (then, or 30 steps before the end, it kills
+    anyway: a cold restart)."""
+    timeout_s: float = 1800.0
+
+    def validate(self) -> None:
+        if len(self.victims) != len(self.kill_steps):
+            raise FailslowError("demo --fault kill: one victim rank per kill step")
+        if any(not 0 <= v < self.world_size for v in self.victims):
+            raise FailslowError(f"demo --fault kill: victims must be ranks of {self.world_size}")
+        if list(self.kill_steps) != sorted(self.kill_steps) or any(
+            not 0 < k < self.steps - 5 for k in self.kill_steps
+        ):
+            raise FailslowError(
+                f"demo --fault kill: kill steps must increase, within 1..{self.steps - 6}"
+            )
+
+
+@dataclass
+class _Run:
+    step: int = -1
+    launch: int = 0
+    events: list[str] = field(default_factory=list)
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+    seen: dict[int, float] = field(default_factory=dict)
+    """When each step was first seen done (before the last kill)."""
+
+
+def _command(opts: FailstopDemoOptions, tmp: Path, name: str, restarts: int) -> list[str]:
+    return [
+        sys.executable, "-m", "failslow.cli", "run", "--controller", str(opts.world_size),
+        "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(tmp / f"{name}-state"),
+        "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
+        "--nproc-per-node", str(opts.world_size), "--standbys", str(opts.standbys),
+        "--preload", "deepspeed", "--spare-delay", "2", "--max-restarts", str(restarts),
+        "--", "-m", "failslow.demo.ds_worker",
+    ]  # fmt: skip
+
+
+def _progress(out: Path) -> list[int]:
+    try:
+        return [int(s) for s, _ in json.loads((out / "progress-rank0.json").read_text())["steps"]]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _pid_of(rings: Path, rank: int, dead: set[int]) -> int | None:
+    for ring in sorted(rings.glob(f"rank{rank:05d}-pid*.ring"), key=lambda p: -p.stat().st_mtime):
+        match = re.search(r"pid(\d+)", ring.name)
+        pid = int(match.group(1)) if match else 0
+        if pid and pid not in dead and Path(f"/proc/{pid}").exists():
+            return pid
+    return None
+
+
+@contextlib.contextmanager
+def _live(run: _Run, opts: FailstopDemoOptions, enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield lambda: None
+        return
+    from rich.live import Live
+    from rich.table import Table
+
+    def render() -> Table:
+        table = Table(title=f"failslow demo --fault kill: {opts.world_size}-rank DeepSpeed ZeRO-1")
+        table.add_column("step")
+        table.add_column("launch")
+        table.add_column("events (newest last)")
+        table.add_row(
+            f"{max(run.step, 0)}/{opts.steps}", str(run.launch), "\n".join(run.events[-8:])
+        )
+        return table
+
+    with Live(render(), refresh_per_second=4, transient=False) as live:
+        yield lambda: live.update(render())
+
+
+def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
+    """Run the job with kills (and the reference without); returns the summary, also written to
+    ``summary.json`` in the run directory."""
+    opts.validate()
+    out = opts.out_dir or Path("runs") / time.strftime("demo-kill-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="failslow-kill-", dir=shm) as t:
+        tmp = Path(t)
+        run = _Run()
+        with _live(run, opts, opts.live) as refresh:
+            _chaos(opts, tmp, out, run, refresh)
+            reference = None
+            if opts.reference:
+                run.events.append("reference: the same job without kills ...")
+                refresh()
+                reference = _reference(opts, tmp, out)
+                run.events.append("reference done")
+                refresh()
+        stops = [
+            json.loads(line)
+            for line in (tmp / "chaos-state" / "failstops.jsonl").read_text().splitlines()
+        ]
+    summary = _summary(opts, run, stops, out, reference)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print_table(summary, out)
+    return summary
+
+
+def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: Any) -> None:
+    job_out = out / "job"
+    job_out.mkdir(exist_ok=True)
+    env = launch_env(
+        job_out, opts.steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
+        FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
+    )  # fmt: skip
+    log_path = out / "job.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            _command(opts, tmp, "chaos", len(opts.kill_steps)), env=env, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    rings = tmp / "chaos-rings"
+    dead: set[int] = set()
+    pending = list(zip(opts.kill_steps, opts.victims, strict=True))
+    started = time.monotonic()
+    waiting_since: float | None = None
+    resumed_lines = 0
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - started > opts.timeout_s:
+                raise FailslowError(f"demo: not done after {opts.timeout_s:.0f} s; see {log_path}")
+            text = log_path.read_text(errors="replace")
+            steps = _progress(job_out)
+            now = time.time()
+            lines = re.findall(r"^rank 0: resumed at step (\d+)$", text, re.M)
+            if len(lines) > resumed_lines:  # a new launch finished its restore
+                resumed_lines = len(lines)
+                run.launch += 1
+                if run.kills and "resumed" not in run.kills[-1]:
+                    run.kills[-1]["resumed"] = int(lines[-1])
+                    run.kills[-1]["resumed_seen"] = now
+                run.events.append(f"every rank resumed from memory at step {lines[-1]}")
+            kill = run.kills[-1] if run.kills else None
+            if kill is not None and "resumed_seen" in kill and "first_step_done" not in kill:
+                mtime = (job_out / "progress-rank0.json").stat().st_mtime
+                if mtime > kill["resumed_seen"] and steps:
+                    kill["first_step_done"] = mtime
+            if steps:
+                run.step = max(steps)
+                if kill is None or "first_step_done" in kill:
+                    for s in steps:
+                        run.seen.setdefault(s, now)
+            for line in text.splitlines()[-50:]:
+                event = line.removeprefix("failslow run: ")
+                if " died (" in line and event not in run.events:
+                    run.events.append(event)
+            trained = kill is None or "first_step_done" in kill  # the last restart trains
+            if pending and run.step >= pending[0][0] and trained:
+                waiting_since = waiting_since or time.monotonic()
+                ready = text.count(READY) >= run.launch + 1
+                late = run.step >= opts.steps - 30
+                if ready or late or time.monotonic() - waiting_since > opts.spare_wait_s:
+                    _, victim = pending.pop(0)
+                    pid = _pid_of(rings, victim, dead)
+                    if pid is not None:
+                        done = run.step
+                        os.kill(pid, signal.SIGKILL)
+                        dead.add(pid)
+                        run.kills.append(
+                            {"rank": victim, "pid": pid, "step_done": done, "at": time.time(),
+                             "last_step_seen_at": run.seen.get(done), "warm": ready}
+                        )  # fmt: skip
+                        run.events.append(f"SIGKILL rank {victim} (pid {pid}) after step {done}")
+                    waiting_since = None
+            refresh()
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            if proc.poll() is None:
+                proc.kill()
+    if proc.returncode != 0:
+        raise FailslowError(f"demo: the job failed with status {proc.returncode}; see {log_path}")
+    run.step = opts.steps
+    run.events.append("the job finished")
+    refresh()
+
+
+def _reference(opts: FailstopDemoOptions, tmp: Path, out: Path) -> Path:
+    ref_out = out / "reference"
+    ref_out.mkdir(exist_ok=True)
+    env = launch_env(
+        ref_out, opts.steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
+        FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
+    )  # fmt: skip
+    with open(out / "reference.log", "w") as log:
+        done = subprocess.run(
+            _command(opts, tmp, "reference", 0), env=env, stdout=log, stderr=subprocess.STDOUT,
+            timeout=opts.timeout_s, check=False,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise FailslowError(f"demo: the reference job failed; see {out / 'reference.log'}")
+    return ref_out
+
+
+def _summary(
+    opts: FailstopDemoOptions,
+    run: _Run,
+    stops: list[dict[str, Any]],
+    out: Path,
+    reference: Path | None,
+) -> dict[str, Any]:
+    times = sorted(run.seen.values())
+    normal = [b - a for a, b in itertools.pairwise(times)]
+    step_s = float(np.median(normal)) if normal else 0.0
+    restarts = []
+    for kill, stop in zip(run.kills, stops, strict=False):
+        resumed = kill.get("resumed")
+        lost = kill["step_done"] + 1 - resumed if resumed is not None else None
+        before = kill.get("last_step_seen_at")
+        after = kill.get("first_step_done")
+        downtime = after - before - step_s if before is not None and after is not None else None
+        slot = stop["slot"]
+        action = (
+            f"onto standby slot {stop['replaced_by']} (slot {slot} evicted)"
+            if stop["replaced_by"] is not None
+            else f"in place on slot {slot} (no standby left)"
+        )
+        restarts.append(
+            {"rank": kill["rank"], "killed_after_step": kill["step_done"], "resumed_at": resumed,
+             "lost_steps": lost, "downtime_s": downtime, "warm_spares": kill["warm"],
+             "detected_s": stop["wall"] - kill["at"], "action": action}
+        )  # fmt: skip
+    parameters: dict[str, Any] = {"compared": False}
+    if reference is not None:
+        got, want = np.load(out / "job" / "parameters.npz"), np.load(reference / "parameters.npz")
+        diffs = [float(np.max(np.abs(got[n] - want[n]))) for n in want.files]
+        equal = sorted(got.files) == sorted(want.files) and all(
+            np.array_equal(got[n], want[n]) for n in want.files
+        )
+        parameters = {
+            "compared": True,
+            "equal": equal,
+            "max_abs_diff": max(diffs),
+            "tolerance": "bitwise (a restart from a bitwise snapshot runs the same math)",
+        }
+    return {
+        "framework": "deepspeed",
+        "fault": "kill",
+        "world_size": opts.world_size,
+        "steps": opts.steps,
+        "normal_step_s": step_s,
+        "restarts": restarts,
+        "lost_steps": sum(r["lost_steps"] or 0 for r in restarts),
+        "downtime_s": sum(r["downtime_s"] or 0.0 for r in restarts),
+        "failstops": stops,
+        "parameters": parameters,
+    }
+
+
+def _print_table(summary: dict[str, Any], out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="fail-stops: killed, seen, every rank restarted from memory")
+    for col in ("rank", "killed after step", "seen", "resumed at", "lost steps", "downtime",
+                "warm", "restarted"):  # fmt: skip
+        table.add_column(col)
+    for r in summary["restarts"]:
+        table.add_row(
+            str(r["rank"]), str(r["killed_after_step"]), f"{r['detected_s'] * 1000:.0f} ms",
+            str(r["resumed_at"]), str(r["lost_steps"]),
+            f"{r['downtime_s']:.1f} s" if r["downtime_s"] is not None else "-",
+            "yes" if r["warm_spares"] else "no", r["action"],
+        )  # fmt: skip
+    console = Console()
+    console.print(table)
+    p = summary["parameters"]
+    if p["compared"]:
+        verdict = "bitwise equal" if p["equal"] else f"DIFFER (max |diff| {p['max_abs_diff']:.3g})"
+        console.print(f"final parameters vs the same job without kills: {verdict}")
+    console.print(f"summary: {out / 'summary.json'}")
