@@ -9,7 +9,9 @@ would) the process of
 
 1. a random rank at a random step, early (the warm spares are not ready yet: a cold restart) -
    the launcher sees it die, releases the three survivors, evicts its slot onto the standby slot
-   and restarts every rank from memory;
+   and restarts every rank from memory; the slots are hosts with their own memory
+   (``--slots-as-hosts``), so the evicted slot's snapshots are gone with it and its rank pulls
+   its state from the backup its holder kept;
 2. the rank on the standby slot as soon as it exists again (during its activation and restore:
    "a standby that dies while activating") - no standby is left, so it restarts where it was;
 3. another random rank at a later random step, once the launcher said its warm spares are ready
@@ -67,7 +69,8 @@ def _launch(
         "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(tmp / f"{name}-state"),
         "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
         "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed", "--spare-delay",
-        "0", "--max-restarts", str(restarts), "--", "-m", "failslow.demo.ds_worker",
+        "0", "--slots-as-hosts", "--max-restarts", str(restarts),
+        "--", "-m", "failslow.demo.ds_worker",
     ]  # fmt: skip
     log = open(tmp / f"{name}.log", "w")
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True), out
@@ -189,6 +192,9 @@ def test_ranks_killed_at_random_steps_leave_the_model_of_an_uninterrupted_run(
         assert stop["wall"] - when < 5.0, "a dead rank must be seen within seconds"
 
     text = job.log.read_text()
+    # slots are hosts with their own memory: the evicted slot's snapshots went with it, and its
+    # rank, on the standby slot, pulled its state from the backup its holder kept
+    assert f"rank {victims[0]} resumed from its holder's backup" in text, text[-4000:]
     # rank 0 says where it resumed once its restore is done: after the first kill (the launch
     # killed while activating may not get that far) and after the third
     resumed = [int(m) for m in re.findall(r"^rank 0: resumed at step (\d+)$", text, re.M)]

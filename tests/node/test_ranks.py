@@ -10,6 +10,7 @@ not a failure; a restart takes the warm spares started with the last launch.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,7 +34,7 @@ SCRIPT = textwrap.dedent(
     out = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "FAILSLOW_SLOT",
-             "FAILSLOW_RESTART")
+             "FAILSLOW_RESTART", "FAILSLOW_HOST", "FAILSLOW_SNAPSHOT_DIR")
     record = {k: os.environ.get(k) for k in names}
     record.update(pid=os.getpid(), argv=sys.argv, name=__name__, cwd=os.getcwd(),
                   preloaded="colorsys" in sys.modules)
@@ -48,6 +49,8 @@ SCRIPT = textwrap.dedent(
         os._exit(3)
     if mode == "orphan":
         time.sleep(600)
+    if mode == "machine":  # the test kills two ranks together, as a lost machine would
+        time.sleep(600)
     if mode == "update":
         sys.exit(75)
     if mode == "stubborn":
@@ -61,11 +64,13 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _ranks(nproc: int = 2, standbys: int = 0, grace: float = 10.0) -> LocalRanks:
+def _ranks(
+    nproc: int = 2, standbys: int = 0, grace: float = 10.0, slots_as_hosts: bool = False
+) -> LocalRanks:
     said: list[str] = []
     options = RankOptions(
         nproc=nproc, standbys=standbys, preload=("colorsys",), kill_grace_s=grace,
-        refill_delay_s=0.0,
+        refill_delay_s=0.0, slots_as_hosts=slots_as_hosts,
     )  # fmt: skip
     ranks = LocalRanks(options, say=said.append)
     ranks.said = said  # type: ignore[attr-defined]
@@ -73,7 +78,7 @@ def _ranks(nproc: int = 2, standbys: int = 0, grace: float = 10.0) -> LocalRanks
 
 
 def _run(
-    tmp_path: Path, ranks: LocalRanks, mode: str, restart: int = 0
+    tmp_path: Path, ranks: LocalRanks, mode: str, restart: int = 0, **env_extra: str
 ) -> tuple[int, dict, RankGroup]:
     import json
 
@@ -81,7 +86,7 @@ def _run(
     out.mkdir()
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "MODE": mode, "FAILSLOW_RESTART": str(restart)}
+    env = {**os.environ, "MODE": mode, "FAILSLOW_RESTART": str(restart), **env_extra}
     group = ranks.spawn([str(script), str(out)], env, str(tmp_path))
     status = group.wait(timeout=100)
     records = {}
@@ -203,7 +208,7 @@ def test_failslow_run_checks_its_rank_options(tmp_path: Path) -> None:
     done = run("--nproc-per-node", "2", "--", str(tmp_path / "missing.py"))
     assert done.returncode != 0 and "missing.py" in done.stderr and "no such script" in done.stderr
     done = run("--standbys", "1", "--", "true")
-    assert done.returncode != 0 and "--standbys and --preload need --nproc-per-node" in done.stderr
+    assert done.returncode != 0 and "need --nproc-per-node" in done.stderr
     done = run("--nproc-per-node", "0", "--", "job.py")
     assert done.returncode != 0 and "--nproc-per-node must be >= 1" in done.stderr
 
@@ -237,3 +242,43 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(") ", 1)[1][0] != "Z"
     except OSError:
         return False
+
+
+def test_ranks_lost_together_are_each_a_fail_stop_with_its_own_standby(tmp_path: Path) -> None:
+    # one machine standing for four: slots are hosts with their own memory, as a test job uses
+    memory = tmp_path / "snapshots"
+    for slot in range(4):
+        (memory / f"slot{slot}").mkdir(parents=True)
+        (memory / f"slot{slot}" / "rank-state").write_text("x")
+    ranks = _ranks(nproc=4, standbys=2, slots_as_hosts=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "MODE": "machine", "FAILSLOW_SNAPSHOT_DIR": str(memory)}
+    try:
+        group = ranks.spawn([str(script), str(out)], env, str(tmp_path))
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("rank*.json"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        records = {int(r["RANK"]): r for r in map(json.loads, _texts(out))}
+        os.kill(records[0]["pid"], signal.SIGKILL)
+        os.kill(records[2]["pid"], signal.SIGKILL)
+        status = group.wait(timeout=60)
+    finally:
+        ranks.close()
+    assert status == 128 + signal.SIGKILL
+    assert sorted((s.rank, s.replaced_by) for s in ranks.failstops) in (
+        [(0, 4), (2, 5)],
+        [(0, 5), (2, 4)],
+    )
+    assert ranks.evicted and sorted(ranks.evicted) == [0, 2]
+    # the evicted machines' memory is gone with them; the others' is kept
+    assert sorted(p.name for p in memory.iterdir()) == ["slot1", "slot3"]
+    for rank, r in records.items():
+        assert r["FAILSLOW_HOST"].endswith(f"-slot{rank}")
+        assert r["FAILSLOW_SNAPSHOT_DIR"] == str(memory / f"slot{rank}")
+
+
+def _texts(out: Path) -> list[str]:
+    return [f.read_text() for f in out.glob("rank*.json")]

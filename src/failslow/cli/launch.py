@@ -43,6 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         preload=tuple(m.strip() for m in (args.preload or "").split(",") if m.strip()),
         warm=args.warm,
         spare_delay_s=args.spare_delay,
+        slots_as_hosts=args.slots_as_hosts,
         agent=AgentOptions(
             max_restarts=args.max_restarts,
             probation_s=args.probation,
@@ -248,6 +249,12 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="with --nproc-per-node: start the warm spares this long after a launch, one at a "
         "time, so they do not slow the ranks' own start (default 10)",
+    )
+    p.add_argument(
+        "--slots-as-hosts",
+        action="store_true",
+        help="with --nproc-per-node, one machine standing for several (tests, demos): each "
+        "slot is a host with its own snapshot memory, lost when the slot is evicted",
     )
     p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_run, cmd=None)

@@ -104,6 +104,8 @@ class RunOptions:
     """Keep one warm spare per rank while the job runs."""
     spare_delay_s: float = 10.0
     """Warm spares start this long after a launch, one at a time."""
+    slots_as_hosts: bool = False
+    """Each slot a host with its own memory (one machine standing for several: tests, demos)."""
 
 
 @dataclass(slots=True)
@@ -196,8 +198,8 @@ def _check_options(options: RunOptions) -> None:
                 found = False
             if not found:
                 raise ConfigError(f"--preload {name}: no such module in this Python")
-    elif options.standbys or options.preload:
-        raise ConfigError("--standbys and --preload need --nproc-per-node")
+    elif options.standbys or options.preload or options.slots_as_hosts:
+        raise ConfigError("--standbys, --preload and --slots-as-hosts need --nproc-per-node")
 
 
 def _find_executable(name: str, env: Mapping[str, str]) -> str:
@@ -375,6 +377,7 @@ def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
             warm=options.warm,
             kill_grace_s=options.agent.kill_grace_s,
             refill_delay_s=options.spare_delay_s,
+            slots_as_hosts=options.slots_as_hosts,
         ),
         say=_stderr_line,
     )

@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,6 +42,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from failslow import envvars
@@ -103,6 +105,9 @@ class _Warm:
             self.sock.close()
 
 
+KILLED = 128 + signal.SIGKILL
+
+
 def _status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -133,7 +138,9 @@ class RankGroup:
         self._on_failstop = on_failstop
         self._kill_grace_s = kill_grace_s
         self._store = store  # the launch's rendezvous store, alive as long as the group
-        self.failstop: FailStop | None = None
+        self.failstops: list[FailStop] = []
+        """This launch's fail-stops, in the order they were seen."""
+        self._recorded: set[int] = set()
         self._released_at: float | None = None
         self._killed = False
         self.returncode: int | None = None
@@ -149,13 +156,20 @@ class RankGroup:
             self._on_tick()
         now = time.monotonic()
         statuses: dict[int, int] = {}
-        for rank, (slot, process) in self.ranks.items():
+        failed: list[int] = []
+        for rank, (_, process) in self.ranks.items():
             code = process.poll()
             if code is None:
                 continue
             statuses[rank] = status = _status(code)
-            if status not in (0, EXIT_FOR_UPDATE) and self._released_at is None:
-                self._fail(rank, slot, process, status)
+            if status in (0, EXIT_FOR_UPDATE) or rank in self._recorded:
+                continue
+            # a fail-stop: any failure before the survivors were released; after it, a SIGKILL
+            # that was not ours (a rank that died together with the first: a lost machine)
+            if self._released_at is None or (status == KILLED and not self._killed):
+                failed.append(rank)
+        for rank in failed:
+            self._fail(rank, statuses[rank])
         if self._released_at is not None and not self._killed:
             if now - self._released_at > self._kill_grace_s:
                 self._killed = True
@@ -165,11 +179,11 @@ class RankGroup:
         if self._released_at is not None:
             self._send(signal.SIGKILL)  # what is left of the ranks' process groups
         self._close_fds()
-        failed = [s for s in statuses.values() if s not in (0, EXIT_FOR_UPDATE)]
-        if self.failstop is not None:
-            self.returncode = self.failstop.status
-        elif failed:  # the agent stopped the ranks (a signal to the launcher)
-            self.returncode = failed[0]
+        bad = [s for s in statuses.values() if s not in (0, EXIT_FOR_UPDATE)]
+        if self.failstops:
+            self.returncode = self.failstops[0].status
+        elif bad:  # the agent stopped the ranks (a signal to the launcher)
+            self.returncode = bad[0]
         elif EXIT_FOR_UPDATE in statuses.values():
             self.returncode = EXIT_FOR_UPDATE
         else:
@@ -177,12 +191,14 @@ class RankGroup:
         self._store = None
         return self.returncode
 
-    def _fail(self, rank: int, slot: int, process: subprocess.Popen[bytes], status: int) -> None:
+    def _fail(self, rank: int, status: int) -> None:
+        slot, process = self.ranks[rank]
         record = FailStop(
             rank=rank, slot=slot, pid=process.pid, status=status, launch=self.launch,
             wall=time.time(),
         )  # fmt: skip
-        self.failstop = self._on_failstop(record)
+        self._recorded.add(rank)
+        self.failstops.append(self._on_failstop(record))
         self.release()
 
     def release(self) -> None:
@@ -244,6 +260,11 @@ class RankOptions:
     kill_grace_s: float = 10.0
     refill_delay_s: float = 10.0
     """Warm spares start this long after a launch (its ranks' own start-up goes first)."""
+    slots_as_hosts: bool = False
+    """One machine standing for several (tests, demos): each slot is a host of its own
+    (``FAILSLOW_HOST``) with its own node memory (a snapshot directory per slot), and an
+    evicted slot's memory is gone with it, as a machine's would be - the rank that replaces it
+    restores from its holder's backup."""
     python: str = field(default_factory=lambda: sys.executable)
 
 
@@ -268,6 +289,7 @@ class LocalRanks:
         self._refill: tuple[str, dict[str, str], float] | None = None
         self.group: RankGroup | None = None
         """The last launch."""
+        self._snapshot_base: Path | None = None
         self.listeners: list[Callable[[FailStop], None]] = []
         """Told of each fail-stop (the launcher records it and counts the incident)."""
 
@@ -280,6 +302,8 @@ class LocalRanks:
         if not command:
             raise FailslowError("no script to run: failslow run --nproc-per-node N -- SCRIPT ...")
         key = self._key(env)
+        base = env.get(envvars.SNAPSHOT_DIR)
+        self._snapshot_base = Path(base) if base else None
         store = host_store()  # a fresh rendezvous per launch: no stale keys from the last one
         port = int(store.url.rsplit(":", 1)[1].split("?")[0])
         n = self.options.nproc
@@ -302,6 +326,8 @@ class LocalRanks:
                     "TORCHELASTIC_RESTART_COUNT": str(self.launches),
                     envvars.SLOT: str(self.slots[rank]),
                 }
+                if self.options.slots_as_hosts:
+                    rank_env.update(self._slot_host(self.slots[rank], env))
                 message = {"env": rank_env, "cwd": cwd or os.getcwd(), "argv": list(command)}
                 try:
                     warm.sock.sendall(json.dumps(message).encode() + b"\n")
@@ -357,12 +383,23 @@ class LocalRanks:
             return
         self._pool.append(self._start(key, env))
 
+    def _slot_host(self, slot: int, env: dict[str, str]) -> dict[str, str]:
+        host = {envvars.HOST: f"{socket.gethostname()}-slot{slot}"}
+        base = env.get(envvars.SNAPSHOT_DIR)
+        if base:
+            host[envvars.SNAPSHOT_DIR] = str(Path(base) / f"slot{slot}")
+        return host
+
     def _failstop(self, record: FailStop) -> FailStop:
         replaced_by = None
         if self.standby_slots:
             replaced_by = self.standby_slots.pop(0)
             self.evicted.append(record.slot)
             self.slots[record.rank] = replaced_by
+            if self.options.slots_as_hosts and self._snapshot_base is not None:
+                # the evicted machine's memory is gone with it (its snapshots, the backups it
+                # held for its wards)
+                shutil.rmtree(self._snapshot_base / f"slot{record.slot}", ignore_errors=True)
         record = FailStop(**{**asdict(record), "replaced_by": replaced_by})
         self.failstops.append(record)
         self.say(record.describe())

@@ -144,16 +144,18 @@ class SnapshotService:
                     f"failslow: cannot resume from the snapshots in {self.directory}: {exc} "
                     "(remove the directory to start the job afresh)"
                 ) from None
-            step, state = found.step, found.state()
+            step, state, source = found.step, found.state(), found.source
         else:
             loaded = self.snapshots.load()
             if loaded is None:
                 return None
             step, state = loaded
+            source = "local"
         if not self.hooks.failslow_restore_state(state=state, step=step):
             raise Unsupported("snapshots", "no plugin restored the snapshot")
         self.resumed_step = step
-        log.warning("failslow: rank %d resumed from the snapshot of step %d", self.rank, step)
+        where = "its holder's backup" if source == "backup" else "its own snapshot"
+        log.warning("failslow: rank %d resumed from %s of step %d", self.rank, where, step)
         return step
 
     def snapshot(self, step: int) -> None:
