@@ -104,5 +104,9 @@ def test_the_kill_demo_restarts_from_memory_and_keeps_the_model(tmp_path) -> Non
         assert restart["downtime_s"] is not None and restart["downtime_s"] > 0, why
         assert restart["detected_s"] < 5.0, why
     assert summary["lost_steps"] == first["lost_steps"] + second["lost_steps"], why
+    # one machine stands for five: the first victim's slot was evicted with its memory, so its
+    # rank's state came from its holder's backup; the second restarted on its own slot
+    assert first["restored_from"] == "holder's backup", why
+    assert second["restored_from"] == "own snapshot", why
     assert summary["parameters"]["compared"] and summary["parameters"]["equal"], why
     assert "bitwise equal" in proc.stdout

@@ -5,12 +5,14 @@ The 4-rank DeepSpeed ZeRO-1 demo job (:mod:`failslow.demo.ds_worker`, an in-memo
 and its backup on a peer every step) runs under what users run::
 
     failslow run --controller 4 --nproc-per-node 4 --standbys 1 --preload deepspeed \\
-        --spare-delay 2 --max-restarts K -- -m failslow.demo.ds_worker
+        --spare-delay 2 --slots-as-hosts --max-restarts K -- -m failslow.demo.ds_worker
 
 From outside, this demo SIGKILLs the process of one rank at each step of ``kill_steps`` (once
 the launcher said its warm spares are ready, so the restart is the one a long job gets). The
 launcher sees each death at once, releases the survivors, moves the first victim's rank to the
 standby slot and restarts every rank from warm processes; every rank resumes from the snapshots.
+One machine stands for five (``--slots-as-hosts``): each slot has its own memory, the evicted
+slot's goes with it, and the rank on the standby slot pulls its state from its holder's backup.
 Then the same job runs once more without kills, and the final parameters of both are compared
 (bitwise: a restart from a bitwise snapshot runs the same math).
 
@@ -93,7 +95,8 @@ def _command(opts: FailstopDemoOptions, tmp: Path, name: str, restarts: int) -> 
         "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(tmp / f"{name}-state"),
         "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
         "--nproc-per-node", str(opts.world_size), "--standbys", str(opts.standbys),
-        "--preload", "deepspeed", "--spare-delay", "2", "--max-restarts", str(restarts),
+        "--preload", "deepspeed", "--spare-delay", "2", "--slots-as-hosts",
+        "--max-restarts", str(restarts),
         "--", "-m", "failslow.demo.ds_worker",
     ]  # fmt: skip
 
@@ -160,6 +163,7 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
             for line in (tmp / "chaos-state" / "failstops.jsonl").read_text().splitlines()
         ]
     summary = _summary(opts, run, stops, out, reference)
+    _restore_sources(summary, (out / "job.log").read_text(errors="replace"), opts.world_size)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_table(summary, out)
     return summary
@@ -319,20 +323,32 @@ def _summary(
     }
 
 
+def _restore_sources(summary: dict[str, Any], log: str, world_size: int) -> None:
+    """Where the killed rank's state came from at each restart (the ranks' restore lines, one
+    per rank and launch): ``holder's backup`` when its slot was evicted with its memory."""
+    lines = re.findall(
+        r"failslow: rank (\d+) resumed from (its holder's backup|its own snapshot)", log
+    )
+    launches = [dict(lines[i : i + world_size]) for i in range(0, len(lines), world_size)]
+    for restart, restored in zip(summary["restarts"], launches, strict=False):
+        source = restored.get(str(restart["rank"]))
+        restart["restored_from"] = source.removeprefix("its ") if source else None
+
+
 def _print_table(summary: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="fail-stops: killed, seen, every rank restarted from memory")
     for col in ("rank", "killed after step", "seen", "resumed at", "lost steps", "downtime",
-                "warm", "restarted"):  # fmt: skip
+                "warm", "restarted", "its state from"):  # fmt: skip
         table.add_column(col)
     for r in summary["restarts"]:
         table.add_row(
             str(r["rank"]), str(r["killed_after_step"]), f"{r['detected_s'] * 1000:.0f} ms",
             str(r["resumed_at"]), str(r["lost_steps"]),
             f"{r['downtime_s']:.1f} s" if r["downtime_s"] is not None else "-",
-            "yes" if r["warm_spares"] else "no", r["action"],
+            "yes" if r["warm_spares"] else "no", r["action"], r.get("restored_from") or "-",
         )  # fmt: skip
     console = Console()
     console.print(table)
