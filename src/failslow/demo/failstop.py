@@ -169,13 +169,18 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
     return summary
 
 
-def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: Any) -> None:
-    job_out = out / "job"
+def _job_env(opts: FailstopDemoOptions, job_out: Path) -> dict[str, str]:
+    """The demo job's environment, writing its progress and parameters to ``job_out``."""
     job_out.mkdir(exist_ok=True)
-    env = launch_env(
+    return launch_env(
         job_out, opts.steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
         FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
     )  # fmt: skip
+
+
+def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: Any) -> None:
+    job_out = out / "job"
+    env = _job_env(opts, job_out)
     log_path = out / "job.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
@@ -253,11 +258,7 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
 
 def _reference(opts: FailstopDemoOptions, tmp: Path, out: Path) -> Path:
     ref_out = out / "reference"
-    ref_out.mkdir(exist_ok=True)
-    env = launch_env(
-        ref_out, opts.steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
-        FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
-    )  # fmt: skip
+    env = _job_env(opts, ref_out)
     with open(out / "reference.log", "w") as log:
         done = subprocess.run(
             _command(opts, tmp, "reference", 0), env=env, stdout=log, stderr=subprocess.STDOUT,
