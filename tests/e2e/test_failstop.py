@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from failslow.core.control.stop import EXIT_UNRESTORABLE
 from failslow.demo.worker_io import launch_env
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -56,7 +57,7 @@ SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
 
 
 def _launch(
-    tmp: Path, name: str, restarts: int, steps: int = STEPS
+    tmp: Path, name: str, restarts: int, steps: int = STEPS, standbys: int = 1
 ) -> tuple[subprocess.Popen[str], Path]:
     out = tmp / name
     out.mkdir()
@@ -68,7 +69,8 @@ def _launch(
         sys.executable, "-m", "failslow.cli", "run", "--controller", "4",
         "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(tmp / f"{name}-state"),
         "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
-        "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed", "--spare-delay",
+        "--nproc-per-node", "4", "--standbys", str(standbys), "--preload", "deepspeed",
+        "--spare-delay",
         "0", "--slots-as-hosts", "--max-restarts", str(restarts),
         "--", "-m", "failslow.demo.ds_worker",
     ]  # fmt: skip
@@ -210,3 +212,36 @@ def test_ranks_killed_at_random_steps_leave_the_model_of_an_uninterrupted_run(
     assert sorted(got.files) == sorted(want.files)
     for name in want.files:
         assert np.array_equal(got[name], want[name]), name
+
+
+def test_a_ward_lost_with_its_backup_holder_ends_the_job_with_a_clear_message(
+    tmp_path: Path,
+) -> None:
+    """Over-eviction beyond what the backups cover (byterobust 6.3): a rank and the peer that
+    holds its backup lost together, as two machines at once. Both slots are evicted onto
+    standbys and their memory is gone with them, so the restart cannot restore that rank's
+    state from anywhere. The ranks say so in one line, the launcher does not restart again
+    (``--max-restarts 3`` is not burned on a state that is gone) and ends the job with
+    :data:`EXIT_UNRESTORABLE` within seconds: it needs a person, never a hang."""
+    extra = "needs the deepspeed extra: pip install failslow[deepspeed]"
+    pytest.importorskip("deepspeed", reason=extra)
+    proc, out = _launch(tmp_path, "chaos", 3, standbys=2)
+    job = Job(tmp_path, proc, out)
+    placement = tmp_path / "chaos-snapshots" / "slot0" / "placement.json"
+    job.wait(lambda: job.step() >= 8 and placement.exists())
+    holders = json.loads(placement.read_text())
+    ward = 1
+    holder = holders[ward]
+    pids = [job.pid_of(rank, set()) for rank in (ward, holder)]
+    assert None not in pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+    assert proc.wait(timeout=300) == EXIT_UNRESTORABLE, job.tail()
+
+    stops = job.stops()
+    assert sorted(s["rank"] for s in stops) == sorted([ward, holder]), stops
+    assert sorted(s["replaced_by"] for s in stops) == [4, 5], stops
+    text = job.log.read_text()
+    assert "no snapshot can be restored on every rank" in text, text[-4000:]
+    assert "needs a person" in text, text[-4000:]
+    assert text.count("restart 1 of 3") == 1 and "restart 2 of 3" not in text, text[-4000:]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from failslow.core.control.stop import EXIT_FOR_UPDATE
+from failslow.core.control.stop import EXIT_FOR_UPDATE, EXIT_UNRESTORABLE
 from failslow.node.ranks import LocalRanks, RankGroup, RankOptions
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,6 +53,9 @@ SCRIPT = textwrap.dedent(
         time.sleep(600)
     if mode == "update":
         sys.exit(75)
+    if mode == "unrestorable":  # rank 0 first, then the others
+        time.sleep(0.0 if rank == 0 else 0.3)
+        sys.exit(78)
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if mode in ("fail", "stubborn") and rank != 1:
@@ -150,6 +153,16 @@ def test_a_stop_for_an_update_is_not_a_fail_stop(tmp_path: Path) -> None:
         ranks.close()
     assert status == EXIT_FOR_UPDATE
     assert not ranks.failstops and ranks.slots == [0, 1]
+
+
+def test_ranks_that_cannot_restore_end_the_launch_without_a_fail_stop(tmp_path: Path) -> None:
+    ranks = _ranks(nproc=3, standbys=1)
+    try:
+        status, _, _ = _run(tmp_path, ranks, "unrestorable")
+    finally:
+        ranks.close()
+    assert status == EXIT_UNRESTORABLE  # the agent ends the job on it (tests/e2e/test_failstop)
+    assert not ranks.failstops and ranks.standby_slots == [3]
 
 
 def test_the_agent_s_signal_stops_the_ranks_without_a_fail_stop(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from failslow import envvars
-from failslow.core.control.stop import EXIT_FOR_UPDATE
+from failslow.core.control.stop import EXIT_FOR_UPDATE, EXIT_UNRESTORABLE
 from failslow.errors import ConfigError, FailslowError
 
 PER_LAUNCH = frozenset({envvars.RESTART, envvars.UPDATE_ID})
@@ -119,8 +119,9 @@ def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
 
 class RankGroup:
     """One launch of the node's ranks, seen by the agent as one child (``poll``, ``wait``,
-    ``signal_group``). Its status: the first failed rank's, else :data:`EXIT_FOR_UPDATE` when a
-    rank stopped for an update, else 0."""
+    ``signal_group``). Its status: :data:`EXIT_UNRESTORABLE` when a rank could not restore its
+    state, else the first failed rank's, else :data:`EXIT_FOR_UPDATE` when a rank stopped for an
+    update, else 0."""
 
     def __init__(
         self,
@@ -162,7 +163,9 @@ class RankGroup:
             if code is None:
                 continue
             statuses[rank] = status = _status(code)
-            if status in (0, EXIT_FOR_UPDATE) or rank in self._recorded:
+            if status == EXIT_UNRESTORABLE:
+                self.release()  # the state is gone: no rank can go on, none failed alone
+            if status in (0, EXIT_FOR_UPDATE, EXIT_UNRESTORABLE) or rank in self._recorded:
                 continue
             # a fail-stop: any failure before the survivors were released; after it, a SIGKILL
             # that was not ours (a rank that died together with the first: a lost machine)
@@ -180,7 +183,9 @@ class RankGroup:
             self._send(signal.SIGKILL)  # what is left of the ranks' process groups
         self._close_fds()
         bad = [s for s in statuses.values() if s not in (0, EXIT_FOR_UPDATE)]
-        if self.failstops:
+        if EXIT_UNRESTORABLE in statuses.values():
+            self.returncode = EXIT_UNRESTORABLE  # before any fail-stop: do not restart
+        elif self.failstops:
             self.returncode = self.failstops[0].status
         elif bad:  # the agent stopped the ranks (a signal to the launcher)
             self.returncode = bad[0]

@@ -140,10 +140,13 @@ class SnapshotService:
                     rank=self.rank, holders=self._placement(), directory=self.directory
                 )
             except restore.RestoreError as exc:
-                raise restore.RestoreError(
+                message = (
                     f"failslow: cannot resume from the snapshots in {self.directory}: {exc} "
                     "(remove the directory to start the job afresh)"
-                ) from None
+                )
+                if os.environ.get(envvars.SLOT):  # under failslow's rank launcher
+                    _unrestorable(message)
+                raise restore.RestoreError(message) from None
             step, state, source = found.step, found.state(), found.source
         else:
             loaded = self.snapshots.load()
@@ -191,3 +194,16 @@ class SnapshotService:
             self.backup = None
         self.snapshots.close()
         self.snapshots = None
+
+
+def _unrestorable(message: str) -> None:
+    """End this rank with :data:`EXIT_UNRESTORABLE`: every rank failed the same collective
+    restore, and the node launcher must stop the job rather than restart it again."""
+    import sys
+
+    from failslow.core.control.stop import EXIT_UNRESTORABLE
+
+    log.error("%s", message)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_UNRESTORABLE)  # no teardown: gloo threads may wait for peers in the same state

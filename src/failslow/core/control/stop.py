@@ -26,3 +26,8 @@ class StopForUpdate(Plan):
 
 EXIT_FOR_UPDATE = 75
 """Exit status of a rank that stopped for a hot update (EX_TEMPFAIL)."""
+
+EXIT_UNRESTORABLE = 78
+"""Exit status of a rank that cannot restore its state from memory under failslow's rank
+launcher (a rank and its backup holder lost together): restarting again cannot help, so the
+launcher ends the job for a person instead (EX_CONFIG)."""

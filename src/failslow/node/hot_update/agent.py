@@ -10,7 +10,8 @@ job's update history:
 - a **lazy** update waits for the next failure of CMD: the restart after it applies the update;
 - after a relaunch with updates, CMD is on **probation**: if it fails within the window, the
   agent rolls the updates back (relaunch with the version they replaced) and records why;
-- CMD exiting 0 ends the agent; restarts after failures are bounded by ``max_restarts``.
+- CMD exiting 0 ends the agent; restarts after failures are bounded by ``max_restarts``; ranks
+  that cannot restore their state (:data:`EXIT_UNRESTORABLE`) end it at once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from failslow import envvars
-from failslow.core.control.stop import EXIT_FOR_UPDATE, StopForUpdate
+from failslow.core.control.stop import EXIT_FOR_UPDATE, EXIT_UNRESTORABLE, StopForUpdate
 from failslow.errors import FailslowError
 from failslow.node.hot_update.history import LIVE, History, Update
 from failslow.node.hot_update.version import Version
@@ -132,6 +133,14 @@ class Agent:
                     pending = [u.id for u in self.history.updates("pending")]
                     self.history.finish(pending, "expired", "the job ended before it was applied")
                     return 0
+                if status == EXIT_UNRESTORABLE:
+                    self._finish(batch, "applied")
+                    self.incidents["unrestorable"] += 1
+                    self.say(
+                        "the ranks cannot restore their state from memory (their log says why): "
+                        "not restarting - the job needs a person"
+                    )
+                    return status
                 stop = ended.stop
                 if (stop is not None and stop.requested) or status == EXIT_FOR_UPDATE:
                     self._finish(batch, "applied")
