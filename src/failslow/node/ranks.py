@@ -46,7 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from failslow import envvars
-from failslow.core.control.stop import EXIT_FOR_UPDATE, EXIT_UNRESTORABLE
+from failslow.core.control.stop import (
+    EXIT_EVICTED,
+    EXIT_FOR_RESTART,
+    EXIT_FOR_UPDATE,
+    EXIT_UNRESTORABLE,
+)
 from failslow.errors import ConfigError, FailslowError
 
 PER_LAUNCH = frozenset({envvars.RESTART, envvars.UPDATE_ID})
@@ -67,8 +72,17 @@ class FailStop:
     """When the launcher saw it (time.time(); the pidfd wakes it as the process ends)."""
     replaced_by: int | None = None
     """The standby slot the rank moves to (None: restarts on its own slot)."""
+    cause: str = "died"
+    """``died`` (a fail-stop) or ``evicted`` (an S4 restart plan named its host)."""
 
     def describe(self) -> str:
+        if self.cause == "evicted":
+            where = (
+                f"standby slot {self.replaced_by} takes rank {self.rank}"
+                if self.replaced_by is not None
+                else f"no standby left: rank {self.rank} restarts on slot {self.slot}"
+            )
+            return f"S4: rank {self.rank} (slot {self.slot}) evicted by the restart plan; {where}"
         how = f"signal {self.status - 128}" if self.status > 128 else f"status {self.status}"
         where = (
             f"slot {self.slot} evicted, standby slot {self.replaced_by} takes rank {self.rank}"
@@ -106,6 +120,8 @@ class _Warm:
 
 
 KILLED = 128 + signal.SIGKILL
+STOPPED = (0, EXIT_FOR_UPDATE, EXIT_FOR_RESTART, EXIT_EVICTED, EXIT_UNRESTORABLE)
+"""Statuses of ranks that stopped as asked or agreed (never a fail-stop)."""
 
 
 def _status(returncode: int) -> int:
@@ -120,8 +136,9 @@ def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
 class RankGroup:
     """One launch of the node's ranks, seen by the agent as one child (``poll``, ``wait``,
     ``signal_group``). Its status: :data:`EXIT_UNRESTORABLE` when a rank could not restore its
-    state, else the first failed rank's, else :data:`EXIT_FOR_UPDATE` when a rank stopped for an
-    update, else 0."""
+    state, else the first failed rank's, else :data:`EXIT_FOR_RESTART` when the ranks stopped
+    for an S4 restart plan, else :data:`EXIT_FOR_UPDATE` when a rank stopped for an update,
+    else 0."""
 
     def __init__(
         self,
@@ -141,6 +158,8 @@ class RankGroup:
         self._store = store  # the launch's rendezvous store, alive as long as the group
         self.failstops: list[FailStop] = []
         """This launch's fail-stops, in the order they were seen."""
+        self.evictions: list[FailStop] = []
+        """This launch's ranks evicted by an S4 restart plan."""
         self._recorded: set[int] = set()
         self._released_at: float | None = None
         self._killed = False
@@ -165,7 +184,10 @@ class RankGroup:
             statuses[rank] = status = _status(code)
             if status == EXIT_UNRESTORABLE:
                 self.release()  # the state is gone: no rank can go on, none failed alone
-            if status in (0, EXIT_FOR_UPDATE, EXIT_UNRESTORABLE) or rank in self._recorded:
+            if status == EXIT_EVICTED and rank not in self._recorded:
+                self._recorded.add(rank)  # a planned eviction: the rank moves to a standby
+                self.evictions.append(self._on_failstop(self._record(rank, status, "evicted")))
+            if status in STOPPED or rank in self._recorded:
                 continue
             # a fail-stop: any failure before the survivors were released; after it, a SIGKILL
             # that was not ours (a rank that died together with the first: a lost machine)
@@ -182,13 +204,15 @@ class RankGroup:
         if self._released_at is not None:
             self._send(signal.SIGKILL)  # what is left of the ranks' process groups
         self._close_fds()
-        bad = [s for s in statuses.values() if s not in (0, EXIT_FOR_UPDATE)]
+        bad = [s for s in statuses.values() if s not in STOPPED]
         if EXIT_UNRESTORABLE in statuses.values():
             self.returncode = EXIT_UNRESTORABLE  # before any fail-stop: do not restart
         elif self.failstops:
             self.returncode = self.failstops[0].status
         elif bad:  # the agent stopped the ranks (a signal to the launcher)
             self.returncode = bad[0]
+        elif {EXIT_FOR_RESTART, EXIT_EVICTED} & set(statuses.values()):
+            self.returncode = EXIT_FOR_RESTART
         elif EXIT_FOR_UPDATE in statuses.values():
             self.returncode = EXIT_FOR_UPDATE
         else:
@@ -196,14 +220,16 @@ class RankGroup:
         self._store = None
         return self.returncode
 
-    def _fail(self, rank: int, status: int) -> None:
+    def _record(self, rank: int, status: int, cause: str = "died") -> FailStop:
         slot, process = self.ranks[rank]
-        record = FailStop(
+        return FailStop(
             rank=rank, slot=slot, pid=process.pid, status=status, launch=self.launch,
-            wall=time.time(),
+            wall=time.time(), cause=cause,
         )  # fmt: skip
+
+    def _fail(self, rank: int, status: int) -> None:
         self._recorded.add(rank)
-        self.failstops.append(self._on_failstop(record))
+        self.failstops.append(self._on_failstop(self._record(rank, status)))
         self.release()
 
     def release(self) -> None:

@@ -39,10 +39,15 @@ from failslow import plugins as _plugins
 from failslow.capabilities import Capabilities, Unsupported
 from failslow.config import FailslowConfig, load_config
 from failslow.core.control.plan_channel import PlanResult
-from failslow.core.control.stop import EXIT_FOR_UPDATE, StopForUpdate
+from failslow.core.control.stop import (
+    EXIT_EVICTED,
+    EXIT_FOR_RESTART,
+    EXIT_FOR_UPDATE,
+    StopForUpdate,
+)
 from failslow.core.planner.allocation import even_plan
-from failslow.core.planner.plans import Plan, TopologyPlan
-from failslow.core.topology import Topology
+from failslow.core.planner.plans import Plan, RestartPlan, TopologyPlan
+from failslow.core.topology import Topology, host_name
 from failslow.runtime import rank_control, teardown
 from failslow.runtime.agreement import all_ranks_ok
 from failslow.runtime.plan_application import PlanApplication
@@ -236,6 +241,16 @@ class Session:
             if self.snapshot_service is None:
                 raise Unsupported("hot_update", "needs snapshots (checkpoint.every_steps >= 1)")
             return
+        if isinstance(plan, RestartPlan):
+            self.capabilities.require("snapshots")
+            if self.snapshot_service is None:
+                raise Unsupported("restart", "needs snapshots (checkpoint.every_steps >= 1)")
+            if not os.environ.get(envvars.SLOT):
+                raise Unsupported(
+                    "restart", "needs a node launcher that restarts ranks: failslow run "
+                    "--nproc-per-node N --standbys S"
+                )  # fmt: skip
+            return
         self.plans.prepare(plan)
 
     def schedule(self, plan: Plan, step: int) -> None:
@@ -270,6 +285,8 @@ class Session:
             self._report_outcomes()
         if isinstance(plan, StopForUpdate):
             self._stop_for_update(plan, step)
+        elif isinstance(plan, RestartPlan):
+            self._stop_for_restart(plan, step)
         elif plan is not None:
             applied = self.plans.apply(plan, step)
             if applied and isinstance(plan, TopologyPlan) and self._job_report is not None:
@@ -286,25 +303,44 @@ class Session:
     def _stop_for_update(self, plan: StopForUpdate, step: int) -> None:
         """Commit a snapshot of this step on every rank, then exit for the node agent to
         restart this process in place with the update (byterobust 6.1)."""
-        import torch.distributed as dist
-
-        assert self.snapshot_service is not None  # prepare refused the stop otherwise
-        self.snapshot_service.commit(step)
+        self._commit_everywhere(step)
         self.pm.hook.failslow_hot_update(code={"update_id": plan.update_id}, step=step)
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()  # every rank's snapshot is committed before any process goes
         self.pm.hook.failslow_on_plan_result(
             plan=plan, step=step, outcome=PlanResult.APPLIED, detail="stopping for the update"
         )
         log.warning(
             "failslow: rank %d stops at step %d for update %d", self.rank, step, plan.update_id
         )
+        self._exit(EXIT_FOR_UPDATE)
+
+    def _stop_for_restart(self, plan: RestartPlan, step: int) -> None:
+        """S4 (greyhound 5.2): commit a snapshot of this step on every rank, then exit for the
+        node launcher to restart every rank from memory - this one on a standby slot when its
+        host is evicted (byterobust 6.2)."""
+        evicted = host_name() in plan.evict
+        self._commit_everywhere(step)
+        detail = "evicted: restarting on a standby" if evicted else "restarting from memory"
+        self.pm.hook.failslow_on_plan_result(
+            plan=plan, step=step, outcome=PlanResult.APPLIED, detail=detail
+        )
+        log.warning("failslow: rank %d stops at step %d for S4 (%s)", self.rank, step, detail)
+        self._exit(EXIT_EVICTED if evicted else EXIT_FOR_RESTART)
+
+    def _commit_everywhere(self, step: int) -> None:
+        import torch.distributed as dist
+
+        assert self.snapshot_service is not None  # prepare refused the stop otherwise
+        self.snapshot_service.commit(step)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank's snapshot is committed before any process goes
+
+    def _exit(self, status: int) -> None:
         self.close()
         # no interpreter teardown: framework threads blocked in collectives can abort it, and
         # everything that must survive is in the committed snapshot
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(EXIT_FOR_UPDATE)
+        os._exit(status)
 
     def _all_ranks_ok(self, ok: bool) -> bool:
         return all_ranks_ok(ok, self.world_size)

@@ -39,7 +39,13 @@ from failslow.core.planner.allocation import even_plan
 from failslow.core.planner.config import PlannerConfig
 from failslow.core.planner.measured_step import MeasuredSteps, ranks_to_read
 from failslow.core.planner.planner import MitigationCosts, Planner, buy_rule
-from failslow.core.planner.plans import MicroBatchPlan, Plan, TopologyPlan, plan_to_dict
+from failslow.core.planner.plans import (
+    MicroBatchPlan,
+    Plan,
+    RestartPlan,
+    TopologyPlan,
+    plan_to_dict,
+)
 from failslow.core.planner.ski_rental import Decision
 from failslow.core.topology import Topology
 
@@ -269,7 +275,9 @@ class Mitigator:
             if self.hooks is not None:
                 self.hooks.failslow_on_plan(plan=plan, action=decision.action, reason=action.reason)
             action.outcome = self._dispatch(plan)
-            if action.outcome.committed:
+            if action.outcome.committed and isinstance(plan, RestartPlan):
+                pass  # the job restarts from its snapshot: the plan in effect stays in effect
+            elif action.outcome.committed:
                 self.in_effect = None if plan == self._even_plan() else plan
                 if isinstance(plan, TopologyPlan):
                     self._roles_moved(plan)

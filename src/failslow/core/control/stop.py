@@ -31,3 +31,12 @@ EXIT_UNRESTORABLE = 78
 """Exit status of a rank that cannot restore its state from memory under failslow's rank
 launcher (a rank and its backup holder lost together): restarting again cannot help, so the
 launcher ends the job for a person instead (EX_CONFIG)."""
+
+EXIT_FOR_RESTART = 76
+"""Exit status of a rank that stopped at an S4 restart plan's step with its snapshot committed
+(a :class:`~failslow.core.planner.plans.RestartPlan`; greyhound 5.2, byterobust 6.2): the node
+launcher restarts it in place."""
+
+EXIT_EVICTED = 77
+"""Like :data:`EXIT_FOR_RESTART`, from a rank whose host the plan evicts: the node launcher
+restarts its rank on a standby slot."""

@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from failslow import envvars
-from failslow.core.control.stop import EXIT_FOR_UPDATE, EXIT_UNRESTORABLE, StopForUpdate
+from failslow.core.control.stop import (
+    EXIT_FOR_RESTART,
+    EXIT_FOR_UPDATE,
+    EXIT_UNRESTORABLE,
+    StopForUpdate,
+)
 from failslow.errors import FailslowError
 from failslow.node.hot_update.history import LIVE, History, Update
 from failslow.node.hot_update.version import Version
@@ -141,6 +146,11 @@ class Agent:
                         "not restarting - the job needs a person"
                     )
                     return status
+                if status == EXIT_FOR_RESTART:  # S4: the ranks stopped at a restart plan
+                    self._finish(batch, "applied")
+                    self.say("relaunching every rank from memory for the S4 restart plan")
+                    version, batch, fallback = self._take_pending(version, "S4 restart", None)
+                    continue
                 stop = ended.stop
                 if (stop is not None and stop.requested) or status == EXIT_FOR_UPDATE:
                     self._finish(batch, "applied")
