@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from failslow.core.control.stop import EXIT_FOR_UPDATE, EXIT_UNRESTORABLE
+from failslow.core.control.stop import EXIT_FOR_RESTART, EXIT_FOR_UPDATE, EXIT_UNRESTORABLE
 from failslow.node.ranks import LocalRanks, RankGroup, RankOptions
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,6 +53,8 @@ SCRIPT = textwrap.dedent(
         time.sleep(600)
     if mode == "update":
         sys.exit(75)
+    if mode == "s4":  # an S4 restart plan evicts rank 1's host; the others stop for it
+        sys.exit(77 if rank == 1 else 76)
     if mode == "unrestorable":  # rank 0 first, then the others
         time.sleep(0.0 if rank == 0 else 0.3)
         sys.exit(78)
@@ -153,6 +155,23 @@ def test_a_stop_for_an_update_is_not_a_fail_stop(tmp_path: Path) -> None:
         ranks.close()
     assert status == EXIT_FOR_UPDATE
     assert not ranks.failstops and ranks.slots == [0, 1]
+
+
+def test_a_restart_plan_moves_the_evicted_rank_to_a_standby_without_a_fail_stop(
+    tmp_path: Path,
+) -> None:
+    ranks = _ranks(nproc=3, standbys=1)
+    try:
+        status, _, group = _run(tmp_path, ranks, "s4")
+        assert status == EXIT_FOR_RESTART  # the agent relaunches, not a failure
+        assert not group.failstops and [e.rank for e in group.evictions] == [1]
+        assert [(s.rank, s.cause, s.replaced_by) for s in ranks.failstops] == [(1, "evicted", 3)]
+        assert ranks.slots == [0, 3, 2] and ranks.evicted == [1]
+        assert "S4: rank 1 (slot 1) evicted by the restart plan" in ranks.said[-1]
+        _, records, _ = _run(tmp_path, ranks, "ok", restart=1)
+        assert records[1]["FAILSLOW_SLOT"] == "3"
+    finally:
+        ranks.close()
 
 
 def test_ranks_that_cannot_restore_end_the_launch_without_a_fail_stop(tmp_path: Path) -> None:
