@@ -27,10 +27,8 @@ import contextlib
 import itertools
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,11 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from failslow.demo.worker_io import launch_env
+from failslow.demo import rank_launch
+from failslow.demo.rank_launch import READY, RESUMED
 from failslow.errors import FailslowError
-
-READY = "warm spares ready"
-SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
 
 
 @dataclass
@@ -89,34 +85,6 @@ class _Run:
     """When each step was first seen done (before the last kill)."""
 
 
-def _command(opts: FailstopDemoOptions, tmp: Path, name: str, restarts: int) -> list[str]:
-    return [
-        sys.executable, "-m", "failslow.cli", "run", "--controller", str(opts.world_size),
-        "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(tmp / f"{name}-state"),
-        "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
-        "--nproc-per-node", str(opts.world_size), "--standbys", str(opts.standbys),
-        "--preload", "deepspeed", "--spare-delay", "2", "--slots-as-hosts",
-        "--max-restarts", str(restarts),
-        "--", "-m", "failslow.demo.ds_worker",
-    ]  # fmt: skip
-
-
-def _progress(out: Path) -> list[int]:
-    try:
-        return [int(s) for s, _ in json.loads((out / "progress-rank0.json").read_text())["steps"]]
-    except (OSError, ValueError, KeyError):
-        return []
-
-
-def _pid_of(rings: Path, rank: int, dead: set[int]) -> int | None:
-    for ring in sorted(rings.glob(f"rank{rank:05d}-pid*.ring"), key=lambda p: -p.stat().st_mtime):
-        match = re.search(r"pid(\d+)", ring.name)
-        pid = int(match.group(1)) if match else 0
-        if pid and pid not in dead and Path(f"/proc/{pid}").exists():
-            return pid
-    return None
-
-
 @contextlib.contextmanager
 def _live(run: _Run, opts: FailstopDemoOptions, enabled: bool) -> Iterator[Any]:
     if not enabled:
@@ -155,13 +123,17 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
             if opts.reference:
                 run.events.append("reference: the same job without kills ...")
                 refresh()
-                reference = _reference(opts, tmp, out)
+                reference = rank_launch.run_reference(
+                    tmp,
+                    out,
+                    opts.steps,
+                    world_size=opts.world_size,
+                    standbys=opts.standbys,
+                    timeout_s=opts.timeout_s,
+                )
                 run.events.append("reference done")
                 refresh()
-        stops = [
-            json.loads(line)
-            for line in (tmp / "chaos-state" / "failstops.jsonl").read_text().splitlines()
-        ]
+        stops = rank_launch.failstops(tmp / "chaos-state")
     summary = _summary(opts, run, stops, out, reference)
     _restore_sources(summary, (out / "job.log").read_text(errors="replace"), opts.world_size)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -169,24 +141,16 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
     return summary
 
 
-def _job_env(opts: FailstopDemoOptions, job_out: Path) -> dict[str, str]:
-    """The demo job's environment, writing its progress and parameters to ``job_out``."""
-    job_out.mkdir(exist_ok=True)
-    return launch_env(
-        job_out, opts.steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
-        FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
-    )  # fmt: skip
-
-
 def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: Any) -> None:
     job_out = out / "job"
-    env = _job_env(opts, job_out)
+    env = rank_launch.job_env(job_out, opts.steps)
+    argv = rank_launch.command(
+        tmp, "chaos", world_size=opts.world_size, standbys=opts.standbys,
+        restarts=len(opts.kill_steps),
+    )  # fmt: skip
     log_path = out / "job.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            _command(opts, tmp, "chaos", len(opts.kill_steps)), env=env, stdout=log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     rings = tmp / "chaos-rings"
     dead: set[int] = set()
     pending = list(zip(opts.kill_steps, opts.victims, strict=True))
@@ -198,9 +162,9 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
             if time.monotonic() - started > opts.timeout_s:
                 raise FailslowError(f"demo: not done after {opts.timeout_s:.0f} s; see {log_path}")
             text = log_path.read_text(errors="replace")
-            steps = _progress(job_out)
+            steps = [s for s, _ in rank_launch.progress(job_out)]
             now = time.time()
-            lines = re.findall(r"^rank 0: resumed at step (\d+)$", text, re.M)
+            lines = RESUMED.findall(text)
             if len(lines) > resumed_lines:  # a new launch finished its restore
                 resumed_lines = len(lines)
                 run.launch += 1
@@ -229,7 +193,7 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
                 late = run.step >= opts.steps - 30
                 if ready or late or time.monotonic() - waiting_since > opts.spare_wait_s:
                     _, victim = pending.pop(0)
-                    pid = _pid_of(rings, victim, dead)
+                    pid = rank_launch.pid_of(rings, victim, dead)
                     if pid is not None:
                         done = run.step
                         os.kill(pid, signal.SIGKILL)
@@ -254,19 +218,6 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
     run.step = opts.steps
     run.events.append("the job finished")
     refresh()
-
-
-def _reference(opts: FailstopDemoOptions, tmp: Path, out: Path) -> Path:
-    ref_out = out / "reference"
-    env = _job_env(opts, ref_out)
-    with open(out / "reference.log", "w") as log:
-        done = subprocess.run(
-            _command(opts, tmp, "reference", 0), env=env, stdout=log, stderr=subprocess.STDOUT,
-            timeout=opts.timeout_s, check=False,
-        )  # fmt: skip
-    if done.returncode != 0:
-        raise FailslowError(f"demo: the reference job failed; see {out / 'reference.log'}")
-    return ref_out
 
 
 def _summary(
@@ -299,17 +250,9 @@ def _summary(
         )  # fmt: skip
     parameters: dict[str, Any] = {"compared": False}
     if reference is not None:
-        got, want = np.load(out / "job" / "parameters.npz"), np.load(reference / "parameters.npz")
-        diffs = [float(np.max(np.abs(got[n] - want[n]))) for n in want.files]
-        equal = sorted(got.files) == sorted(want.files) and all(
-            np.array_equal(got[n], want[n]) for n in want.files
+        parameters = rank_launch.compare_parameters(
+            out / "job", reference, "bitwise (a restart from a bitwise snapshot runs the same math)"
         )
-        parameters = {
-            "compared": True,
-            "equal": equal,
-            "max_abs_diff": max(diffs),
-            "tolerance": "bitwise (a restart from a bitwise snapshot runs the same math)",
-        }
     return {
         "framework": "deepspeed",
         "fault": "kill",
@@ -327,13 +270,9 @@ def _summary(
 def _restore_sources(summary: dict[str, Any], log: str, world_size: int) -> None:
     """Where the killed rank's state came from at each restart (the ranks' restore lines, one
     per rank and launch): ``holder's backup`` when its slot was evicted with its memory."""
-    lines = re.findall(
-        r"failslow: rank (\d+) resumed from (its holder's backup|its own snapshot)", log
-    )
-    launches = [dict(lines[i : i + world_size]) for i in range(0, len(lines), world_size)]
+    launches = rank_launch.restore_sources(log, world_size)
     for restart, restored in zip(summary["restarts"], launches, strict=False):
-        source = restored.get(str(restart["rank"]))
-        restart["restored_from"] = source.removeprefix("its ") if source else None
+        restart["restored_from"] = restored.get(str(restart["rank"]))
 
 
 def _print_table(summary: dict[str, Any], out: Path) -> None:

@@ -86,17 +86,7 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
     opts = run.options
     times = step_times_of(out, opts.world_size)
     samples = opts.micro_batch_size * opts.micro_batches_per_replica * opts.world_size
-    rows = {}
-    for name, (a, b) in phases(run, len(times)).items():
-        median = float(np.median(times[a:b]))
-        rows[name] = {
-            "steps": [a, b],
-            "median_step_s": median,
-            "samples_per_s": samples / median,
-        }
-    healthy = rows.get("healthy", {}).get("median_step_s")
-    for row in rows.values():
-        row["vs_healthy"] = row["median_step_s"] / healthy if healthy else None
+    rows = phase_rows(times, phases(run, len(times)), samples)
     from failslow.demo.mitigation import JOBS
 
     summary = {
@@ -114,12 +104,33 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
         "diagnoses": [json.loads(d) for d in run.diagnoses],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_steps(times, summary, out)
+    print_phases(summary)
+    _report(out)
+    return summary
+
+
+def phase_rows(
+    times: np.ndarray, spans: dict[str, tuple[int, int]], samples_per_step: int
+) -> dict[str, dict[str, Any]]:
+    """Per phase ``[first, last)`` of ``spans``: the median step time, throughput, and the
+    ratio to the healthy phase's median (``times[i]``: step ``i``'s wall time; NaN = unseen)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for name, (a, b) in spans.items():
+        median = float(np.nanmedian(times[a:b]))
+        rows[name] = {"steps": [a, b], "median_step_s": median,
+                      "samples_per_s": samples_per_step / median}  # fmt: skip
+    healthy = rows.get("healthy", {}).get("median_step_s")
+    for row in rows.values():
+        row["vs_healthy"] = row["median_step_s"] / healthy if healthy else None
+    return rows
+
+
+def write_steps(times: np.ndarray, summary: dict[str, Any], out: Path) -> None:
+    """``steps.csv`` and (with matplotlib) ``steps.png``: step times, phases and actions."""
     lines = ["step,step_time_s"] + [f"{i},{t:.6f}" for i, t in enumerate(times)]
     (out / "steps.csv").write_text("\n".join(lines) + "\n")
     _plot(times, summary, out / "steps.png")
-    _print_table(summary)
-    _report(out)
-    return summary
 
 
 def _report(out: Path) -> None:
@@ -138,7 +149,8 @@ def _report(out: Path) -> None:
     Console().print(f"report: {path} (open it in a browser)")
 
 
-def _print_table(summary: dict[str, Any]) -> None:
+def print_phases(summary: dict[str, Any]) -> None:
+    """The phase table and one line per action."""
     from rich.console import Console
     from rich.table import Table
 
@@ -189,7 +201,9 @@ def _plot(times: np.ndarray, summary: dict[str, Any], path: Path) -> None:
 
 
 def _what(action: dict[str, Any]) -> str:
-    """What an action changes: S2's counts, or S3's host of every role."""
+    """What an action changes: S2's counts, S3's host of every role, or S4's evicted hosts."""
+    if action.get("evict"):
+        return f"restart without host(s) {', '.join(action['evict'])}"
     if action.get("hosts"):
         return f"roles to hosts {action['hosts']}"
     return f"counts {action['counts']}"

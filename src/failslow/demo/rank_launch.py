@@ -1,0 +1,129 @@
+"""The DeepSpeed demo job under the node's rank launcher, as users run it (issue 16).
+
+What the demos of the fail-stop half share - ``--fault kill`` (:mod:`failslow.demo.failstop`)
+and the S4 restart of a slow rank (:mod:`failslow.demo.s4`): the command that starts the
+4-rank ZeRO-1 job (:mod:`failslow.demo.ds_worker`, an in-memory snapshot and its backup on a
+peer every step) under ``failslow run --controller N --nproc-per-node N --standbys S
+--slots-as-hosts``, its environment, rank 0's progress, the live process of a rank, the
+reference run without the fault and the bitwise comparison of the final parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failslow.demo.worker_io import launch_env
+from failslow.errors import FailslowError
+
+READY = "warm spares ready"
+"""What the launcher says once every rank has a warm spare (a restart then skips imports)."""
+SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
+"""The job's failslow block: a snapshot (and its backup) every step."""
+RESUMED = re.compile(r"^rank 0: resumed at step (\d+)$", re.M)
+"""Rank 0's line once a launch restored every rank from memory."""
+
+
+def command(
+    tmp: Path,
+    name: str,
+    *,
+    world_size: int,
+    standbys: int,
+    restarts: int,
+    threshold: float | None = None,
+) -> list[str]:
+    """``failslow run`` of the demo job: rings, state and snapshots under ``tmp/<name>-*``,
+    one spare per rank two seconds after each launch, one slot per host."""
+    extra = ["--threshold", str(threshold)] if threshold is not None else []
+    return [
+        sys.executable, "-m", "failslow.cli", "run", "--controller", str(world_size), *extra,
+        "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(tmp / f"{name}-state"),
+        "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
+        "--nproc-per-node", str(world_size), "--standbys", str(standbys),
+        "--preload", "deepspeed", "--spare-delay", "2", "--slots-as-hosts",
+        "--max-restarts", str(restarts),
+        "--", "-m", "failslow.demo.ds_worker",
+    ]  # fmt: skip
+
+
+def job_env(job_out: Path, steps: int, **extra: str) -> dict[str, str]:
+    """The demo job's environment, writing its progress and parameters to ``job_out``."""
+    job_out.mkdir(parents=True, exist_ok=True)
+    return launch_env(
+        job_out, steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
+        FAILSLOW_DEMO_MICRO_BATCH_SIZE="32", **extra,
+    )  # fmt: skip
+
+
+def progress(job_out: Path) -> list[tuple[int, float]]:
+    """Rank 0's recent ``(step, seconds)`` (the last 32 steps of the launch running now)."""
+    try:
+        steps = json.loads((job_out / "progress-rank0.json").read_text())["steps"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [(int(s), float(t)) for s, t in steps]
+
+
+def pid_of(rings: Path, rank: int, dead: set[int]) -> int | None:
+    """The live process of ``rank`` (its ring is named after its pid), newest first."""
+    for ring in sorted(rings.glob(f"rank{rank:05d}-pid*.ring"), key=lambda p: -p.stat().st_mtime):
+        match = re.search(r"pid(\d+)", ring.name)
+        pid = int(match.group(1)) if match else 0
+        if pid and pid not in dead and Path(f"/proc/{pid}").exists():
+            return pid
+    return None
+
+
+def failstops(state_dir: Path) -> list[dict[str, Any]]:
+    """The launcher's ``failstops.jsonl``: every rank that died or was evicted."""
+    try:
+        return [
+            json.loads(line) for line in (state_dir / "failstops.jsonl").read_text().splitlines()
+        ]
+    except OSError:
+        return []
+
+
+def run_reference(
+    tmp: Path, out: Path, steps: int, *, world_size: int, standbys: int, timeout_s: float
+) -> Path:
+    """The same job without the fault, ``steps`` steps, into ``out/reference``."""
+    ref_out = out / "reference"
+    env = job_env(ref_out, steps)
+    argv = command(tmp, "reference", world_size=world_size, standbys=standbys, restarts=0)
+    with open(out / "reference.log", "w") as log:
+        done = subprocess.run(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+        )
+    if done.returncode != 0:
+        raise FailslowError(f"demo: the reference job failed; see {out / 'reference.log'}")
+    return ref_out
+
+
+def compare_parameters(got_dir: Path, want_dir: Path, tolerance: str) -> dict[str, Any]:
+    """Rank 0's final parameters (``parameters.npz``) of two runs, compared bitwise."""
+    got, want = np.load(got_dir / "parameters.npz"), np.load(want_dir / "parameters.npz")
+    same_names = sorted(got.files) == sorted(want.files)
+    diffs = [float(np.max(np.abs(got[n] - want[n]))) for n in want.files if n in got.files]
+    return {
+        "compared": True,
+        "equal": same_names and all(np.array_equal(got[n], want[n]) for n in want.files),
+        "max_abs_diff": max(diffs, default=float("inf")),
+        "tolerance": tolerance,
+    }
+
+
+def restore_sources(log: str, world_size: int) -> list[dict[str, str]]:
+    """Per launch that restored from memory: where each rank's state came from (``holder's
+    backup`` when its slot was evicted with its memory, else ``own snapshot``)."""
+    lines = re.findall(
+        r"failslow: rank (\d+) resumed from (?:its )?(holder's backup|own snapshot)", log
+    )
+    return [dict(lines[i : i + world_size]) for i in range(0, len(lines), world_size)]
