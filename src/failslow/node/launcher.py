@@ -306,6 +306,7 @@ def run(options: RunOptions) -> int:
             group = ranks.spawn(list(version.command), env, version.code_dir)
             if control is not None:
                 control.start()
+                _publish_standbys(control.store, ranks)
             return group
         name = version.command[0]
         if version.code_dir and os.sep in name and not os.path.isabs(name):
@@ -353,6 +354,21 @@ def run(options: RunOptions) -> int:
         f"(failslow export {launch.ring_dir}; failslow report {launch.ring_dir})"
     )
     return status
+
+
+def _publish_standbys(store: Any, ranks: Any) -> None:
+    """This node's free standby slots, for the planner (S4 evicts no more hosts than they can
+    replace): one store write per launch."""
+    import socket
+
+    from failslow.core.control import keys
+
+    node = os.environ.get(envvars.HOST) or socket.gethostname()
+    record = {"free": len(ranks.standby_slots), "slots": list(ranks.standby_slots)}
+    try:
+        store.set_json(f"{keys.STANDBYS}/{node}", {**record, "wall": time.time()})
+    except FailslowError as exc:  # a store that is down leaves the controller blind as well
+        _stderr_line(f"could not publish the free standby slots ({exc})")
 
 
 def _local_ranks(options: RunOptions, state_dir: Path) -> Any:

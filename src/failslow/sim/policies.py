@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from failslow.core.diagnosis.record import Diagnosis
 from failslow.core.diagnosis.standby import spares_for_failslow
 from failslow.core.planner.odyssey import ClusterState, healthy_step_time
-from failslow.core.planner.planner import MitigationCosts, Planner
+from failslow.core.planner.planner import MitigationCosts, Planner, restart_hosts
 from failslow.core.planner.plans import (
     MicroBatchPlan,
     Plan,
@@ -76,9 +76,7 @@ class Policy:
 
 
 def _slow_hosts(sim: Simulation, diagnosis: Diagnosis) -> list[str]:
-    hosts = {sim.topology.hosts[s.rank] for s in diagnosis.slow_ranks}
-    hosts |= {sim.topology.hosts[link.b] for link in diagnosis.slow_links}
-    return sorted(hosts)
+    return sorted(restart_hosts(sim.topology, diagnosis))
 
 
 class AlwaysRestart(Policy):
@@ -125,15 +123,16 @@ class SkiRental(Policy):
             healthy_microbatch_s=model.forward_s + model.backward_s,
             profile=sim.scenario.profile,
             estimate=self._estimate,
-            can_restart=self._can_restart,
+            standbys=self._standbys,
             revert_topology=not self.in_memory,  # greyhound reverts (7.5); failslow keeps it
             rule=self._rule(),
         )
         self._undo: dict[int, object] = {}
 
-    def _can_restart(self, diagnosis: Diagnosis) -> bool:
-        needed = len(_slow_hosts(self.sim, diagnosis))
-        return not self.in_memory or spares_for_failslow(self.sim.spares) >= needed
+    def _standbys(self) -> int | None:
+        """Hosts a restart can replace: the warm spares (in memory); a restart from remote
+        storage requeues onto any host."""
+        return spares_for_failslow(self.sim.spares) if self.in_memory else None
 
     def _estimate(self, plan: Plan, layout: Topology) -> float:
         """Step time the simulator's model predicts once ``plan`` is in effect."""

@@ -209,3 +209,73 @@ def test_s2_step_time_comes_from_the_ranks_step_profiles(url: str) -> None:
     assert plan.step_time_s == pytest.approx(
         max(0.02 + max(plan.counts) * 0.02, 0.06 + plan.counts[2] * 0.06)
     )
+
+
+def test_s4_evicts_what_the_standbys_replace_and_the_next_plan_uses_the_new_hosts(
+    url: str,
+) -> None:
+    """Issue 16, seen in the S4 demo on a loaded machine: a diagnosis of rank 2 (4x) with a
+    noisy link beside it, one free standby. The restart evicts rank 2's host alone; after it the
+    job registers from its new hosts, the impact counts anew (a noisy re-validation right after
+    the restart buys nothing), the next restart, paid for by its own slow steps, evicts
+    rank 2's new host, and with no standby free none is planned at all."""
+    from failslow.core.planner.plans import RestartPlan
+
+    config = load_config(
+        {"planner": {"strategies": ["S4"], "rule": "break-even", "restart_s": 0.5}}, environ={}
+    )
+    capabilities = {**SUPPORTED, "microbatch_plans": "no", "snapshots": ""}
+    ranks = _ranks(url, 4)
+
+    def diagnosed(diagnosis: Diagnosis, steps: range) -> None:
+        """``diagnosis`` after ``steps`` slow steps (0.2 s of impact each) since its onset."""
+        time.sleep(0.01)
+        store.set_json(keys.STEPS, {"steps": [[s, 0.3] for s in steps]})
+        mitigator.tick()
+        mitigator.on_diagnosis(diagnosis)
+        mitigator.tick()
+
+    def onset() -> dict[str, Any]:
+        return {"type": "onset", "wall": time.time() + 1e-3, "before_s": 0.1}
+
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, capabilities)
+        store.set_json(f"{keys.STANDBYS}/node", {"free": 1})
+        mitigator = Mitigator(store, config.planner, world_size=4)
+        mitigator.tick()
+        noisy = (SlowLink(3, 0, 5.0),)
+        diagnosed(
+            Diagnosis(Kind.BOTH, (SlowRank(2, 4.0),), noisy, evidence={"onsets": [onset()]}),
+            range(20, 23),  # 0.6 s >= 0.5 s at the third
+        )
+        _wait_applied(ranks, 1)
+        (first,) = mitigator.actions
+        assert isinstance(first.plan, RestartPlan) and first.outcome and first.outcome.committed
+        assert first.plan.evict == (TOPOLOGY.hosts[2],)
+        # the job restarted (its steps numbered past the restart's): rank 2 on the standby's
+        # host, and another standby is free
+        hosts = list(TOPOLOGY.hosts)
+        hosts[2] = "standby0"
+        store.set_json(
+            keys.JOB,
+            {"topology": TOPOLOGY.with_hosts(hosts).to_dict(), "capabilities": capabilities},
+        )
+        link = Diagnosis(Kind.COMMUNICATION, slow_links=(SlowLink(1, 2, 2.0),),
+                         evidence={"onsets": [onset()]})  # fmt: skip
+        diagnosed(link, range(10_000, 10_002))
+        assert len(mitigator.actions) == 1  # 0.4 s of its own: the first restart's was paid
+        assert mitigator.planner is not None and mitigator.planner.topology.hosts[2] == "standby0"
+        # its next slow step pays for the next restart, planned on the new hosts
+        store.set_json(keys.STEPS, {"steps": [[10_002, 0.3]]})
+        mitigator.tick()
+        _wait_applied(ranks, 2)
+        assert len(mitigator.actions) == 2
+        # no standby left when rank 2 is diagnosed slow again: however long it lasts, a restart
+        # would put it back on its own host
+        store.set_json(f"{keys.STANDBYS}/node", {"free": 0})
+        slow2 = Diagnosis(Kind.COMPUTE, (SlowRank(2, 4.0),), evidence={"onsets": [onset()]})
+        diagnosed(slow2, range(20_000, 20_020))
+    _stop(ranks)
+    assert len(mitigator.actions) == 2
+    second = mitigator.actions[-1]
+    assert isinstance(second.plan, RestartPlan) and second.plan.evict == ("standby0",)

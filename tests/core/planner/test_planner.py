@@ -77,3 +77,34 @@ def test_failstop_restarts_without_a_profile_and_asks_odyssey_with_one():
     }
     forced = with_profile.failstop([lost], horizon_s=3600.0, options=("reroute",))
     assert forced.choice == "reroute" and forced.failed_per_stage == (0, 1)
+
+
+def test_s4_evicts_the_worst_hosts_the_standbys_can_replace():
+    """Issue 16: the S4 demo's restart plan evicted a slow rank's host and a noisy link's end
+    with one standby, so one of them restarted in place on its own host - slow GPU included.
+    S4 now evicts the worst diagnosed hosts first, no more than the free standbys replace, and
+    is no option without a standby."""
+    topo = topology()
+    slow, fast = topo.rank_of(0, 1, 0), topo.rank_of(0, 3, 1)
+    link = SlowLink(topo.rank_of(0, 0, 0), topo.rank_of(0, 2, 1), 5.0)
+    diagnosis = Diagnosis(Kind.BOTH, (SlowRank(fast, 1.5), SlowRank(slow, 4.0)), (link,))
+    by_severity = (topo.hosts[slow], topo.hosts[fast], topo.hosts[link.b])
+    free: list[int | None] = [None]
+
+    def restart(n: int | None) -> tuple[str, ...] | None:
+        free[0] = n
+        planner = Planner(
+            topo, COSTS, healthy_microbatch_s=0.1, strategies=("S4",), standbys=lambda: free[0]
+        )
+        planner.onset(diagnosis, healthy_step_s=1.0)
+        for _ in range(200):
+            for d in planner.observe(2.0):
+                assert isinstance(d.plan, RestartPlan)
+                return d.plan.evict
+        return None
+
+    assert restart(None) == tuple(sorted(by_severity))  # no launcher says: every host
+    assert restart(3) == tuple(sorted(by_severity))
+    assert restart(2) == tuple(sorted(by_severity[:2]))
+    assert restart(1) == (topo.hosts[slow],)  # the slowest GPU's host
+    assert restart(0) is None  # restarting on the same hosts would keep the slow GPU

@@ -102,6 +102,20 @@ def test_relief_reverts_newest_first_and_what_a_restart_carried_over():
     assert not planner.active and planner.observe(5.0) == []
 
 
+def test_a_restart_pays_off_what_came_before_it():
+    # S4 removed the diagnosed host: a slowdown diagnosed after it (another rank, or a noisy
+    # re-validation) pays for its own restart instead of re-buying one at once (issue 16: the
+    # demo restarted twice, the second time on the first restart's impact)
+    planner = MultiLevelPlanner(three_levels(), min_gain=0.0)
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    assert run(planner, [2.0] * 300)[-1] == (299, "apply", "restart")
+    assert planner.impact_s == 0.0
+    other = Diagnosis(Kind.COMPUTE, (SlowRank(5, 2.0),))
+    assert planner.onset(other, healthy_step_s=1.0) == []
+    assert run(planner, [2.0] * 299) == [(1, "apply", "microbatch"), (29, "apply", "topology")]
+    assert run(planner, [2.0]) == [(0, "apply", "restart")]  # at its own break-even, 300 s
+
+
 def test_compound_onset_replans_and_keeps_impact():
     planner = MultiLevelPlanner(three_levels(), min_gain=0.0)
     planner.onset(COMPUTE, healthy_step_s=1.0)

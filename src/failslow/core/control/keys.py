@@ -23,6 +23,10 @@ NODE = "failslow/node"
 (:mod:`failslow.node.publisher`)."""
 PLANS = "failslow/plans"
 """The two-phase plan channel (:mod:`failslow.core.control.plan_channel`)."""
+STANDBYS = "failslow/standbys"
+"""``{STANDBYS}/{node}``: the free standby slots of each node's rank launcher
+(``{"free": n, "slots": [...], "wall": t}``, written at every launch); S4 evicts no more hosts
+than they can replace."""
 STATUS = "failslow/status"
 """The control plane's status: state, last diagnosis, plan in effect, last action, newest step
 (:class:`failslow.core.control.journal.StatusBoard`; ``failslow top`` reads it)."""

@@ -11,6 +11,9 @@ is in effect, :meth:`on_healthy`):
   rank 0's session); strategies the adapter cannot apply are never planned;
 - step times come from ``failslow/steps`` (rank 0's recent steps; a synchronous job has one
   step time) - one read per tick, independent of the world size;
+- S4 evicts no more hosts than the node launchers' free standby slots can replace
+  (``failslow/standbys/<node>``, read when a restart is planned); after a restart the job
+  registers again from its new hosts, and the next plan is made on that layout;
 - each decision becomes a plan sent through :func:`~failslow.core.control.plan_channel.dispatch`
   (every rank switches at the same step, or none does); a revert of a micro-batch plan sends
   the even split.
@@ -100,6 +103,12 @@ class Mitigator:
         from."""
         self.in_effect: Plan | None = None
         """The plan every rank runs now (None: the job's own even split)."""
+        self._restarted = False
+        """A restart committed since the layout was read: the job re-registers from its new
+        hosts (a standby took an evicted rank)."""
+        self._restart_step = -1
+        """The newest committed restart's step: the slow steps before it were its cost, not the
+        cost of what is diagnosed after it."""
         self._lock = threading.Lock()
 
     # ---- inputs (called from the controller's thread) ----------------------------------------
@@ -149,7 +158,8 @@ class Mitigator:
         for step, seconds in record.get("steps", []):
             if int(step) not in self.step_times:
                 self.step_times[int(step)] = (float(seconds), self._clock())
-                new.append(float(seconds))
+                if int(step) >= self._restart_step:
+                    new.append(float(seconds))
                 fresh.append([int(step), float(seconds)])
         if fresh and self.on_event is not None:
             self.on_event(event("steps", steps=fresh))
@@ -206,7 +216,24 @@ class Mitigator:
             min_gain=planner_config.min_gain,
             strategies=allowed,
             rule=buy_rule(planner_config, topology.world_size),
+            standbys=self._free_standbys,
         )
+
+    def _free_standbys(self) -> int | None:
+        """Hosts a restart can replace now: the free standby slots the node launchers publish;
+        None where none publishes any (a rank then refuses a restart no launcher can make)."""
+        names = self.store.keys(keys.STANDBYS + "/")
+        if not names:
+            return None
+        return sum(int((self.store.get_json(name) or {}).get("free", 0)) for name in names)
+
+    def _reread_layout(self) -> None:
+        """After a restart: the layout the job registered from its new hosts."""
+        job = self.store.get_json(keys.JOB)
+        if not job or self.planner is None:
+            return
+        self._restarted = False
+        self.topology = self.planner.topology = Topology.from_dict(job["topology"])
 
     def _measured_step(self, plan: Plan, layout: Topology) -> float | None:
         """An S2 plan's step time from the ranks' step profiles (:mod:`.measured_step`: the
@@ -237,20 +264,23 @@ class Mitigator:
         slow = frozenset(s.rank for s in diagnosis.slow_ranks) or frozenset(
             r for link in diagnosis.slow_links for r in (link.a, link.b)
         )
-        if self.active and slow == self._slow_ranks:
+        if self.active and slow == self._slow_ranks and not self._restarted:
             return  # the same fail-slow, seen again by a re-validation: keep what is in effect
+        if self._restarted:
+            self._reread_layout()
         healthy = self.healthy_step_s(diagnosis)
         if self.planner is None:
             self.planner = self._build_planner(healthy)
             if self.planner is None:
                 return
         self._slow_ranks = slow
+        compound = self.planner.ski.active  # the event went on: it observed every step since
         self._execute(self.planner.onset(diagnosis, healthy_step_s=healthy), diagnosis)
         # the slowdown began before the diagnosis: what it cost so far counts (Alg. 1's impact)
         started = self._onset_wall(diagnosis)
-        if started is not None:
-            for _step, (seconds, wall) in sorted(self.step_times.items()):
-                if wall >= started:
+        if started is not None and not compound:
+            for step, (seconds, wall) in sorted(self.step_times.items()):
+                if wall >= started and step >= self._restart_step:
                     self._execute(self.planner.observe(seconds), diagnosis)
 
     # ---- turning decisions into plans on the ranks -------------------------------------------
@@ -276,7 +306,8 @@ class Mitigator:
                 self.hooks.failslow_on_plan(plan=plan, action=decision.action, reason=action.reason)
             action.outcome = self._dispatch(plan)
             if action.outcome.committed and isinstance(plan, RestartPlan):
-                pass  # the job restarts from its snapshot: the plan in effect stays in effect
+                self._restarted = True  # from its snapshot: the plan in effect stays in effect
+                self._restart_step = action.outcome.apply_step
             elif action.outcome.committed:
                 self.in_effect = None if plan == self._even_plan() else plan
                 if isinstance(plan, TopologyPlan):

@@ -51,6 +51,19 @@ class MitigationCosts:
     """Odyssey: restart in a new parallel layout, on top of the weight transfer."""
 
 
+def restart_hosts(topology: Topology, diagnosis: Diagnosis) -> tuple[str, ...]:
+    """The hosts S4 restarts the job without, the worst first: the slow ranks' hosts by
+    slowdown, then the far end (``b``) of each slow link by slowdown."""
+    order = [(s.slowdown, topology.hosts[s.rank]) for s in diagnosis.slow_ranks]
+    links = [(link.slowdown, topology.hosts[link.b]) for link in diagnosis.slow_links]
+    hosts: list[str] = []
+    for group in (order, links):
+        for _, host in sorted(group, key=lambda item: -item[0]):
+            if host not in hosts:
+                hosts.append(host)
+    return tuple(hosts)
+
+
 def buy_rule(config: PlannerConfig, world_size: int) -> BuyRule:
     """The buy rule ``config`` asks for, with its duration priors for a job of ``world_size``."""
     if config.rule == "break-even":
@@ -78,7 +91,10 @@ class Planner:
     and the user's config decide). ``rule``: when to buy (default
     :class:`~failslow.core.planner.ski_rental.ExpectedCost` under greyhound's characterization
     for a job of this size; :class:`~failslow.core.planner.ski_rental.BreakEven` is Algorithm 1
-    as published).
+    as published). ``standbys``: how many hosts a restart can replace now (the node
+    launchers' free standby slots; None: no limit known) - S4 evicts the worst that many of
+    the diagnosed hosts, and is no option without one (a host restarted in place keeps its
+    slow GPU or link).
     """
 
     def __init__(
@@ -89,7 +105,7 @@ class Planner:
         healthy_microbatch_s: float,
         profile: ModelProfile | None = None,
         estimate: Callable[[Plan, Topology], float | None] | None = None,
-        can_restart: Callable[[Diagnosis], bool] | None = None,
+        standbys: Callable[[], int | None] | None = None,
         min_gain: float = 0.05,
         revert_topology: bool = False,
         strategies: Collection[str] = ("S2", "S3", "S4"),
@@ -100,7 +116,7 @@ class Planner:
         self.profile = profile
         self._healthy_microbatch_s = healthy_microbatch_s
         self._estimate = estimate
-        self._can_restart = can_restart
+        self._standbys = standbys
         levels = {
             "S2": Strategy("S2 micro-batches", COMPUTE_ONLY, self._s2),
             "S3": Strategy("S3 topology", ALL_KINDS, self._s3, revertible=revert_topology),
@@ -163,10 +179,12 @@ class Planner:
         return self._with_estimate(plan, self.topology.with_hosts(plan.hosts))
 
     def _s4(self, diagnosis: Diagnosis) -> Plan | None:
-        if self._can_restart is not None and not self._can_restart(diagnosis):
+        hosts = restart_hosts(self.topology, diagnosis)
+        free = self._standbys() if self._standbys is not None else None
+        if free is not None:
+            hosts = hosts[:free]  # a host restarted in place keeps its slow GPU or link
+        if not hosts:
             return None
-        hosts = {self.topology.hosts[s.rank] for s in diagnosis.slow_ranks}
-        hosts |= {self.topology.hosts[link.b] for link in diagnosis.slow_links}
         plan = RestartPlan(evict=tuple(sorted(hosts)), overhead_s=self.costs.restart_s)
         return self._with_estimate(plan, self.topology)
 

@@ -28,6 +28,10 @@ What this object adds to the paper's loop, each as a rule a user can read here:
 - **Restart is last**: a strategy flagged ``last_resort`` is always sorted after the others. A
   restart does not supersede the plans before it: the job resumes from its in-memory snapshot,
   which carries the S2 split and the layout in force, so relief still reverts them.
+- **A restart pays off what came before it**: it removes the diagnosed hosts, so the slow impact
+  (and the fail-slow's age) count anew after it. A slowdown seen after the restart - another
+  host, or a noisy re-validation - must pay for its own restart: never a storm of restarts on
+  impact the first one already answered.
 
 Two buy rules (``rule=``):
 
@@ -273,6 +277,8 @@ class MultiLevelPlanner:
         event.applied.append(candidate)  # a restart resumes from the snapshot, which carries
         # the plans in force (the S2 split, the swapped layout): relief must still undo them
         event.recent.clear()
+        if not candidate.strategy.revertible:  # a restart without the diagnosed hosts
+            event.impact_s, event.slow_steps, event.elapsed_s = 0.0, 0, 0.0
         return Decision("apply", candidate.strategy.name, candidate.plan, why)
 
     def _buy_expected(self, rule: ExpectedCost) -> list[Decision]:
