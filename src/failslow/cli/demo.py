@@ -26,6 +26,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
     )
     out_dir = Path(args.out) if args.out else None
+    strategies = _strategies(args)
+    if strategies is not None and "S4" in strategies:
+        from failslow.demo.s4 import S4DemoOptions, run_s4_demo
+
+        summary = run_s4_demo(
+            S4DemoOptions(
+                world_size=args.world_size,
+                slow_rank=args.slow_rank,
+                slow_start=args.slow_start or S4DemoOptions.slow_start,
+                stopped_fraction=stopped,
+                out_dir=out_dir,
+                live=not args.no_live,
+            )
+        )
+        moved = summary["slow_rank_moved"]  # restarted away onto a standby
+        return 0 if moved and summary["parameters"].get("equal", True) else 1
     if args.fault == "kill":
         if args.framework != "deepspeed":
             raise SystemExit("failslow demo: --fault kill needs --framework deepspeed")
@@ -63,6 +79,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 loop=args.loop,
                 fault=args.fault,
                 link_rate=args.link_rate,
+                failslow={"planner": {"strategies": strategies}} if strategies else {},
             )
         )
         return 0
@@ -79,6 +96,33 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         live=not args.no_live,
     )
     return run_demo(options)
+
+
+def _strategies(args: argparse.Namespace) -> list[str] | None:
+    """``--strategies``: the planner's ladder for this demo (one line for what cannot run)."""
+    if args.strategies is None:
+        return None
+    strategies = [s.strip().upper() for s in args.strategies.split(",") if s.strip()]
+    unknown = sorted(set(strategies) - {"S1", "S2", "S3", "S4"})
+    if unknown or not strategies:
+        raise SystemExit(f"failslow demo: --strategies takes S1..S4, comma-separated: {unknown}")
+    if "S4" in strategies:
+        if strategies != ["S4"] or args.framework != "deepspeed" or args.fault != "compute":
+            raise SystemExit(
+                "failslow demo: S4 (restart without the slow rank) is shown alone on the "
+                "DeepSpeed job: --framework deepspeed --fault compute --strategies S4"
+            )
+        if args.iterations is not None or args.slow_end is not None:
+            raise SystemExit(
+                "failslow demo --strategies S4: the job ends 60 steps after its restart and the "
+                "slowdown with the slow process; --iterations and --slow-end do not apply"
+            )
+    elif args.framework == "torch" or args.fault == "kill":
+        raise SystemExit(
+            "failslow demo: --strategies needs a demo with mitigation (--framework deepspeed, "
+            "megatron, accelerate or fsdp; not --fault kill)"
+        )
+    return strategies
 
 
 def register(sub: Any) -> None:
@@ -116,6 +160,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--link-rate", help="--fault link: the link's rate (megatron 25mbit, fsdp 200mbit)"
+    )
+    p.add_argument(
+        "--strategies",
+        help="the planner's strategies, comma-separated (default: S2; --fault link S3). S4 "
+        "(deepspeed, --fault compute): the job runs under failslow run --nproc-per-node with a "
+        "standby slot, and the slow rank is restarted away onto it from memory",
     )
     p.add_argument("--out", help="run directory (default: runs/demo-<time>)")
     p.add_argument("--no-live", action="store_true", help="no live display (plain log lines)")

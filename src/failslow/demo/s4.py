@@ -1,0 +1,421 @@
+"""``failslow demo --framework deepspeed --fault compute --strategies S4``: the top of the
+ladder on a fail-slow - the slow rank restarted away onto a warm standby (issue 16; greyhound
+5.2's S4, byterobust 6.2-6.3).
+
+The 4-rank DeepSpeed ZeRO-1 demo job runs under what users run (:mod:`failslow.demo.rank_launch`:
+``failslow run --controller 4 --nproc-per-node 4 --standbys 1 --slots-as-hosts``), with the
+planner allowed S4 only and buying it by Algorithm 1's break-even rule once the slowdown has
+cost what a warm restart does (``planner.restart_s``, 2 s: a warm restart measured here is
+about 1 s, ``benchmarks/failstop_restart.py``). Once the launcher's warm spares are ready, one
+rank is SIGSTOP/SIGCONT-cycled from outside (:class:`~failslow.faults.DutyCycleThrottle`, a slow
+GPU). Then, with no human step: onset, validation naming the rank, the S4 plan through the plan
+channel, every rank committing its snapshot at the plan's step and exiting, the launcher moving
+the evicted rank to the standby slot (a new process the throttle does not touch; its slot's
+memory gone with it, so it restores from its holder's backup), every rank resuming from
+memory, and the job training at the healthy pace again. The job then runs ``after_steps`` more
+steps and ends at a common step (its stop file); the same job runs once more without the
+slowdown, and the final parameters of both are compared (bitwise: a restart from a bitwise
+snapshot runs the same math).
+
+Results: a phase table (healthy, slowed, mitigated: after the restart), the restart (plan step,
+lost steps, downtime, where the moved rank's state came from), ``summary.json``, ``steps.csv``
+and ``steps.png`` in the run directory, beside the control plane's ``events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failslow.core.control.journal import JOURNAL, read_journal
+from failslow.demo import rank_launch
+from failslow.demo.mitigation_report import WARMUP_STEPS, phase_rows, print_phases, write_steps
+from failslow.demo.rank_launch import READY, RESUMED
+from failslow.errors import FailslowError
+from failslow.faults import DutyCycleThrottle
+
+S4_ENV = {
+    # the demo's settings for CPU ranks on shared cores (failslow.demo.mitigation.DEMO_SETTINGS)
+    "FAILSLOW__DETECTION__COOLDOWN_S": "8",
+    "FAILSLOW__VALIDATION__GEMM_SERIAL": "true",
+    "FAILSLOW__VALIDATION__GEMM_DTYPES": "float32",
+    "FAILSLOW__VALIDATION__LINK_MB": "2",
+    "FAILSLOW__VALIDATION__RECHECK_EVERY_S": "8",
+    "FAILSLOW__VALIDATION__PAUSE_TIMEOUT_S": "20",
+    # only S4, bought by Algorithm 1 once the slowdown cost what a warm restart does here
+    "FAILSLOW__PLANNER__STRATEGIES": "S4",
+    "FAILSLOW__PLANNER__RULE": "break-even",
+    "FAILSLOW__PLANNER__RESTART_S": "2",
+}
+"""The settings of the job and its controller (environment variables of ``failslow run``)."""
+THRESHOLD = 2.0
+"""A rank is slow at > 2x its peers: healthy CPU ranks on shared cores scatter up to ~1.5x."""
+MICRO_BATCHES = 4 * 32
+"""Samples per replica and step of the demo job (4 micro-batches of 32)."""
+
+
+@dataclass
+class S4DemoOptions:
+    world_size: int = 4
+    slow_rank: int = 2
+    slow_start: int = 30
+    """Slow the rank from this step on, once the warm spares are ready (or ``spare_wait_s``
+    later): the restart is then the one a long job gets."""
+    stopped_fraction: float = 0.75
+    throttle_period_s: float = 0.02
+    after_steps: int = 60
+    """Steps the job runs after every rank resumed (then it ends at a common step)."""
+    max_steps: int = 1500
+    """The job ends here at the latest (S4 not bought: the demo fails)."""
+    standbys: int = 1
+    out_dir: Path | None = None
+    live: bool = True
+    reference: bool = True
+    """Run the job once more without the slowdown and compare the parameters."""
+    spare_wait_s: float = 120.0
+    timeout_s: float = 1800.0
+
+    def validate(self) -> None:
+        if self.world_size < 2 or not 0 <= self.slow_rank < self.world_size:
+            raise FailslowError(
+                f"demo --strategies S4: need --world-size >= 2 and 0 <= --slow-rank < world "
+                f"size, got {self.world_size} and {self.slow_rank}"
+            )
+        if self.standbys < 1:
+            raise FailslowError("demo --strategies S4: the restart needs a standby slot")
+        if not 0 < self.slow_start < self.max_steps - self.after_steps:
+            raise FailslowError(
+                f"demo --strategies S4: need 0 < --slow-start < {self.max_steps - self.after_steps}"
+                f", got {self.slow_start}"
+            )
+        if not 0.0 < self.stopped_fraction < 1.0:
+            raise FailslowError(
+                f"demo: --stopped-fraction must be in (0, 1), got {self.stopped_fraction}"
+            )
+
+
+@dataclass
+class _Run:
+    options: S4DemoOptions
+    step: int = -1
+    step_times: dict[int, float] = field(default_factory=dict)
+    """Rank 0's step durations (a synchronous job has one step time), every launch."""
+    seen: dict[int, float] = field(default_factory=dict)
+    """When each step was first seen done."""
+    injected: int | None = None
+    """The step the slowdown began at."""
+    throttled: int | None = None
+    """The slowed process."""
+    warm: bool = False
+    evictions: list[dict[str, Any]] = field(default_factory=list)
+    """The launcher's record of each evicted rank (``failstops.jsonl``)."""
+    resumes: list[dict[str, Any]] = field(default_factory=list)
+    """Per restart: the step every rank resumed at, when that was seen and when its first step
+    was done."""
+    state: str = "-"
+    events: list[str] = field(default_factory=list)
+    journal: list[dict[str, Any]] = field(default_factory=list)
+
+
+def run_s4_demo(opts: S4DemoOptions) -> dict[str, Any]:
+    """Run the job with the slowdown (and the reference without); returns the summary, also
+    written to ``summary.json`` in the run directory."""
+    opts.validate()
+    out = opts.out_dir or Path("runs") / time.strftime("demo-s4-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    run = _Run(opts)
+    with tempfile.TemporaryDirectory(prefix="failslow-s4-", dir=shm) as t:
+        tmp = Path(t)
+        with _live(run, opts.live) as refresh:
+            _job(opts, tmp, out, run, refresh)
+            reference = None
+            if opts.reference:
+                run.events.append("reference: the same job without the slowdown ...")
+                refresh()
+                steps = _steps_run(out / "job")
+                reference = rank_launch.run_reference(
+                    tmp, out, steps, world_size=opts.world_size, standbys=opts.standbys,
+                    timeout_s=opts.timeout_s,
+                )  # fmt: skip
+                run.events.append("reference done")
+                refresh()
+        journal = tmp / "s4-rings" / "diagnoses" / JOURNAL
+        if journal.is_file():
+            shutil.copy(journal, out / JOURNAL)
+    summary = _summary(run, out, reference)
+    print_phases(summary)
+    _print_restarts(summary, out)
+    return summary
+
+
+def _job(opts: S4DemoOptions, tmp: Path, out: Path, run: _Run, refresh: Callable[[], None]) -> None:
+    job_out = out / "job"
+    stop_file = tmp / "stop"
+    env = rank_launch.job_env(
+        job_out, opts.max_steps, FAILSLOW_DEMO_STOP_FILE=str(stop_file), **S4_ENV
+    )
+    argv = rank_launch.command(
+        tmp, "s4", world_size=opts.world_size, standbys=opts.standbys, restarts=0,
+        threshold=THRESHOLD,
+    )  # fmt: skip
+    log_path = out / "job.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    throttle: DutyCycleThrottle | None = None
+    started = time.monotonic()
+    waiting_since: float | None = None
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - started > opts.timeout_s:
+                raise FailslowError(f"demo: not done after {opts.timeout_s:.0f} s; see {log_path}")
+            text = log_path.read_text(errors="replace")
+            _follow(run, tmp, job_out, text)
+            if throttle is None and run.step >= opts.slow_start:
+                waiting_since = waiting_since or time.monotonic()
+                run.warm = READY in text
+                if run.warm or time.monotonic() - waiting_since > opts.spare_wait_s:
+                    throttle = _slow_down(run, tmp / "s4-rings")
+            if throttle is not None and throttle.active and run.throttled is not None:
+                if not Path(f"/proc/{run.throttled}").exists():  # restarted: a new process
+                    throttle.stop()
+            if run.resumes and run.step >= run.resumes[-1]["resumed_at"] + opts.after_steps:
+                stop_file.touch()  # every rank ends at one step (ds_worker)
+            refresh()
+            time.sleep(0.05)
+    finally:
+        if throttle is not None:
+            throttle.stop()
+        if proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            if proc.poll() is None:
+                proc.kill()
+    _follow(run, tmp, job_out, log_path.read_text(errors="replace"))
+    if proc.returncode != 0:
+        raise FailslowError(f"demo: the job failed with status {proc.returncode}; see {log_path}")
+    run.events.append("the job finished")
+    refresh()
+
+
+def _slow_down(run: _Run, rings: Path) -> DutyCycleThrottle | None:
+    """Start SIGSTOP/SIGCONT-cycling the slow rank's process (None: not running yet)."""
+    opts = run.options
+    pid = rank_launch.pid_of(rings, opts.slow_rank, set())
+    if pid is None:
+        return None
+    throttle = DutyCycleThrottle(pid, opts.stopped_fraction, opts.throttle_period_s)
+    throttle.start()
+    run.injected, run.throttled = run.step, pid
+    run.events.append(
+        f"rank {opts.slow_rank} (pid {pid}) slowed from step {run.step}: stopped "
+        f"{opts.stopped_fraction:.0%} of every {opts.throttle_period_s * 1000:.0f} ms"
+    )
+    return throttle
+
+
+def _follow(run: _Run, tmp: Path, job_out: Path, text: str) -> None:
+    """Take in rank 0's progress, the evictions, the resume lines and the control plane's
+    journal."""
+    now = time.time()
+    stops = rank_launch.failstops(tmp / "s4-state")
+    for e in [s for s in stops if s["cause"] == "evicted"][len(run.evictions) :]:
+        run.evictions.append(e)
+        onto = f"standby slot {e['replaced_by']}" if e["replaced_by"] is not None else "itself"
+        run.events.append(f"S4: rank {e['rank']} (slot {e['slot']}) evicted onto {onto}")
+    for step in RESUMED.findall(text)[len(run.resumes) :]:
+        run.resumes.append({"resumed_at": int(step), "seen": now, "first_step_done": None})
+        run.events.append(f"every rank resumed from memory at step {step}")
+    progress = rank_launch.progress(job_out)
+    pending = [r for r in run.resumes if r["first_step_done"] is None]
+    if pending and progress:
+        mtime = (job_out / "progress-rank0.json").stat().st_mtime
+        for resume in pending:
+            if mtime > resume["seen"]:
+                resume["first_step_done"] = mtime
+    for step, seconds in progress:  # a new launch's file replaces the last one's
+        run.step_times[step] = seconds
+        run.seen.setdefault(step, now)
+        run.step = max(run.step, step)
+    journal = tmp / "s4-rings" / "diagnoses" / JOURNAL
+    with contextlib.suppress(OSError, ValueError):
+        run.journal = read_journal(journal) if journal.is_file() else []
+    states = [e["state"] for e in run.journal if e.get("kind") == "state"]
+    run.state = states[-1] if states else run.state
+
+
+def _steps_run(job_out: Path) -> int:
+    """How many steps the job trained (its last launch's record): the reference runs as many."""
+    records = [json.loads(p.read_text()) for p in job_out.glob("steps-rank0*.json")]
+    if not records:
+        raise FailslowError(f"demo: the job left no record of its steps in {job_out}")
+    return max(r["first_step"] + len(r["step_end"]) - 1 for r in records)
+
+
+def _restarts(run: _Run, log: str) -> list[dict[str, Any]]:
+    """Each committed restart: its plan step, who moved where, where their state came from,
+    the steps lost and the downtime (the gap between the last step before and the first step
+    after, less a normal step)."""
+    plans = [
+        p for p in run.journal
+        if p.get("kind") == "plan" and p["plan"].get("type") == "RestartPlan" and p["committed"]
+    ]  # fmt: skip
+    walls = sorted(run.seen.values())
+    normal = [b - a for a, b in itertools.pairwise(walls)]
+    step_s = float(np.median(normal)) if normal else 0.0
+    sources = rank_launch.restore_sources(log, run.options.world_size)
+    launches = sorted({e["launch"] for e in run.evictions})  # the launches a plan stopped
+    out = []
+    for i, resume in enumerate(run.resumes):
+        plan = plans[i] if i < len(plans) else None
+        before = resume["resumed_at"] - 1
+        step = plan["apply_step"] if plan else None
+        evicted = [e for e in run.evictions if i < len(launches) and e["launch"] == launches[i]]
+        restored = sources[i] if i < len(sources) else {}
+        last_seen, after = run.seen.get(before), resume["first_step_done"]
+        out.append(
+            {"plan_step": step, "evict": plan["plan"]["evict"] if plan else [],
+             "reason": plan["reason"] if plan else None,
+             "moved": [{"rank": e["rank"], "slot": e["slot"], "onto": e["replaced_by"],
+                        "restored_from": restored.get(str(e["rank"]))} for e in evicted],
+             "resumed_at": resume["resumed_at"],
+             "lost_steps": step - resume["resumed_at"] if step is not None else None,
+             "downtime_s": after - last_seen - step_s if last_seen and after else None,
+             "warm_spares": run.warm}
+        )  # fmt: skip
+    return out
+
+
+def _summary(run: _Run, out: Path, reference: Path | None) -> dict[str, Any]:
+    opts = run.options
+    end = max(run.step_times, default=-1) + 1
+    times = np.full(end, np.nan)
+    for step, seconds in run.step_times.items():
+        times[step] = seconds
+    restarts = _restarts(run, (out / "job.log").read_text(errors="replace"))
+    first = restarts[0] if restarts else None
+    start = run.injected if run.injected is not None else end
+    spans = {"healthy": (WARMUP_STEPS, start)}
+    if first is not None and first["plan_step"] is not None:
+        spans["slowed"] = (start, first["plan_step"])
+        spans["mitigated"] = (first["resumed_at"], end)
+    else:
+        spans["slowed"] = (start, end)
+    rows = phase_rows(times, {k: v for k, v in spans.items() if v[1] > v[0]},
+                      MICRO_BATCHES * opts.world_size)  # fmt: skip
+    moved = [m for r in restarts for m in r["moved"] if m["rank"] == opts.slow_rank]
+    parameters: dict[str, Any] = {"compared": False}
+    if reference is not None:
+        parameters = rank_launch.compare_parameters(
+            out / "job", reference, "bitwise (a restart from a bitwise snapshot runs the same math)"
+        )
+    plans = [e for e in run.journal if e.get("kind") == "plan"]
+    summary = {
+        "framework": "deepspeed",
+        "fault": "compute",
+        "strategies": ["S4"],
+        "world_size": opts.world_size,
+        "slow_rank": opts.slow_rank,
+        "stopped_fraction": opts.stopped_fraction,
+        "injected": [run.injected, first["plan_step"] if first else None],
+        "steps_run": end,
+        "phases": rows,
+        "restarts": restarts,
+        "slow_rank_moved": bool(moved) and all(m["onto"] is not None for m in moved),
+        "diagnoses": [e["diagnosis"] for e in run.journal if e.get("kind") == "diagnosis"],
+        "actions": [
+            {
+                "action": p["action"],
+                "strategy": p["strategy"],
+                "apply_step": p["apply_step"],
+                "evict": list(p["plan"].get("evict", ())),
+                "reason": p["reason"],
+                "committed": p["committed"],
+            }
+            for p in plans
+        ],
+        "parameters": parameters,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_steps(times, summary, out)
+    return summary
+
+
+@contextlib.contextmanager
+def _live(run: _Run, enabled: bool) -> Iterator[Callable[[], None]]:
+    if not enabled:
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    opts = run.options
+
+    def render() -> Table:
+        title = f"failslow demo --strategies S4: {opts.world_size}-rank DeepSpeed ZeRO-1"
+        table = Table(title=title)
+        table.add_column("what")
+        table.add_column("now")
+        recent = [run.step_times[s] for s in sorted(run.step_times)[-10:]]
+        table.add_row("step", str(max(run.step, 0)))
+        table.add_row("step time (last 10)", f"{np.median(recent):.3f} s" if recent else "-")
+        table.add_row("controller", run.state)
+        for e in run.journal:
+            if e.get("kind") == "diagnosis":
+                slow = e["diagnosis"].get("slow_ranks") or {}
+                table.add_row("diagnosis", f"slow ranks {slow}")
+            elif e.get("kind") == "plan":
+                table.add_row(f"{e['action']} {e['strategy']}",
+                              f"from step {e['apply_step']}: {e['reason']}")  # fmt: skip
+        table.add_row("events", "\n".join(run.events[-6:]) or "-")
+        return table
+
+    with Live(render(), console=Console(stderr=True), refresh_per_second=4) as live:
+        yield lambda: live.update(render())
+
+
+def _print_restarts(summary: dict[str, Any], out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not summary["restarts"]:
+        console.print("[red]S4 was not bought: the slow rank was never restarted away[/red]")
+    else:
+        table = Table(title="S4: restarted without the slow host, every rank from memory")
+        for col in ("plan step", "moved", "its state from", "resumed at", "lost steps",
+                    "downtime", "warm"):  # fmt: skip
+            table.add_column(col)
+        for r in summary["restarts"]:
+            moved = [f"rank {m['rank']}: slot {m['slot']} -> "
+                     + (f"standby slot {m['onto']}" if m["onto"] is not None else "itself")
+                     for m in r["moved"]]  # fmt: skip
+            table.add_row(
+                str(r["plan_step"]), "\n".join(moved) or "-",
+                "\n".join(m["restored_from"] or "-" for m in r["moved"]) or "-",
+                str(r["resumed_at"]), str(r["lost_steps"]),
+                f"{r['downtime_s']:.1f} s" if r["downtime_s"] is not None else "-",
+                "yes" if r["warm_spares"] else "no",
+            )  # fmt: skip
+        console.print(table)
+    slow = summary["slow_rank"]
+    verdict = "moved to a standby" if summary["slow_rank_moved"] else "[red]NOT moved[/red]"
+    console.print(f"the slow rank {slow}: {verdict}")
+    p = summary["parameters"]
+    if p["compared"]:
+        verdict = "bitwise equal" if p["equal"] else f"DIFFER (max |diff| {p['max_abs_diff']:.3g})"
+        console.print(f"final parameters vs the same job without the slowdown: {verdict}")
+    console.print(f"summary: {out / 'summary.json'}, steps.png, steps.csv, {JOURNAL}")
