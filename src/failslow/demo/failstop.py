@@ -207,12 +207,7 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
             refresh()
             time.sleep(0.05)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
-            if proc.poll() is None:
-                proc.kill()
+        rank_launch.end(proc)
     if proc.returncode != 0:
         raise FailslowError(f"demo: the job failed with status {proc.returncode}; see {log_path}")
     run.step = opts.steps

@@ -10,6 +10,7 @@ reference run without the fault and the bitwise comparison of the final paramete
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -89,6 +90,16 @@ def failstops(state_dir: Path) -> list[dict[str, Any]]:
         ]
     except OSError:
         return []
+
+
+def end(proc: subprocess.Popen[Any]) -> None:
+    """End the launcher if it still runs (SIGTERM: it ends its ranks; SIGKILL after 30 s)."""
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
 
 
 def run_reference(

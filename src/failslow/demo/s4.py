@@ -197,12 +197,7 @@ def _job(opts: S4DemoOptions, tmp: Path, out: Path, run: _Run, refresh: Callable
     finally:
         if throttle is not None:
             throttle.stop()
-        if proc.poll() is None:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
-            if proc.poll() is None:
-                proc.kill()
+        rank_launch.end(proc)
     _follow(run, tmp, job_out, log_path.read_text(errors="replace"))
     if proc.returncode != 0:
         raise FailslowError(f"demo: the job failed with status {proc.returncode}; see {log_path}")
