@@ -307,7 +307,7 @@ class Mitigator:
             action.outcome = self._dispatch(plan)
             if action.outcome.committed and isinstance(plan, RestartPlan):
                 self._restarted = True  # from its snapshot: the plan in effect stays in effect
-                self._restart_step = action.outcome.apply_step
+                self._restart_step = action.outcome.apply_step or self._restart_step
             elif action.outcome.committed:
                 self.in_effect = None if plan == self._even_plan() else plan
                 if isinstance(plan, TopologyPlan):
