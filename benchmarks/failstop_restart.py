@@ -25,16 +25,25 @@ downtime; ``lost`` is how many steps were done twice).
   job without failslow makes after a failure (its lost steps since the last disk checkpoint are
   not counted here: the figure is the restart alone, in its favour).
 
+- **S4 restart (planned)** (the warm standby's launcher with ``--slots-as-hosts``): no kill - a
+  restart plan evicting rank 1's host goes through the plan channel, as the controller sends it
+  when it buys S4 for a slow rank (greyhound 5.2); every rank commits its snapshot at the plan's
+  step and exits, and the launcher restarts every rank from warm processes with rank 1 on the
+  standby slot, restoring from its holder's backup. Its downtime is the gap around the plan's
+  step, less one normal step.
+
 Also printed: kill -> detected (the launcher's record, warm only) and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -58,6 +67,24 @@ VICTIM = 1
 SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
 
 
+def _evict(log: Path, token: str) -> int:
+    """Send the S4 plan that evicts the victim's host (one slot per host); its step."""
+    import socket
+
+    from failslow.core.control.plan_channel import dispatch
+    from failslow.core.control.store import open_store
+    from failslow.core.planner.plans import RestartPlan
+
+    url = re.search(r"store embedded, (tcp://\S+);", log.read_text())
+    assert url is not None, "no embedded store in the launcher's log"
+    plan = RestartPlan(evict=(f"{socket.gethostname()}-slot{VICTIM}",), overhead_s=0.0)
+    with open_store(url.group(1)) as store:
+        outcome = dispatch(store, plan, world_size=4, horizon_steps=2, token=token)
+    if not outcome.committed:
+        raise SystemExit(f"S4: the restart plan was not committed ({outcome.reason})")
+    return int(outcome.apply_step)
+
+
 def _kill_and_measure(tmp: Path, name: str, width: int, launcher: list[str]) -> dict[str, float]:
     out = tmp / name
     out.mkdir()
@@ -67,9 +94,12 @@ def _kill_and_measure(tmp: Path, name: str, width: int, launcher: list[str]) -> 
     )  # fmt: skip
     rings, state = tmp / f"{name}-rings", tmp / f"{name}-state"
     shm = Path(tempfile.mkdtemp(prefix="failslow-fsbench-", dir="/dev/shm"))
+    token = "failstop-restart-benchmark"
     cmd = [sys.executable, "-m", "failslow.cli", "run", "--controller", "4", "--no-shim",
            "--ring-dir", str(rings), "--state-dir", str(state), "--snapshot-dir", str(shm),
-           "--max-restarts", "1", *launcher]  # fmt: skip
+           "--job-token", token, "--max-restarts", "1", *launcher]  # fmt: skip
+    planned = "--slots-as-hosts" in launcher  # S4: a restart plan, no kill
+    plan: concurrent.futures.Future[int] | None = None
     log = open(tmp / f"{name}.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     progress = out / "progress-rank0.json"
@@ -82,9 +112,7 @@ def _kill_and_measure(tmp: Path, name: str, width: int, launcher: list[str]) -> 
                 return False
             return not warm or READY in (tmp / f"{name}.log").read_text()
 
-        while not due():
-            if proc.poll() is not None:
-                raise SystemExit(f"{name}: the job ended early ({proc.returncode})")
+        def poll() -> None:  # when each step was first seen done
             try:
                 steps = json.loads(progress.read_text())["steps"]
             except (OSError, ValueError, KeyError):
@@ -93,20 +121,35 @@ def _kill_and_measure(tmp: Path, name: str, width: int, launcher: list[str]) -> 
             for step, _ in steps:
                 seen.setdefault(int(step), now)
             time.sleep(0.02)
-        ring = max(rings.glob(f"rank{VICTIM:05d}-pid*.ring"), key=lambda p: p.stat().st_mtime)
-        pid = int(re.search(r"pid(\d+)", ring.name).group(1))  # type: ignore[union-attr]
+
+        while not due():
+            if proc.poll() is not None:
+                raise SystemExit(f"{name}: the job ended early ({proc.returncode})")
+            poll()
         killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
-        if proc.wait(timeout=600) != 0:
+        if planned:  # sent from a thread: the steps go on being timed while it is agreed
+            pool = concurrent.futures.ThreadPoolExecutor(1)
+            plan = pool.submit(_evict, tmp / f"{name}.log", token)
+            pool.shutdown(wait=False)
+        else:
+            ring = max(rings.glob(f"rank{VICTIM:05d}-pid*.ring"), key=lambda p: p.stat().st_mtime)
+            pid = int(re.search(r"pid(\d+)", ring.name).group(1))  # type: ignore[union-attr]
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            poll()  # a planned restart comes a few steps after the plan
+        if proc.wait(timeout=1) != 0:
             raise SystemExit(f"{name}: the job failed; see {tmp / (name + '.log')}")
     finally:
         if proc.poll() is None:
             proc.kill()
-        for f in shm.iterdir():
-            f.unlink()
-        shm.rmdir()
-    last = max(s for s, t in seen.items() if t <= killed_at)
-    record = json.loads((out / "steps-rank0-1.json").read_text())
+        shutil.rmtree(shm, ignore_errors=True)
+    records = [json.loads(p.read_text()) for p in out.glob("steps-rank0*.json")]
+    record = max(records, key=lambda r: r["first_step"])  # the launch after the restart
+    if plan is not None:  # every rank stopped at the plan's step
+        last = plan.result() - 1
+    else:
+        last = max(s for s, t in seen.items() if t <= killed_at)
     first_done_after = record["step_end"][1]
     before = sorted(s for s in seen if s <= last)[-11:]
     step_s = statistics.median(seen[b] - seen[a] for a, b in itertools.pairwise(before))
@@ -116,7 +159,7 @@ def _kill_and_measure(tmp: Path, name: str, width: int, launcher: list[str]) -> 
         "lost": last + 1 - record["first_step"], "resumed": record["first_step"],
     }  # fmt: skip
     stops = state / "failstops.jsonl"
-    if stops.exists():
+    if stops.exists() and not planned:
         result["detected_s"] = json.loads(stops.read_text().splitlines()[0])["wall"] - killed_at
     return result
 
@@ -137,6 +180,10 @@ def main() -> None:
             "--", "-m", "failslow.demo.ds_worker",
         ],
         "cold restart in place (memory)": ["--", *TORCHRUN],
+        "S4 restart onto the standby (planned)": [
+            "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
+            "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
+        ],
     }  # fmt: skip
     for i in range(args.repeat):
         results = {}
