@@ -56,6 +56,32 @@ from failslow.errors import ConfigError, FailslowError
 
 PER_LAUNCH = frozenset({envvars.RESTART, envvars.UPDATE_ID})
 """Variables that change at every launch: set at activation, not part of a warm process's key."""
+CODE = frozenset({envvars.CODE_DIR, envvars.CODE_VERSION})
+"""What a code update changes (with the code directory's place on ``PYTHONPATH``): not part of
+a warm process's key while no preloaded module comes from the code directory - the process
+takes the new code directory's place on ``sys.path`` at activation (:mod:`failslow.node.warm`),
+and the job's own modules are imported after it."""
+
+
+def _without_code(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without the code version: its variables, and its directory on PYTHONPATH."""
+    code_dir = env.get(envvars.CODE_DIR)
+    out = {k: v for k, v in env.items() if k not in CODE}
+    if code_dir and "PYTHONPATH" in out:
+        paths = [p for p in out["PYTHONPATH"].split(os.pathsep) if p != code_dir]
+        out["PYTHONPATH"] = os.pathsep.join(paths)
+    return out
+
+
+def preloads_code(preload: tuple[str, ...], code_dir: str | None) -> bool:
+    """Whether a preloaded module's top-level package is in ``code_dir`` (a warm process that
+    imported it holds that version of the job's code)."""
+    import importlib.machinery
+
+    if not code_dir:
+        return False
+    tops = {name.lstrip("?").split(".")[0] for name in preload}
+    return any(importlib.machinery.PathFinder.find_spec(t, [code_dir]) for t in tops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,10 +465,12 @@ class LocalRanks:
         return record
 
     # -- the pool ------------------------------------------------------------------------------
-    @staticmethod
-    def _key(env: dict[str, str]) -> str:
+    def _key(self, env: dict[str, str]) -> str:
         """What a warm process's start depended on: its whole environment but the per-launch
-        variables (a hot update that changes the environment gets fresh processes)."""
+        variables and, unless a preload comes from it, the code version (a hot update of the
+        code takes the warm spares; one that changes the environment gets fresh processes)."""
+        if not preloads_code(self.options.preload, env.get(envvars.CODE_DIR)):
+            env = _without_code(env)
         return json.dumps(sorted((k, v) for k, v in env.items() if k not in PER_LAUNCH))
 
     def _take(self, key: str, env: dict[str, str]) -> _Warm:

@@ -11,7 +11,9 @@ imported). Each one
 2. tells the launcher ``ready`` on the socket it inherited (``$FAILSLOW_WARM_FD``);
 3. waits for one activation message: the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), the
    working directory and what to run - ``["-m", "module", args...]`` or
-   ``["script.py", args...]``, as after ``python``;
+   ``["script.py", args...]``, as after ``python``; where a code update moved the code directory
+   on ``PYTHONPATH``, the new one takes the old one's place on ``sys.path`` (nothing was imported
+   from it: the launcher gives a process that preloaded the job's own code only its version);
 4. runs it as ``python`` would have (``__main__``, ``sys.argv``, ``sys.path[0]``).
 
 A warm process whose socket closes before an activation (the launcher drained its pool) exits
@@ -58,6 +60,21 @@ def _run(argv: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def _move_pythonpath(old: str, new: str) -> None:
+    """``sys.path`` as if the interpreter had started with PYTHONPATH ``new``, not ``old``."""
+    if old == new:
+        return
+    olds = {os.path.abspath(p) for p in old.split(os.pathsep) if p}
+    news = [os.path.abspath(p) for p in new.split(os.pathsep) if p]
+    stale = [i for i, p in enumerate(sys.path) if os.path.abspath(p) in olds - set(news)]
+    at = stale[0] if stale else 0  # PYTHONPATH leads sys.path (its first entry was deleted)
+    sys.path[:] = [p for i, p in enumerate(sys.path) if i not in stale]
+    present = {os.path.abspath(p) for p in sys.path}
+    for offset, path in enumerate(p for p in news if p not in present):
+        sys.path.insert(at + offset, path)
+    importlib.invalidate_caches()
+
+
 def main() -> None:
     fd = int(os.environ.pop(envvars.WARM_FD))
     preload = [m for m in os.environ.pop(envvars.WARM_PRELOAD, "torch").split(",") if m]
@@ -84,8 +101,10 @@ def main() -> None:
     sock.close()
     if message is None:
         return
+    started_with = os.environ.get("PYTHONPATH", "")
     os.environ.clear()
     os.environ.update(message["env"])
+    _move_pythonpath(started_with, os.environ.get("PYTHONPATH", ""))
     if message.get("cwd"):
         os.chdir(message["cwd"])
     _run(list(message["argv"]))
