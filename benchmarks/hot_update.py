@@ -13,6 +13,11 @@ agreed count as progress).
 - **hot update**: ``failslow run --controller 4`` with an in-memory snapshot every step;
   ``failslow update submit --urgent`` -> every rank stops at one step boundary with its snapshot
   committed in /dev/shm, the launcher restarts torchrun in place, the ranks restore from memory.
+- **hot update, warm processes**: the same, with the node launching the ranks itself
+  (``failslow run --nproc-per-node 4 --preload deepspeed``) and the update a new code
+  directory (``--code-dir``): the ranks of the next launch are the warm spares, processes that
+  imported torch and DeepSpeed before the update (the request waits until the launcher said they
+  are ready). An update that changes the environment gets fresh processes instead.
 - **fresh launch**: plain ``torchrun``; on request every rank stops at the next step
   (``engine.save_checkpoint`` to local disk), the job ends, and a new ``torchrun`` starts and
   ``engine.load_checkpoint``s from disk - how an update is applied without failslow (byterobust
@@ -44,9 +49,9 @@ STEPS = 40
 REQUEST_AT = 15
 
 
-def _env(out: Path, width: int, **extra: str) -> dict[str, str]:
+def _env(out: Path, width: int, steps: int = STEPS, **extra: str) -> dict[str, str]:
     return launch_env(
-        out, STEPS, FAILSLOW_DEMO_WIDTH=str(width), FAILSLOW_DEMO_MICRO_BATCH_SIZE="32", **extra
+        out, steps, FAILSLOW_DEMO_WIDTH=str(width), FAILSLOW_DEMO_MICRO_BATCH_SIZE="32", **extra
     )
 
 
@@ -92,29 +97,43 @@ class Steps:
         return {"step_s": step, "gap_s": gap, "downtime": gap - step}
 
 
-def hot(tmp: Path, width: int) -> dict[str, float]:
+def hot(tmp: Path, width: int, *, warm: bool = False) -> dict[str, float]:
     out, state = tmp / "hot", tmp / "hot-state"
     out.mkdir()
+    launcher = ["--", *TORCHRUN]
+    update = ["--env", "FAILSLOW_DEMO_LOG_TAG=v2 "]  # the "code change" the log shows
+    if warm:
+        launcher = ["--nproc-per-node", "4", "--preload", "deepspeed", "--spare-delay", "2",
+                    "--", "-m", "failslow.demo.ds_worker"]  # fmt: skip
+        (tmp / "code-v2").mkdir()
+        update = ["--code-dir", str(tmp / "code-v2")]  # same environment: the warm spares fit
     settings = json.dumps({"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}})
-    env = _env(out, width, FAILSLOW_DEMO_CONFIG=settings)
+    stop = tmp / "stop"  # warm: the job runs until the spares were ready and it restarted
+    env = _env(
+        out, width, 100 * STEPS if warm else STEPS, FAILSLOW_DEMO_CONFIG=settings,
+        FAILSLOW_DEMO_STOP_FILE=str(stop),
+    )  # fmt: skip
     log = open(tmp / "hot.log", "w")
     shm = Path(tempfile.mkdtemp(prefix="failslow-hotbench-", dir="/dev/shm"))  # node memory
     cmd = [sys.executable, "-m", "failslow.cli", "run", "--controller", "4", "--no-shim",
            "--ring-dir", str(tmp / "hot-rings"), "--state-dir", str(state),
-           "--snapshot-dir", str(shm), "--update-poll", "0.1", "--", *TORCHRUN]  # fmt: skip
+           "--snapshot-dir", str(shm), "--update-poll", "0.1", *launcher]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     steps = Steps(out)
-    steps.wait(lambda: steps.poll() >= REQUEST_AT, proc)
+    text = lambda: (tmp / "hot.log").read_text()  # noqa: E731
+    ready = lambda: not warm or "warm spares ready" in text()  # noqa: E731
+    steps.wait(lambda: steps.poll() >= REQUEST_AT and ready(), proc)
     subprocess.run(
         [sys.executable, "-m", "failslow.cli", "update", "submit", "--urgent", "--state-dir",
-         str(state), "--env", "FAILSLOW_DEMO_LOG_TAG=v2 "],
+         str(state), *update],
         env=env, check=True, capture_output=True,
     )  # fmt: skip
-    text = lambda: (tmp / "hot.log").read_text()  # noqa: E731
-    steps.wait(lambda: "v2 rank 0: resumed at step" in text(), proc)
-    line = next(x for x in text().splitlines() if "v2 rank 0: resumed at step" in x)
+    marker = "rank 0: resumed at step"  # the launch after the update (the first is fresh)
+    steps.wait(lambda: marker in text(), proc)
+    line = next(x for x in text().splitlines() if marker in x)
     resumed = int(line.rsplit(" ", 1)[-1])
-    steps.wait(lambda: resumed in steps.seen, proc)
+    steps.wait(lambda: resumed + 5 in steps.seen, proc)
+    stop.touch()
     proc.wait(timeout=600)
     size = sum(p.stat().st_size for p in shm.glob("rank0-slot*")) / 3
     shutil.rmtree(shm, ignore_errors=True)
@@ -154,20 +173,22 @@ def main() -> None:
     console = Console(width=150)
     table = Table(title="code update of a 4-rank DeepSpeed ZeRO-1 job (CPU/gloo): downtime")
     for col in ("run", "way", "state/rank", "restart at step", "normal step",
-                "gap around the restart", "downtime", "fresh / hot"):  # fmt: skip
+                "gap around the restart", "downtime", "fresh / this"):  # fmt: skip
         table.add_column(col)
     for i in range(args.repeat):
-        with tempfile.TemporaryDirectory(prefix="failslow-hotbench-", dir="/tmp") as t:
-            console.print(f"run {i + 1}: hot update ...")
-            h = hot(Path(t), args.width)
+        runs = {}
+        for name, warm in (("hot update (memory)", False), ("hot update, warm (memory)", True)):
+            with tempfile.TemporaryDirectory(prefix="failslow-hotbench-", dir="/tmp") as t:
+                console.print(f"run {i + 1}: {name} ...")
+                runs[name] = hot(Path(t), args.width, warm=warm)
         with tempfile.TemporaryDirectory(prefix="failslow-hotbench-", dir="/tmp") as t:
             console.print(f"run {i + 1}: fresh launch from disk ...")
-            f = fresh(Path(t), args.width)
-        for name, r in (("hot update (memory)", h), ("fresh launch (disk)", f)):
+            f = runs["fresh launch (disk)"] = fresh(Path(t), args.width)
+        for name, r in runs.items():
             table.add_row(
                 str(i + 1), name, f"{r['bytes'] / 2**20:.0f} MiB", str(r["step"]),
                 f"{r['step_s']:.2f} s", f"{r['gap_s']:.1f} s", f"{r['downtime']:.1f} s",
-                f"{f['downtime'] / h['downtime']:.2f}x" if r is f else "",
+                f"{f['downtime'] / r['downtime']:.2f}x",
             )  # fmt: skip
     console.print(table)
 
