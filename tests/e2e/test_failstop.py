@@ -28,6 +28,10 @@ last step seen done (a snapshot per step: the step in flight, and the one before
 kill came while its snapshot was being sealed); and the final parameters are bitwise those of
 the job run without kills - every restart restored the exact state (model, ZeRO-1 optimizer
 partitions, data position, RNGs) and ran the same math.
+
+Also: a ward lost together with its backup holder (over-eviction: a clear message, no restart
+burnt), and the control store (a real redis-server) killed together with a rank (the restart
+needs no control store).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -57,7 +62,12 @@ SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
 
 
 def _launch(
-    tmp: Path, name: str, restarts: int, steps: int = STEPS, standbys: int = 1
+    tmp: Path,
+    name: str,
+    restarts: int,
+    steps: int = STEPS,
+    standbys: int = 1,
+    store: str | None = None,
 ) -> tuple[subprocess.Popen[str], Path]:
     out = tmp / name
     out.mkdir()
@@ -67,6 +77,7 @@ def _launch(
     )  # fmt: skip
     command = [
         sys.executable, "-m", "failslow.cli", "run", "--controller", "4",
+        *(["--store", store] if store else []),
         "--threshold", "2.0", "--ring-dir", str(tmp / f"{name}-rings"),
         "--state-dir", str(tmp / f"{name}-state"),
         "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
@@ -246,3 +257,42 @@ def test_a_ward_lost_with_its_backup_holder_ends_the_job_with_a_clear_message(
     assert "no snapshot can be restored on every rank" in text, text[-4000:]
     assert "needs a person" in text, text[-4000:]
     assert text.count("restart 1 of 3") == 1 and "restart 2 of 3" not in text, text[-4000:]
+
+
+def test_the_control_store_dying_during_a_restart_leaves_the_job_to_finish(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    """The job's control store - a real redis-server (``--store redis://...``) - is killed
+    together with rank 1 (SIGKILL both, a machine that hosted both). Restarting needs no control
+    store: the launcher sees the rank die, releases the survivors and restarts every rank from
+    memory (the restore agrees over gloo, each session's store is resilient and stays
+    unanswered: no plans, no validation, no metrics of the job), and the job trains to its end
+    with the parameters of a job without the kill, bitwise."""
+    pytest.importorskip(
+        "deepspeed", reason="needs the deepspeed extra: pip install failslow[deepspeed]"
+    )
+    proc, out = _launch(tmp_path, "chaos", 1, store=redis_server.url)
+    job = Job(tmp_path, proc, out)
+    job.wait(lambda: job.step() >= 10 and job.pid_of(1, set()) is not None)
+    pid = job.pid_of(1, set())
+    assert pid is not None
+    redis_server.stop()
+    os.kill(pid, signal.SIGKILL)
+    job.wait(lambda: len(job.stops()) == 1)
+    offset = len(job.log.read_text())
+    job.wait(lambda: "rank 0: resumed at step" in job.log.read_text()[offset:])
+    resumed = job.step()
+    job.wait(lambda: job.step() >= resumed + 5)
+    (tmp_path / "chaos-stop").touch()
+    assert proc.wait(timeout=600) == 0, job.tail()
+    (stop,) = job.stops()
+    assert (stop["rank"], stop["pid"], stop["replaced_by"]) == (1, pid, 4)
+    assert "rank 1 resumed from its holder's backup" in job.log.read_text(), job.tail()
+
+    record = json.loads((out / "steps-rank0-1.json").read_text())
+    steps = record["first_step"] + len(record["step_end"]) - 1
+    reference, ref_out = _launch(tmp_path, "reference", 0, steps=steps)
+    assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    got, want = np.load(out / "parameters.npz"), np.load(ref_out / "parameters.npz")
+    for name in want.files:
+        assert np.array_equal(got[name], want[name]), name
