@@ -149,3 +149,4 @@ def test_the_s4_demo_restarts_the_slow_rank_onto_the_standby(tmp_path) -> None:
     assert set(summary["phases"]) == {"healthy", "slowed", "mitigated"}, why
     assert summary["parameters"]["compared"] and summary["parameters"]["equal"], why
     assert "bitwise equal" in proc.stdout and (out / "steps.csv").is_file()
+    assert "apply S4" in (out / "report.html").read_text()  # failslow report of the run

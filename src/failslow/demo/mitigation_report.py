@@ -106,7 +106,7 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_steps(times, summary, out)
     print_phases(summary)
-    _report(out)
+    report(out)
     return summary
 
 
@@ -133,7 +133,7 @@ def write_steps(times: np.ndarray, summary: dict[str, Any], out: Path) -> None:
     _plot(times, summary, out / "steps.png")
 
 
-def _report(out: Path) -> None:
+def report(out: Path) -> None:
     """``failslow report`` of the run, beside its summary (a failure is one line, not the
     demo's end: the run's files are all there to report on later)."""
     from rich.console import Console

@@ -19,7 +19,8 @@ snapshot runs the same math).
 
 Results: a phase table (healthy, slowed, mitigated: after the restart), the restart (plan step,
 lost steps, downtime, where the moved rank's state came from), ``summary.json``, ``steps.csv``
-and ``steps.png`` in the run directory, beside the control plane's ``events.jsonl``.
+and ``steps.png`` in the run directory, beside the control plane's ``events.jsonl`` and
+``report.html`` (``failslow report``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ import numpy as np
 
 from failslow.core.control.journal import JOURNAL, read_journal
 from failslow.demo import rank_launch
-from failslow.demo.mitigation_report import WARMUP_STEPS, phase_rows, print_phases, write_steps
+from failslow.demo.mitigation_report import (
+    WARMUP_STEPS,
+    phase_rows,
+    print_phases,
+    report,
+    write_steps,
+)
 from failslow.demo.rank_launch import READY, RESUMED
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
@@ -157,6 +164,7 @@ def run_s4_demo(opts: S4DemoOptions) -> dict[str, Any]:
     summary = _summary(run, out, reference)
     print_phases(summary)
     _print_restarts(summary, out)
+    report(out)
     return summary
 
 
