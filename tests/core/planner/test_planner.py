@@ -108,3 +108,27 @@ def test_s4_evicts_the_worst_hosts_the_standbys_can_replace():
     assert restart(2) == tuple(sorted(by_severity[:2]))
     assert restart(1) == (topo.hosts[slow],)  # the slowest GPU's host
     assert restart(0) is None  # restarting on the same hosts would keep the slow GPU
+
+
+def test_a_restart_is_planned_with_the_standbys_free_when_it_is_bought():
+    """The standbys can be taken between the onset and the buy (a fail-stop used one): S4 is
+    planned again as it is bought, with what a restart can do then - or not bought at all."""
+    topo = topology()
+    slow, other = topo.rank_of(0, 1, 0), topo.rank_of(0, 3, 1)
+    diagnosis = Diagnosis(Kind.COMPUTE, (SlowRank(slow, 4.0), SlowRank(other, 2.0)))
+    free = [2]
+    planner = Planner(
+        topo, COSTS, healthy_microbatch_s=0.1, strategies=("S4",), standbys=lambda: free[0]
+    )
+    planner.onset(diagnosis, healthy_step_s=1.0)
+    assert planner.ski.candidates() == (("S4 restart", COSTS.restart_s),)
+    free[0] = 1  # one of the two standbys went to a fail-stop meanwhile
+    decisions = [d for _ in range(200) for d in planner.observe(2.0)]
+    assert [d.plan.evict for d in decisions] == [(topo.hosts[slow],)]  # type: ignore[attr-defined]
+    free[0] = 0
+    planner.onset(Diagnosis(Kind.COMPUTE, (SlowRank(other, 2.0),)), healthy_step_s=1.0)
+    free[0] = 1
+    assert planner.ski.candidates() == ()  # none free at the onset: no restart to plan
+    planner.onset(Diagnosis(Kind.COMPUTE, (SlowRank(other, 3.0),)), healthy_step_s=1.0)
+    free[0] = 0  # taken before the buy
+    assert [d for _ in range(200) for d in planner.observe(2.0)] == []

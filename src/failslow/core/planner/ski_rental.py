@@ -25,7 +25,9 @@ What this object adds to the paper's loop, each as a rule a user can read here:
 - **Compound events**: a new onset while an event is active re-plans with the new diagnosis
   and keeps the accumulated impact, so cheap strategies are re-applied at once for the new
   straggler, expensive ones still wait for their break-even point.
-- **Restart is last**: a strategy flagged ``last_resort`` is always sorted after the others. A
+- **Restart is last**: a strategy flagged ``last_resort`` is always sorted after the others, and
+  its plan is made again when it is bought (what a restart can do - the standbys free - may
+  have changed since the onset; no plan then: nothing is bought). A
   restart does not supersede the plans before it: the job resumes from its in-memory snapshot,
   which carries the S2 split and the layout in force, so relief still reverts them.
 - **A restart pays off what came before it**: it removes the diagnosed hosts, so the slow impact
@@ -271,9 +273,14 @@ class MultiLevelPlanner:
             return current * expected / baseline  # the model's relative gain
         return expected
 
-    def _apply(self, candidate: _Candidate, why: str) -> Decision:
+    def _apply(self, candidate: _Candidate, why: str) -> Decision | None:
         event = self._event
         assert event is not None
+        if candidate.strategy.last_resort:  # planned as it is bought: with the hosts free now
+            plan = candidate.strategy.build(event.diagnosis)
+            if plan is None:
+                return None
+            candidate = _Candidate(candidate.strategy, plan)
         event.applied.append(candidate)  # a restart resumes from the snapshot, which carries
         # the plans in force (the S2 split, the swapped layout): relief must still undo them
         event.recent.clear()
@@ -331,7 +338,8 @@ class MultiLevelPlanner:
                 return []
             _, index, why = max(bridge)
         event.bought.add(index)
-        return [self._apply(event.candidates[index], why)]
+        decision = self._apply(event.candidates[index], why)
+        return [decision] if decision is not None else []
 
     def _buy_break_even(self) -> list[Decision]:
         event = self._event
@@ -347,13 +355,13 @@ class MultiLevelPlanner:
                 expected = self._expected_step(candidate, current)
                 if expected is not None and expected > current * (1.0 - self._min_gain):
                     continue  # would not beat what is observed now: not worth its overhead
-            decisions.append(
-                self._apply(
-                    candidate,
-                    f"slow impact {event.impact_s:.1f} s over {event.slow_steps} slow steps "
-                    f">= overhead {candidate.plan.overhead_s:.1f} s",
-                )
+            decision = self._apply(
+                candidate,
+                f"slow impact {event.impact_s:.1f} s over {event.slow_steps} slow steps "
+                f">= overhead {candidate.plan.overhead_s:.1f} s",
             )
+            if decision is not None:
+                decisions.append(decision)
         return decisions
 
 
