@@ -105,7 +105,7 @@ def _strategies(args: argparse.Namespace) -> list[str] | None:
     strategies = [s.strip().upper() for s in args.strategies.split(",") if s.strip()]
     unknown = sorted(set(strategies) - {"S2", "S3", "S4"})
     if unknown or not strategies:
-        raise SystemExit(f"failslow demo: --strategies takes S2, S3, S4,: {unknown}")
+        raise SystemExit(f"failslow demo: --strategies takes S2, S3, S4 (not {unknown})")
     if "S4" in strategies:
         if strategies != ["S4"] or args.framework != "deepspeed" or args.fault != "compute":
             raise SystemExit(
