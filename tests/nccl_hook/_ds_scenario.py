@@ -3,8 +3,9 @@
 DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce kernel at its first
 ``init_distributed`` (~100 s on 2 cores). That kernel serves only ``inference_all_reduce``;
 training collectives go through ``torch.distributed``. Unless the kernel was prebuilt
-(``DS_BUILD_SHM_COMM=1`` at install) the test skips building it - ``skip_shm_kernel_build``
-below - and DeepSpeed falls back to gloo exactly as on a machine without a compiler.
+(``DS_BUILD_SHM_COMM=1`` at install) the test skips building it -
+``failslow.demo.ds_worker.skip_shm_kernel_build`` - and DeepSpeed falls back to gloo exactly as
+on a machine without a compiler.
 """
 
 from __future__ import annotations
@@ -15,12 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
-def skip_shm_kernel_build() -> None:
-    """Test-only: do not JIT-build DeepSpeed's inference shm kernel (see module docstring)."""
-    import deepspeed.comm.torch as ds_torch
-
-    ds_torch.build_shm_op = lambda: None
+from failslow.demo.ds_worker import skip_shm_kernel_build
 
 
 def scenario_deepspeed(ctx: dict[str, Any]) -> dict[str, Any]:

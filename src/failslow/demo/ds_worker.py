@@ -20,6 +20,7 @@ and FAILSLOW_DEMO_LOG_TAG for the hot-update tests.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -28,12 +29,16 @@ from typing import Any
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-def _skip_shm_kernel_build() -> None:
-    """Demo only: DeepSpeed's CPU accelerator JIT-compiles a shared-memory kernel (~100 s on 2
-    cores) that serves only inference all-reduce; training collectives use torch.distributed.
-    Skipping it is what DeepSpeed does on a machine without a compiler."""
-    import deepspeed.comm.torch as ds_torch
+def skip_shm_kernel_build() -> None:
+    """Demo and tests only: DeepSpeed's CPU accelerator JIT-compiles a shared-memory kernel (~100
+    s on 2 cores) that serves only inference all-reduce; training collectives use
+    torch.distributed. Skipping it is what DeepSpeed does on a machine without a compiler.
 
+    The module comes from ``sys.modules``: ``import deepspeed.comm.torch as m`` binds the
+    ``torch`` package (``deepspeed.comm`` has an attribute ``torch``), which left the kernel
+    loaded under its file lock at every start - a rank killed while holding it hung every later
+    DeepSpeed start on the machine (torch's ``FileBaton`` waits for the lock forever)."""
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
     ds_torch.build_shm_op = lambda: None
 
 
@@ -59,7 +64,7 @@ def main() -> None:
 
     env = worker_env()
     rank, world, steps, per_replica, out = env.rank, env.world, env.steps, env.per_replica, env.out
-    _skip_shm_kernel_build()
+    skip_shm_kernel_build()
     import deepspeed
 
     import failslow.deepspeed

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from failslow.conformance import AdapterHarness, AdapterJob, Collective
+from failslow.demo.ds_worker import skip_shm_kernel_build
 
 LAYOUTS: dict[str, tuple[int, bool]] = {
     "zero0": (0, False),
@@ -57,11 +58,6 @@ TENSOR_META_BYTES = 1024
 FP32 = 4
 
 
-def skip_shm_kernel_build() -> None:
-    """Test-only: do not JIT-build DeepSpeed's inference shm kernel (see module docstring)."""
-    import deepspeed.comm.torch as ds_torch
-
-    ds_torch.build_shm_op = lambda: None
 
 
 def _layers() -> list[Any]:

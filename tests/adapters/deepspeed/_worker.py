@@ -17,17 +17,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from failslow.demo.ds_worker import skip_shm_kernel_build
+
 STEPS = 6  # 4 steps per epoch below: the runs cross an epoch boundary
 PLAN_STEP = 2
 N, MBS, G, SEED = 64, 2, 2, 0  # SEED: the share loader's default, as failslow builds it
 
 
-def skip_shm_kernel_build() -> None:
-    """Test-only: skip DeepSpeed's ~100 s JIT build of its inference shm kernel (see
-    tests/nccl_hook/_ds_scenario.py); training collectives go through gloo either way."""
-    import deepspeed.comm.torch as ds_torch
-
-    ds_torch.build_shm_op = lambda: None
 
 
 def dataset(pipe: bool) -> Any:
