@@ -53,14 +53,18 @@ def train_step(
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("phase", choices=["train", "restore"])
+    ap.add_argument("phase", choices=["train", "restore", "reshard"])
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--spec", required=True, help="json: tp, dp, pp, hosts, host_dirs")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--then", choices=["idle", "train"], default="idle")
+    ap.add_argument("--old-ranks", default="", help="reshard: the old rank of each new rank")
     args = ap.parse_args()
+    if args.phase == "reshard":
+        reshard(args)
+        return
     spec = json.loads(args.spec)
     rank = args.rank
     out = Path(args.out)
@@ -128,6 +132,41 @@ def main() -> None:
     while True:
         time.sleep(1)
     os._exit(0)
+
+
+def reshard(args: argparse.Namespace) -> None:
+    """A smaller world of the survivors gathers every old rank's state (one file per old rank)."""
+    from failslow.core.checkpoint.reshard import restore_resharded
+
+    spec = json.loads(args.spec)
+    old = Topology(
+        tp=spec["tp"], dp=spec["dp"], pp=spec["pp"],
+        coords=tuple(tuple(c) for c in spec["coords"]), hosts=tuple(spec["hosts"]),
+        micro_batches=1,
+    )  # fmt: skip
+    old_ranks = [int(r) for r in args.old_ranks.split(",")]
+    world = len(old_ranks)
+    old_rank = old_ranks[args.rank]
+    store = dist.TCPStore(
+        "127.0.0.1", args.port, world, is_master=False, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group(
+        "gloo", store=store, rank=args.rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    got = restore_resharded(
+        rank=args.rank,
+        world_size=world,
+        old_rank=old_rank,
+        old_holders=backup_holders(old),
+        directory=Path(spec["host_dirs"][old.hosts[old_rank]]),
+        chunk_bytes=4096,
+    )
+    out = Path(args.out)
+    torch.save(got.states(), out / f"resharded-rank{args.rank}.pt")
+    record = {"step": got.step, "providers": got.providers, "sources": got.sources}
+    (out / f"resharded-rank{args.rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -49,14 +49,17 @@ def shm() -> Iterator[Path]:
 class World:
     """Worker processes of one world; the TCPStore (port 0) belongs to this pytest process."""
 
-    def __init__(self, phase: str, spec: dict[str, Any], out: Path, **flags: Any) -> None:
-        self.store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
+    def __init__(
+        self, phase: str, spec: dict[str, Any], out: Path, world: int = WORLD, **flags: Any
+    ) -> None:
+        self.world = world
+        self.store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
         env = dict(os.environ, OMP_NUM_THREADS="1")
         self.out = out
         self.logs = []
         self.procs: list[subprocess.Popen[bytes]] = []
-        extra = [x for k, v in flags.items() for x in (f"--{k}", str(v))]
-        for rank in range(WORLD):
+        extra = [x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+        for rank in range(world):
             log = open(out / f"{phase}-rank{rank}.log", "w")
             self.logs.append(log)
             cmd = [
@@ -71,7 +74,7 @@ class World:
         while not all((self.out / n).exists() for n in names):
             dead = [r for r, p in enumerate(self.procs) if p.poll() not in (None, 0)]
             if dead or time.monotonic() > deadline:
-                self.kill(range(WORLD))
+                self.kill(range(self.world))
                 raise AssertionError(f"ranks {dead} failed or timed out:\n{self.tails()}")
             time.sleep(0.05)
 
@@ -83,7 +86,7 @@ class World:
         except subprocess.TimeoutExpired:
             pass
         bad = [r for r, p in enumerate(self.procs) if p.returncode != 0]
-        self.kill(range(WORLD))
+        self.kill(range(self.world))
         assert not bad, f"ranks {bad} failed:\n{self.tails()}"
 
     def kill(self, ranks: Any) -> None:
@@ -200,3 +203,56 @@ def test_corrupt_backup_falls_back_to_previous_step(shm: Path, tmp_path: Path) -
     results = evict_and_restore(topo, shm, tmp_path, {"node00001"}, corrupt=corrupt)
     assert {r["step"] for r in results} == {3}
     assert all(r["attempts"] == 2 for r in results)
+
+
+def test_a_smaller_world_gathers_every_old_ranks_state(shm: Path, tmp_path: Path) -> None:
+    """odyssey's reroute/reconfigure after a lost host with no standby: the three survivors of
+    a DP=4 world (one rank per host) each get all four old ranks' states of one common step,
+    the lost rank's from its holder's backup, bitwise what each old rank had then."""
+    topo = Topology.megatron(tp=1, dp=4, pp=1, gpus_per_host=1, micro_batches=1)
+    holders = backup_holders(topo)
+    lost = 2
+    spec = spec_of(topo, shm)
+    train = World("train", spec, tmp_path, steps=4, then="train")
+    train.wait_for([f"ready-rank{r}" for r in range(WORLD)])
+    time.sleep(0.6)  # killed mid-training, between or during snapshots and backups
+    train.kill([lost])
+    shutil.rmtree(shm / topo.hosts[lost])
+    train.kill(range(WORLD))
+    old_ranks = [r for r in range(WORLD) if r != lost]
+    World("reshard", spec, tmp_path, world=3, old_ranks=",".join(map(str, old_ranks))).join()
+    records = [json.loads((tmp_path / f"resharded-rank{r}.json").read_text()) for r in range(3)]
+    assert len({json.dumps(r) for r in records}) == 1, records  # one agreement everywhere
+    step = records[0]["step"]
+    assert step >= 4
+    assert records[0]["providers"][lost] == old_ranks.index(holders[lost])
+    assert records[0]["sources"] == ["backup" if r == lost else "snapshot" for r in range(WORLD)]
+    for new in range(3):
+        states = torch.load(tmp_path / f"resharded-rank{new}.pt", weights_only=False)
+        assert len(states) == WORLD
+        for old in range(WORLD):
+            before = torch.load(tmp_path / f"rank{old}-step{step}.pt", weights_only=False)
+            assert_bitwise(states[old], before, f"new rank {new}: old rank {old} step {step}")
+
+
+def test_a_smaller_world_without_a_lost_ranks_backup_says_so(shm: Path, tmp_path: Path) -> None:
+    """The lost rank's holder is lost too (over-eviction beyond what backups cover): one clear
+    error on every survivor, naming the old rank whose state is gone."""
+    topo = Topology.megatron(tp=1, dp=4, pp=1, gpus_per_host=1, micro_batches=1)
+    holders = backup_holders(topo)
+    lost = {2, holders[2]}
+    spec = spec_of(topo, shm)
+    train = World("train", spec, tmp_path, steps=2)
+    train.wait_for([f"ready-rank{r}" for r in range(WORLD)])
+    train.kill(range(WORLD))
+    for r in lost:
+        shutil.rmtree(shm / topo.hosts[r])
+    old_ranks = [r for r in range(WORLD) if r not in lost]
+    new = World("reshard", spec, tmp_path, world=2, old_ranks=",".join(map(str, old_ranks)))
+    for p in new.procs:
+        p.wait(60)
+    assert all(p.returncode != 0 for p in new.procs)
+    new.kill(range(2))
+    for r in range(2):
+        text = (tmp_path / f"reshard-rank{r}.log").read_text()
+        assert "the state of old rank(s) [2] is gone" in text, text[-2000:]

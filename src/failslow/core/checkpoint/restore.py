@@ -105,6 +105,11 @@ def has_committed(directory: Path, rank: int) -> bool:
     return any(_committed_header(path) is not None for path in paths)
 
 
+def has_snapshot(directory: Path, rank: int) -> bool:
+    """Whether this node holds a committed snapshot of ``rank``'s own (commit words only)."""
+    return any(_committed_header(p) is not None for p in local_snapshot_paths(directory, rank))
+
+
 def inventory(directory: Path) -> list[dict[str, Any]]:
     """Every rank's newest committed snapshot and newest backup held in ``directory``:
     ``{"rank", "backup", "step", "bytes"}`` each (headers only: cheap enough for a metrics
