@@ -34,6 +34,11 @@ STORE = "FAILSLOW_STORE"
 """The job's control store URL; honoured as the ``store`` setting."""
 SNAPSHOT_DIR = "FAILSLOW_SNAPSHOT_DIR"
 """Node-local directory of in-memory snapshots and peers' backups (set by ``failslow run``)."""
+RESHARD_FROM = "FAILSLOW_RESHARD_FROM"
+"""Set by ``failslow run --min-ranks`` while a job that goes on with fewer ranks has no complete
+snapshot of its own: a JSON list of the larger worlds it may restore from, newest first, each
+``{"directory", "rank"}`` - the node memory this rank kept from that world and the rank it was
+there (null: none). Each world's size and backup placement are in its ``placement.json``."""
 JOB_TOKEN = "FAILSLOW_JOB_TOKEN"
 """The job's shared secret: ranks act only on pause requests and plans that carry it."""
 CONFIG_PREFIX = "FAILSLOW__"

@@ -167,6 +167,20 @@ def failslow_restore_state(state: dict[str, Any], step: int) -> bool | None:
 
 
 @hookspec(firstresult=True)
+def failslow_restore_resharded(
+    states: list[dict[str, Any]], step: int, old_rank: int | None
+) -> bool | None:
+    """Load step ``step`` of a larger old world into this smaller one (odyssey III: the job goes
+    on without lost ranks, no standby left). ``states[j]`` is old rank ``j``'s
+    ``failslow_snapshot_state``, every old rank's, lost ones included; ``old_rank`` is the one
+    this rank's node memory belonged to (its random generators, say). The plugin re-cuts what
+    was sharded by the old world (a ZeRO partition), keeps the global batch of the old world
+    and a gradient equal to its even split's (odyssey Eq. 12-13: the survivors take the lost
+    replicas' micro-batches), or raises a one-line error when it cannot. Decision hook.
+    """
+
+
+@hookspec(firstresult=True)
 def failslow_hot_update(code: dict[str, Any], step: int) -> bool | None:
     """This rank is about to stop at step boundary ``step`` for a code or config update
     (byterobust 6.1; ``code`` names the update). Its snapshot of ``step`` is committed; flush

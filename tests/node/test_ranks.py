@@ -34,7 +34,8 @@ SCRIPT = textwrap.dedent(
     out = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "FAILSLOW_SLOT",
-             "FAILSLOW_RESTART", "FAILSLOW_HOST", "FAILSLOW_SNAPSHOT_DIR")
+             "FAILSLOW_RESTART", "FAILSLOW_HOST", "FAILSLOW_SNAPSHOT_DIR",
+             "FAILSLOW_RESHARD_FROM")
     record = {k: os.environ.get(k) for k in names}
     record.update(pid=os.getpid(), argv=sys.argv, name=__name__, cwd=os.getcwd(),
                   preloaded="colorsys" in sys.modules)
@@ -70,12 +71,16 @@ SCRIPT = textwrap.dedent(
 
 
 def _ranks(
-    nproc: int = 2, standbys: int = 0, grace: float = 10.0, slots_as_hosts: bool = False
+    nproc: int = 2,
+    standbys: int = 0,
+    grace: float = 10.0,
+    slots_as_hosts: bool = False,
+    min_ranks: int | None = None,
 ) -> LocalRanks:
     said: list[str] = []
     options = RankOptions(
         nproc=nproc, standbys=standbys, preload=("colorsys",), kill_grace_s=grace,
-        refill_delay_s=0.0, slots_as_hosts=slots_as_hosts,
+        refill_delay_s=0.0, slots_as_hosts=slots_as_hosts, min_ranks=min_ranks,
     )  # fmt: skip
     ranks = LocalRanks(options, say=said.append)
     ranks.said = said  # type: ignore[attr-defined]
@@ -371,3 +376,45 @@ def test_ranks_lost_together_are_each_a_fail_stop_with_its_own_standby(tmp_path:
 
 def _texts(out: Path) -> list[str]:
     return [f.read_text() for f in out.glob("rank*.json")]
+
+
+def test_with_no_standby_left_a_dead_rank_s_slot_is_dropped_down_to_min_ranks(
+    tmp_path: Path,
+) -> None:
+    """``--min-ranks 2`` on three slots that are hosts: rank 1 dies with no standby, so its
+    slot is dropped and the next launch has two ranks (slots 0 and 2) in a new world's snapshot
+    directories, told where the three-rank world's memory is and which old rank each was
+    (``$FAILSLOW_RESHARD_FROM``); the dropped host's memory is gone. Rank 1 (slot 2) dies again:
+    two is the minimum, so it restarts in place, still pointed at the larger world while its
+    own has no complete snapshot."""
+    memory = tmp_path / "snapshots"
+    for slot in range(3):
+        (memory / f"slot{slot}").mkdir(parents=True)
+    ranks = _ranks(nproc=3, slots_as_hosts=True, min_ranks=2)
+    env = {"FAILSLOW_SNAPSHOT_DIR": str(memory)}
+    try:
+        status, first, _ = _run(tmp_path, ranks, "fail", **env)
+        assert status == 3
+        [stop] = ranks.failstops
+        assert (stop.rank, stop.replaced_by, stop.ranks_left) == (1, None, 2)
+        assert "slot 1 dropped, the job goes on with 2 ranks from memory" in ranks.said[-1]
+        assert sorted(p.name for p in memory.iterdir()) == ["slot0", "slot2"]
+        assert first[1]["FAILSLOW_RESHARD_FROM"] is None
+        status, second, _ = _run(tmp_path, ranks, "fail", restart=1, **env)
+        assert status == 3 and ranks.slots == [0, 2]
+        assert "the job goes on with 2 ranks on slots [0, 2]" in ranks.said
+        assert ranks.failstops[-1].ranks_left is None
+        assert "no standby left: rank 1 restarts on slot 2" in ranks.said[-1]
+        status, third, _ = _run(tmp_path, ranks, "ok", restart=2, **env)
+        assert status == 0
+    finally:
+        ranks.close()
+    for records in (second, third):
+        assert sorted(records) == [0, 1]
+        for rank, slot in ((0, 0), (1, 2)):
+            r = records[rank]
+            assert r["WORLD_SIZE"] == "2" and r["FAILSLOW_SLOT"] == str(slot)
+            assert r["FAILSLOW_SNAPSHOT_DIR"] == str(memory / "world1" / f"slot{slot}")
+            assert json.loads(r["FAILSLOW_RESHARD_FROM"]) == [
+                {"directory": str(memory / f"slot{slot}"), "rank": slot}
+            ]

@@ -40,6 +40,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         metrics_addr=args.metrics_addr,
         nproc_per_node=args.nproc_per_node,
         standbys=args.standbys,
+        min_ranks=args.min_ranks,
         preload=tuple(m.strip() for m in (args.preload or "").split(",") if m.strip()),
         warm=args.warm,
         spare_delay_s=args.spare_delay,
@@ -229,6 +230,14 @@ def register(sub: Any) -> None:
         default=0,
         metavar="S",
         help="with --nproc-per-node: S standby slots; a failed rank's slot is evicted onto one",
+    )
+    p.add_argument(
+        "--min-ranks",
+        type=int,
+        metavar="K",
+        help="with --nproc-per-node: a failed rank's slot with no standby left is dropped and the "
+        "job goes on with one rank fewer, down to K ranks, from the in-memory snapshots "
+        "(default: it restarts on its own slot)",
     )
     p.add_argument(
         "--preload",

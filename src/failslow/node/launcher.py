@@ -98,6 +98,9 @@ class RunOptions:
     CMD is a command that starts its own ranks (``torchrun ...``)."""
     standbys: int = 0
     """Standby slots of ``nproc_per_node``: a failed rank's slot is evicted onto one."""
+    min_ranks: int | None = None
+    """With no standby left, a failed rank's slot is dropped and the job goes on with one rank
+    fewer, resharded from memory, while at least this many are left (None: restart in place)."""
     preload: tuple[str, ...] = ()
     """Modules the warm rank processes import before they get a rank (torch always)."""
     warm: bool = True
@@ -181,6 +184,12 @@ def _check_options(options: RunOptions) -> None:
             raise ConfigError(f"--nproc-per-node must be >= 1, got {options.nproc_per_node}")
         if options.standbys < 0:
             raise ConfigError(f"--standbys must be >= 0, got {options.standbys}")
+        k = options.min_ranks
+        if k is not None and not 1 <= k <= options.nproc_per_node:
+            raise ConfigError(
+                f"--min-ranks must be between 1 and --nproc-per-node "
+                f"({options.nproc_per_node}), got {k}"
+            )
         if not options.spare_delay_s >= 0:
             raise ConfigError(f"--spare-delay must be >= 0 seconds, got {options.spare_delay_s}")
         if options.command[0] == "-m" and len(options.command) < 2:
@@ -198,8 +207,10 @@ def _check_options(options: RunOptions) -> None:
                 found = False
             if not found:
                 raise ConfigError(f"--preload {name}: no such module in this Python")
-    elif options.standbys or options.preload or options.slots_as_hosts:
-        raise ConfigError("--standbys, --preload and --slots-as-hosts need --nproc-per-node")
+    elif options.standbys or options.preload or options.slots_as_hosts or options.min_ranks:
+        raise ConfigError(
+            "--standbys, --min-ranks, --preload and --slots-as-hosts need --nproc-per-node"
+        )
 
 
 def _find_executable(name: str, env: Mapping[str, str]) -> str:
@@ -389,6 +400,7 @@ def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
         RankOptions(
             nproc=options.nproc_per_node,
             standbys=options.standbys,
+            min_ranks=options.min_ranks,
             preload=tuple(preload),
             warm=options.warm,
             kill_grace_s=options.agent.kill_grace_s,

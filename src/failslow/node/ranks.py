@@ -18,7 +18,10 @@ rank agent itself:
   never come;
 - **slots and standbys**: the node has ``N + standbys`` slots (devices; ``$FAILSLOW_SLOT``);
   ranks run on the first N. The slot of a rank that failed is evicted while a standby slot is
-  left, and the rank restarts on the standby; without one it restarts where it was;
+  left, and the rank restarts on the standby; without one it restarts where it was - or, with
+  ``min_ranks``, its slot is dropped and the job goes on with one rank fewer (odyssey III-IV):
+  a new :class:`World` with its own snapshot directories, whose ranks gather the larger
+  world's states from memory (``$FAILSLOW_RESHARD_FROM``) until they have snapshots of their own;
 - the :class:`~failslow.node.hot_update.agent.Agent` restarts the group (``--max-restarts``) and
   every rank resumes from the in-memory snapshots (:mod:`failslow.runtime.snapshot_service`).
 
@@ -100,6 +103,9 @@ class FailStop:
     """The standby slot the rank moves to (None: restarts on its own slot)."""
     cause: str = "died"
     """``died`` (a fail-stop) or ``evicted`` (an S4 restart plan named its host)."""
+    ranks_left: int | None = None
+    """No standby left and ``--min-ranks`` allows it: the slot is dropped and the job goes on
+    with this many ranks (None: not dropped)."""
 
     def describe(self) -> str:
         if self.cause == "evicted":
@@ -110,11 +116,17 @@ class FailStop:
             )
             return f"S4: rank {self.rank} (slot {self.slot}) evicted by the restart plan; {where}"
         how = f"signal {self.status - 128}" if self.status > 128 else f"status {self.status}"
-        where = (
-            f"slot {self.slot} evicted, standby slot {self.replaced_by} takes rank {self.rank}"
-            if self.replaced_by is not None
-            else f"no standby left: rank {self.rank} restarts on slot {self.slot}"
-        )
+        if self.replaced_by is not None:
+            where = (
+                f"slot {self.slot} evicted, standby slot {self.replaced_by} takes rank {self.rank}"
+            )
+        elif self.ranks_left is not None:
+            where = (
+                f"no standby left: slot {self.slot} dropped, the job goes on with "
+                f"{self.ranks_left} ranks from memory"
+            )
+        else:
+            where = f"no standby left: rank {self.rank} restarts on slot {self.slot}"
         return f"rank {self.rank} (slot {self.slot}, pid {self.pid}) died ({how}); {where}"
 
 
@@ -307,6 +319,19 @@ class RankGroup:
         self._fds.clear()
 
 
+@dataclass(slots=True)
+class World:
+    """One size of the job: where its ranks keep their snapshots, which slot runs which rank,
+    and the larger world its first restore gathers from (odyssey: the job goes on without
+    lost ranks)."""
+
+    directory: Path | None
+    """Its snapshot base (per slot below it with ``slots_as_hosts``); None: no snapshots."""
+    slots: list[int]
+    source: World | None = None
+    """The larger world it was cut from."""
+
+
 @dataclass(kw_only=True, slots=True)
 class RankOptions:
     nproc: int
@@ -314,6 +339,10 @@ class RankOptions:
     preload: tuple[str, ...] = ("torch",)
     warm: bool = True
     """Keep one warm spare per rank while the job runs (restarts skip the imports)."""
+    min_ranks: int | None = None
+    """With no standby left, a dead rank's slot is dropped and the job goes on with one rank
+    fewer while at least this many are left (the ranks reshard the larger world's snapshots:
+    ``$FAILSLOW_RESHARD_FROM``); None: the rank restarts on its own slot."""
     kill_grace_s: float = 10.0
     refill_delay_s: float = 10.0
     """Warm spares start this long after a launch (its ranks' own start-up goes first)."""
@@ -347,6 +376,10 @@ class LocalRanks:
         self.group: RankGroup | None = None
         """The last launch."""
         self._snapshot_base: Path | None = None
+        self._dropping: list[int] = []
+        """Slots of dead ranks to drop at the next launch (``min_ranks``)."""
+        self.worlds: list[World] = []
+        """Each world size the job ran with, the current one last."""
         self.listeners: list[Callable[[FailStop], None]] = []
         """Told of each fail-stop (the launcher records it and counts the incident)."""
 
@@ -361,9 +394,10 @@ class LocalRanks:
         key = self._key(env)
         base = env.get(envvars.SNAPSHOT_DIR)
         self._snapshot_base = Path(base) if base else None
+        world, sources = self._world()
         store = host_store()  # a fresh rendezvous per launch: no stale keys from the last one
         port = int(store.url.rsplit(":", 1)[1].split("?")[0])
-        n = self.options.nproc
+        n = len(self.slots)
         ranks: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
         try:
             for rank in range(n):
@@ -383,8 +417,7 @@ class LocalRanks:
                     "TORCHELASTIC_RESTART_COUNT": str(self.launches),
                     envvars.SLOT: str(self.slots[rank]),
                 }
-                if self.options.slots_as_hosts:
-                    rank_env.update(self._slot_host(self.slots[rank], env))
+                rank_env.update(self._memory(world, sources, self.slots[rank]))
                 message = {"env": rank_env, "cwd": cwd or os.getcwd(), "argv": list(command)}
                 try:
                     warm.sock.sendall(json.dumps(message).encode() + b"\n")
@@ -434,35 +467,103 @@ class LocalRanks:
                 return
             if not self._pool[-1].ready:
                 return
-        if len(self._pool) >= self.options.nproc:
+        if len(self._pool) >= len(self.slots):
             self._refill = None
             self.say(f"{len(self._pool)} warm spares ready: a restart skips the imports")
             return
         self._pool.append(self._start(key, env))
 
-    def _slot_host(self, slot: int, env: dict[str, str]) -> dict[str, str]:
-        host = {envvars.HOST: f"{socket.gethostname()}-slot{slot}"}
-        base = env.get(envvars.SNAPSHOT_DIR)
-        if base:
-            host[envvars.SNAPSHOT_DIR] = str(Path(base) / f"slot{slot}")
-        return host
+    def _world(self) -> tuple[World, list[World]]:
+        """The world this launch runs in - a new, smaller one when slots were dropped - and,
+        while its own snapshots are not complete, the larger worlds its ranks may restore from
+        (newest first: the ranks take the first one every old rank's state survives in)."""
+        if not self.worlds:
+            self.worlds.append(World(self._snapshot_base, list(self.slots)))
+        current = self.worlds[-1]
+        if self._dropping:
+            current.slots = list(self.slots)
+            self.slots = [s for s in self.slots if s not in self._dropping]
+            self._dropping = []
+            base = self._snapshot_base
+            directory = None if base is None else base / f"world{len(self.worlds)}"
+            current = World(directory, list(self.slots), current)
+            self.worlds.append(current)
+            self.say(f"the job goes on with {len(self.slots)} ranks on slots {self.slots}")
+        current.slots = list(self.slots)
+        sources: list[World] = []
+        if not self._complete(current):
+            older = current.source
+            while older is not None:
+                sources.append(older)
+                older = older.source
+        return current, sources
+
+    def _complete(self, world: World) -> bool:
+        """Whether every rank of ``world`` has a committed snapshot of its own (headers only)."""
+        from failslow.core.checkpoint.restore import has_snapshot
+
+        return world.directory is not None and all(
+            (d := self._dir(world, slot)) is not None and has_snapshot(d, rank)
+            for rank, slot in enumerate(world.slots)
+        )
+
+    def _dir(self, world: World, slot: int) -> Path | None:
+        """Where ``slot``'s host keeps ``world``'s snapshots."""
+        if world.directory is None:
+            return None
+        return world.directory / f"slot{slot}" if self.options.slots_as_hosts else world.directory
+
+    def _memory(self, world: World, sources: list[World], slot: int) -> dict[str, str]:
+        """A rank's host and node memory: its snapshot directory in ``world`` and, while the
+        world restores from larger ones, theirs (``$FAILSLOW_RESHARD_FROM``)."""
+        out: dict[str, str] = {}
+        if self.options.slots_as_hosts:
+            out[envvars.HOST] = f"{socket.gethostname()}-slot{slot}"
+        directory = self._dir(world, slot)
+        if directory is not None:
+            out[envvars.SNAPSHOT_DIR] = str(directory)
+        chain = [
+            {"directory": str(old), "rank": w.slots.index(slot) if slot in w.slots else None}
+            for w in sources
+            if (old := self._dir(w, slot)) is not None
+        ]
+        if chain:
+            out[envvars.RESHARD_FROM] = json.dumps(chain)
+        return out
 
     def _failstop(self, record: FailStop) -> FailStop:
         replaced_by = None
+        ranks_left = None
+        gone = False
         if self.standby_slots:
             replaced_by = self.standby_slots.pop(0)
             self.evicted.append(record.slot)
             self.slots[record.rank] = replaced_by
-            if self.options.slots_as_hosts and self._snapshot_base is not None:
-                # the evicted machine's memory is gone with it (its snapshots, the backups it
-                # held for its wards)
-                shutil.rmtree(self._snapshot_base / f"slot{record.slot}", ignore_errors=True)
-        record = FailStop(**{**asdict(record), "replaced_by": replaced_by})
+            gone = True
+        elif record.cause == "died" and self._may_drop():
+            self._dropping.append(record.slot)
+            self.evicted.append(record.slot)
+            ranks_left = len(self.slots) - len(self._dropping)
+            gone = True
+        if gone and self.options.slots_as_hosts:
+            # the evicted machine's memory is gone with it (its snapshots, the backups it held
+            # for its wards), in every world it kept
+            for world in self.worlds or [World(self._snapshot_base, [])]:
+                directory = self._dir(world, record.slot)
+                if directory is not None:
+                    shutil.rmtree(directory, ignore_errors=True)
+        record = FailStop(
+            **{**asdict(record), "replaced_by": replaced_by, "ranks_left": ranks_left}
+        )
         self.failstops.append(record)
         self.say(record.describe())
         for listener in self.listeners:
             listener(record)
         return record
+
+    def _may_drop(self) -> bool:
+        k = self.options.min_ranks
+        return k is not None and len(self.slots) - len(self._dropping) - 1 >= k
 
     # -- the pool ------------------------------------------------------------------------------
     def _key(self, env: dict[str, str]) -> str:

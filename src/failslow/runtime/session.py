@@ -103,8 +103,8 @@ class Session:
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.plans.rank = self.rank
         if self.config.enabled:
-            self._start_capture_and_store()
             if self.config.checkpoint.every_steps:
+                # resume first: a smaller world's restore changes the topology the job reports
                 self.snapshot_service = SnapshotService(
                     self.config.checkpoint,
                     self.pm.hook,
@@ -113,7 +113,9 @@ class Session:
                     topology=lambda: self.topology,
                     capabilities=lambda: self.capabilities,
                     wait_timeout_s=self.config.planner.plan_timeout_s,
+                    profile=self.profile.summary,
                 ).start()
+            self._start_capture_and_store()
         self.pm.hook.failslow_session_start(
             config=self.config, rank=self.rank, world_size=self.world_size
         )
@@ -275,6 +277,8 @@ class Session:
             elapsed = now - self._last_boundary
             self.step_times.append((self.step, elapsed))
             self.pm.hook.failslow_on_step(step=self.step, step_time_s=elapsed)
+            if self.snapshot_service is not None and self.snapshot_service.resized:
+                self.snapshot_service.measured(self.step_times)
         rank_control.at_step(step)  # a validation pause here is in no step's time
         self._last_boundary = time.perf_counter()
         self.profile.boundary(now, self._last_boundary)

@@ -20,17 +20,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from failslow import envvars
 from failslow.capabilities import Capabilities, Unsupported
 from failslow.core.checkpoint.config import CheckpointConfig
 from failslow.core.topology import Topology
+from failslow.errors import ConfigError
 from failslow.runtime.agreement import agree, distributed
 
 log = logging.getLogger(__name__)
+
+PROFILE = "failslow_step_profile"
+"""The key of the rank's step profile in its snapshots (removed before an adapter sees them)."""
 
 
 class SnapshotService:
@@ -44,7 +49,11 @@ class SnapshotService:
         topology: Callable[[], Topology],
         capabilities: Callable[[], Capabilities],
         wait_timeout_s: float,
+        profile: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
+        self._profile = profile
+        """The rank's step profile, kept in each snapshot: a smaller world that resumes it
+        estimates its own step from the old world's (odyssey Eq. 12-13)."""
         self.config = config
         self.hooks = hooks
         self.rank = rank
@@ -60,6 +69,10 @@ class SnapshotService:
         self.last_snapshot: int | None = None
         self.resumed_step: int | None = None
         """The step this process resumed at (None: a fresh start)."""
+        self.resized: dict[str, Any] | None = None
+        """When this process resumed a larger world's step: ``{"step", "old_world", "world",
+        "counts"}`` and, from the old ranks' step profiles, ``"before_s"`` / ``"estimated_s"``
+        (the old step and this world's, as the model expects them)."""
 
     def start(self) -> SnapshotService:
         from failslow.core.checkpoint.snapshot import Snapshotter
@@ -127,45 +140,176 @@ class SnapshotService:
 
     def resume(self) -> int | None:
         """Restore the newest snapshot step every rank can obtain (its own node's snapshot, or
-        the backup its holder keeps); returns the step (None: nothing to resume, fresh start)."""
+        the backup its holder keeps); returns the step (None: nothing to resume, fresh start).
+        A job that goes on with fewer ranks (``$FAILSLOW_RESHARD_FROM``) gathers the old
+        world's states when its own world has none to restore (:meth:`resume_resharded`)."""
         from failslow.core.checkpoint import restore
 
         assert self.directory is not None
+        sources = reshard_sources()
         anything = int(restore.has_committed(self.directory, self.rank))
         if agree(anything, self.world_size)[1] == 0:
-            return None  # a fresh job: no rank has a snapshot or a backup
+            # a fresh job (no rank has a snapshot or a backup), or a smaller world's first start
+            return self.resume_resharded(sources) if sources else None
         if distributed(self.world_size):
             try:
                 found = restore.restore(
                     rank=self.rank, holders=self._placement(), directory=self.directory
                 )
             except restore.RestoreError as exc:
-                message = (
-                    f"failslow: cannot resume from the snapshots in {self.directory}: {exc} "
-                    "(remove the directory to start the job afresh)"
-                )
-                if os.environ.get(envvars.SLOT):  # under failslow's rank launcher
-                    _unrestorable(message)
-                raise restore.RestoreError(message) from None
-            step, state, source = found.step, found.state(), found.source
+                if sources:  # the smaller world's snapshots are not complete yet
+                    log.warning("failslow: %s; gathering a larger world's states instead", exc)
+                    return self.resume_resharded(sources)
+                self._cannot_resume(exc)
+            step, state, source_kind = found.step, found.state(), found.source
         else:
             loaded = self.snapshots.load()
             if loaded is None:
                 return None
             step, state = loaded
-            source = "local"
+            source_kind = "local"
+        if isinstance(state, dict):
+            state.pop(PROFILE, None)
         if not self.hooks.failslow_restore_state(state=state, step=step):
             raise Unsupported("snapshots", "no plugin restored the snapshot")
         self.resumed_step = step
-        where = "its holder's backup" if source == "backup" else "its own snapshot"
+        where = "its holder's backup" if source_kind == "backup" else "its own snapshot"
         log.warning("failslow: rank %d resumed from %s of step %d", self.rank, where, step)
         return step
+
+    def resume_resharded(self, sources: list[dict[str, Any]]) -> int:
+        """Gather every old rank's state of one step (:mod:`~failslow.core.checkpoint.reshard`)
+        from the newest larger world in ``sources`` all of whose ranks' states survive, and let
+        the adapter re-cut it for this world (``failslow_restore_resharded``)."""
+        from failslow.core.checkpoint.reshard import restore_resharded
+        from failslow.core.checkpoint.restore import RestoreError
+
+        errors = []
+        for source in sources:  # the same list on every rank: they fail or succeed together
+            directory = Path(source["directory"])
+            old_rank = source.get("rank")
+            holders = self._old_placement(directory)
+            if holders is None:
+                errors.append(f"{directory}: no rank kept its placement.json")
+                continue
+            try:
+                found = restore_resharded(
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    old_rank=old_rank,
+                    old_holders=holders,
+                    directory=directory,
+                )
+            except RestoreError as exc:
+                errors.append(f"the {len(holders)}-rank world: {exc}")
+                continue
+            break
+        else:
+            self._cannot_resume("; ".join(errors), Path(sources[0]["directory"]).parent)
+        states = found.states()
+        profiles = [s.pop(PROFILE, None) if isinstance(s, dict) else None for s in states]
+        if not self.hooks.failslow_restore_resharded(
+            states=states, step=found.step, old_rank=old_rank
+        ):
+            raise Unsupported(
+                "snapshots",
+                "no plugin restores a snapshot of a larger world (failslow_restore_resharded)",
+            )
+        self.resumed_step = found.step
+        backups = [j for j, kind in enumerate(found.sources) if kind == "backup"]
+        log.warning(
+            "failslow: rank %d resumed step %d of the %d-rank world on %d ranks (old rank(s) "
+            "%s from their holders' backups)",
+            self.rank, found.step, len(holders), self.world_size, backups or "none",
+        )  # fmt: skip
+        self.resized = self._estimate(found.step, profiles)
+        return found.step
+
+    def _estimate(self, step: int, profiles: list[Any]) -> dict[str, Any]:
+        """This world's layout after a larger one's resume and, on a data-parallel job, its
+        step as the old ranks' profiles predict it (logged by rank 0)."""
+        from failslow.core.planner.allocation import even_counts
+        from failslow.core.planner.measured_step import resized_step_s
+
+        topology = self._topology()
+        old_world, dp, m = len(profiles), topology.dp, topology.micro_batches
+        counts = even_counts(m, dp)
+        record: dict[str, Any] = {
+            "step": step, "old_world": old_world, "world": self.world_size, "counts": counts,
+        }  # fmt: skip
+        if dp != self.world_size or not all(isinstance(p, dict) for p in profiles):
+            return record  # one rank per replica is what the old profiles describe
+        old_counts = [int(p.get("calls", 0)) for p in profiles]
+        if sum(old_counts) != m:
+            old_counts = list(even_counts(m, old_world))
+        estimate = resized_step_s(profiles, old_counts, counts)
+        if estimate is not None:
+            record["before_s"], record["estimated_s"] = estimate
+            if self.rank == 0:
+                log.warning(
+                    "failslow: odyssey reroute - %d micro-batches per step on %d replicas as "
+                    "%s (was %s): step estimated %.3f s, %.2fx the %d-rank job's %.3f s",
+                    m, dp, list(counts), old_counts, estimate[1], estimate[1] / estimate[0],
+                    old_world, estimate[0],
+                )  # fmt: skip
+        return record
+
+    def measured(self, step_times: Any) -> None:
+        """Once 8 steps ran after a larger world's resume (the first one's warm-up left out),
+        rank 0 logs their median against the estimate."""
+        info = self.resized
+        if info is None or "measured_s" in info or "estimated_s" not in info:
+            return
+        times = [t for s, t in step_times if s > info["step"] + 1]
+        if len(times) < 8:
+            return
+        info["measured_s"] = statistics.median(times[-8:])
+        if self.rank == 0:
+            log.warning(
+                "failslow: on %d ranks the step measured %.3f s against the %.3f s estimated "
+                "(%.2fx)",
+                self.world_size, info["measured_s"], info["estimated_s"],
+                info["measured_s"] / info["estimated_s"],
+            )  # fmt: skip
+
+    def _old_placement(self, directory: Path) -> tuple[int, ...] | None:
+        """The old world's backup placement, from the first rank whose old node memory has it."""
+        import torch.distributed as dist
+
+        try:
+            mine = json.loads((directory / "placement.json").read_text())
+        except (OSError, ValueError):
+            mine = None
+        if not isinstance(mine, list):
+            mine = None
+        found = [mine]
+        if distributed(self.world_size):
+            import torch
+
+            first = torch.tensor([self.rank if mine is not None else self.world_size])
+            dist.all_reduce(first, op=dist.ReduceOp.MIN)
+            if int(first) < self.world_size:
+                dist.broadcast_object_list(found, src=int(first))
+        return None if found[0] is None else tuple(int(h) for h in found[0])
+
+    def _cannot_resume(self, exc: object, directory: Path | None = None) -> NoReturn:
+        from failslow.core.checkpoint import restore
+
+        message = (
+            f"failslow: cannot resume from the snapshots in {directory or self.directory}: "
+            f"{exc} (remove the directory to start the job afresh)"
+        )
+        if os.environ.get(envvars.SLOT):  # under failslow's rank launcher
+            _unrestorable(message)
+        raise restore.RestoreError(message) from None
 
     def snapshot(self, step: int) -> None:
         """Start this step's snapshot (the copy runs beside the step's forward/backward)."""
         state = self.hooks.failslow_snapshot_state(step=step)
         if state is None:
             raise Unsupported("snapshots", "no plugin returned the training state")
+        if self._profile is not None and isinstance(state, dict):
+            state = {**state, PROFILE: self._profile()}
         self.snapshots.start(state, step)
         self.last_snapshot = step
 
@@ -196,7 +340,25 @@ class SnapshotService:
         self.snapshots = None
 
 
-def _unrestorable(message: str) -> None:
+def reshard_sources() -> list[dict[str, Any]]:
+    """``$FAILSLOW_RESHARD_FROM`` (see :mod:`failslow.envvars`), else empty."""
+    text = os.environ.get(envvars.RESHARD_FROM)
+    if not text:
+        return []
+    try:
+        sources = json.loads(text)
+    except ValueError:
+        sources = None
+    if not isinstance(sources, list) or not all(
+        isinstance(s, dict) and isinstance(s.get("directory"), str) for s in sources
+    ):
+        raise ConfigError(
+            f"${envvars.RESHARD_FROM}: not a list of {{'directory': ..., 'rank': ...}}: {text}"
+        )
+    return sources
+
+
+def _unrestorable(message: str) -> NoReturn:
     """End this rank with :data:`EXIT_UNRESTORABLE`: every rank failed the same collective
     restore, and the node launcher must stop the job rather than restart it again."""
     import sys

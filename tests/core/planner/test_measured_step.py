@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from failslow.core.planner.measured_step import MeasuredSteps, ReplicaStep, ranks_to_read
+from failslow.core.planner.allocation import even_counts
+from failslow.core.planner.measured_step import (
+    MeasuredSteps,
+    ReplicaStep,
+    ranks_to_read,
+    resized_step_s,
+)
 from failslow.core.topology import Topology
 
 DP4 = Topology.megatron(tp=1, dp=4, pp=1, gpus_per_host=1, micro_batches=16)
@@ -109,3 +115,16 @@ def test_a_balanced_plan_expects_the_slowest_of_scattering_replicas() -> None:
     )
     means = 0.01 + 7 * 0.01, 0.04 + 0.04  # (7, 1): both replicas reach the reduction at 0.08
     assert model.step_s((7, 1)) > max(means) + 0.04 + 0.01
+
+
+def test_a_job_that_lost_a_replica_expects_the_survivors_longest_share() -> None:
+    """odyssey Eq. 12-13 on a data-parallel job: 16 micro-batches of four replicas on three
+    (6, 5, 5): the step is the median replica's rest plus 6 of its micro-batches."""
+    profiles = [
+        {"calls": 4, "spacing": x, "rest": 0.3, "rest_low": 0.1, "post": 0.05, "post_low": 0.05}
+        for x in (0.1, 0.11, 0.12, 0.5)  # the last one's profile is an outlier
+    ]
+    assert even_counts(16, 3) == (6, 5, 5) and even_counts(16, 4) == (4, 4, 4, 4)
+    got = resized_step_s(profiles, [4, 4, 4, 4], even_counts(16, 3))
+    assert got == pytest.approx((0.1 + 4 * 0.12 + 0.05, 0.1 + 6 * 0.12 + 0.05))
+    assert resized_step_s([profiles[0], None, None, None], [4] * 4, [6, 5, 5]) is None

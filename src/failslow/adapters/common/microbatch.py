@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from failslow.adapters.common.data import ShareSampler, check_counts, share_loader
+from failslow.core.planner.allocation import even_counts
 from failslow.core.planner.plans import MicroBatchPlan
 from failslow.errors import ConfigError, FailslowError
 
@@ -51,6 +52,9 @@ class ReplicaSplit:
                 f"{micro_batches} micro-batches per step do not split evenly over {replicas} "
                 "data-parallel replicas"
             )
+        self.configured = micro_batches
+        """The global batch the framework was configured for (``G * D``): it divides each
+        micro-loss by ``G = configured / D``."""
         self.replica = replica
         self.replicas = replicas
         self.micro_batches = micro_batches
@@ -85,9 +89,34 @@ class ReplicaSplit:
 
         Frameworks that divide every micro-loss by the configured accumulation steps
         ``G = M / D`` and sum them need nothing more (1.0): ``m_r`` losses over ``G`` is the
-        weight ``w_r`` on the replica's mean. A loop that averages over the micro-batches it
-        ran (``1 / m_r``) needs ``w_r``."""
-        return 1.0 if framework_divides_by_accumulation else self.weight
+        weight ``w_r`` on the replica's mean. After :meth:`keep_global_batch` the framework
+        divides by ``G' = configured / D`` and the DP mean by ``D``, so each micro-loss needs
+        ``D * G' / M``. A loop that averages over the micro-batches it ran (``1 / m_r``)
+        needs ``w_r``."""
+        if framework_divides_by_accumulation:
+            return self.configured / self.micro_batches
+        return self.weight
+
+    def keep_global_batch(self, micro_batches: int) -> tuple[int, ...]:
+        """Run a larger old world's global batch of ``micro_batches`` on these replicas
+        (odyssey Eq. 12-13: the survivors take the lost replicas' micro-batches): counts as even
+        as they go, the first ``M mod D`` replicas one more. Before any loader is built (a
+        restore runs at the session's start). Returns the counts."""
+        if self.samplers:
+            raise FailslowError(
+                "keep_global_batch: a data loader was built before the restore; build it "
+                "after the failslow session started"
+            )
+        if micro_batches < self.replicas * self.minimum:
+            raise ConfigError(
+                f"a global batch of {micro_batches} micro-batches cannot give each of "
+                f"{self.replicas} DP replicas at least {self.minimum}"
+            )
+        counts = even_counts(micro_batches, self.replicas)
+        self.micro_batches = micro_batches
+        self.counts = counts
+        self._pending_samplers = []  # positions in the old world's layout: steps say it all
+        return counts
 
     # ---- the two phases of a plan ------------------------------------------------------------
     def check(self, plan: MicroBatchPlan) -> tuple[int, ...]:

@@ -19,11 +19,18 @@ Per-replica micro-batch counts (greyhound 5.2) map onto DeepSpeed as:
 
 ZeRO 2/3 reduce (and partition) gradients inside every micro-step's backward, so replicas must
 run equal counts: plans are declared unsupported there.
+
+A job that goes on with fewer ranks (odyssey III-IV, ``failslow run --min-ranks``) resumes the
+larger world's step through ``failslow_restore_resharded``: every old ZeRO partition re-cut by
+DeepSpeed's elastic load (:func:`load_elastic`), the old global batch kept over the survivors
+(:meth:`ReplicaSplit.keep_global_batch`) and ``engine.backward`` scaling each micro-loss so the
+gradient is the old world's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -163,6 +170,55 @@ class DeepSpeedAdapter:
         restore_rng_state(state["rng"])
         return True
 
+    @hookimpl
+    def failslow_restore_resharded(
+        self, states: list[dict[str, Any]], step: int, old_rank: int | None
+    ) -> bool:
+        """A larger old world's step on this engine's replicas (odyssey III-IV, the job goes
+        on without lost ranks): its global batch of ``M`` micro-batches split as evenly as it
+        goes over this world's ``D`` replicas, each micro-loss scaled by ``D * G / M`` on top of
+        DeepSpeed's ``1 / G`` (:meth:`ReplicaSplit.loss_scale`), so the gradient is the old
+        world's; a ZeRO 1/2 optimizer re-cuts every old partition into its own
+        (DeepSpeed's elastic load)."""
+        self.failslow_capabilities().require("snapshots")
+        e = self.engine
+        if self.pipeline or e.mpu is not None:
+            raise ConfigError(
+                "going on with fewer ranks is implemented for data-parallel DeepSpeed engines "
+                "(no pipeline, no model parallelism)"
+            )
+        micro_batches = sum(int(c) for c in states[0]["split"]["counts"])
+        stage = e.zero_optimization_stage()
+        dp = self.split.replicas
+        if stage >= 2 and micro_batches % dp:
+            raise ConfigError(
+                f"DeepSpeed ZeRO stage {stage}: the global batch of {micro_batches} "
+                f"micro-batches does not split evenly over {dp} replicas (ZeRO 2 needs equal "
+                "counts); use ZeRO stage 0 or 1, or a global batch divisible by the survivors"
+            )
+        own = states[old_rank] if old_rank is not None else states[0]
+
+        def load_optimizer(_: Any) -> None:
+            if stage in (1, 2):
+                load_elastic(e.optimizer, [s["optimizer"] for s in states])
+            else:
+                e.optimizer.load_state_dict(own["optimizer"])
+
+        restore_training_state(own, e.module, e.lr_scheduler, load_optimizer)
+        restore_counters(e, own["counters"])
+        self.split.keep_global_batch(micro_batches)
+        self.topology = replace(self.topology, micro_batches=micro_batches)
+        scale = self.split.loss_scale(framework_divides_by_accumulation=True)
+        if scale != 1.0:
+            backward = e.backward
+
+            def scaled_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                return backward(loss * scale, *args, **kwargs)
+
+            e.backward = scaled_backward
+        restore_rng_state(own["rng"])
+        return True
+
     def _load_optimizer(self, state: Any) -> None:
         optimizer = self.engine.optimizer
         if self.engine.zero_optimization_stage() in (1, 2):  # this rank's own partition
@@ -279,3 +335,38 @@ class DeepSpeedAdapter:
         if self.session is not None:
             self.session.close()
             self.session = None
+
+
+def load_elastic(optimizer: Any, partitions: list[dict[str, Any]]) -> None:
+    """Load every old rank's ZeRO 1/2 optimizer state (``partitions``, in old DP rank order)
+    into this rank's partition of a world of another size: DeepSpeed's own elastic load, fed
+    with each rank's base optimizer state trimmed of its DP alignment padding (the form
+    ``elastic_checkpoint: true`` saves; snapshots keep the ordinary form, which restores
+    bitwise in the same world)."""
+    lean = []
+    for sd in partitions:
+        base = sd["base_optimizer_state"]
+        if isinstance(base, dict):  # the ordinary (rigid) form: one flat parameter per group
+            padding = sd["group_paddings"]
+            groups = []
+            for i, group in enumerate(base["param_groups"]):
+                st = base["state"].get(group["params"][0], {})
+                groups.append(
+                    {
+                        k: v[: v.numel() - padding[i]] if torch.is_tensor(v) and v.dim() else v
+                        for k, v in st.items()
+                    }
+                )
+            sd = {**sd, "base_optimizer_state": groups}
+            sd["base_optimizer_state_step"] = base["param_groups"][0].get("step")
+        lean.append(sd)
+    had_step = "step" in optimizer.optimizer.param_groups[0]
+    elastic = optimizer.elastic_checkpoint
+    optimizer.elastic_checkpoint = True
+    try:
+        optimizer.load_state_dict(lean, load_from_fp32_weights=True)
+    finally:
+        optimizer.elastic_checkpoint = elastic
+    if not had_step:  # the elastic load sets a group "step" the base optimizer never had
+        for group in optimizer.optimizer.param_groups:
+            group.pop("step", None)

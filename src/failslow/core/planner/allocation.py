@@ -277,6 +277,13 @@ def microbatch_plan(
     )
 
 
+def even_counts(micro_batches: int, replicas: int) -> tuple[int, ...]:
+    """``micro_batches`` over ``replicas`` as evenly as they go, the first ``M mod D`` one more
+    (odyssey Eq. 12: survivors of a lost replica take its micro-batches)."""
+    base, extra = divmod(micro_batches, replicas)
+    return tuple(base + (r < extra) for r in range(replicas))
+
+
 def even_plan(topology: Topology) -> MicroBatchPlan:
     """The framework's own split: ``M / D`` micro-batches per DP replica, every weight 1 (what
     a job runs without a plan, and what a reverted micro-batch plan returns to)."""

@@ -160,6 +160,28 @@ class MeasuredSteps:
         return cls(tuple(replicas))
 
 
+def resized_step_s(
+    profiles: Sequence[Mapping[str, Any] | None],
+    old_counts: Sequence[int],
+    new_counts: Sequence[int],
+) -> tuple[float, float] | None:
+    """The step of a data-parallel job before and after it went on with fewer replicas (odyssey
+    Eq. 12-13, the survivors taking the lost replicas' micro-batches), from the old ranks' step
+    profiles (one per old replica, their snapshots'): every replica like the median one, the
+    reduction at the expected slowest. None without two measured profiles."""
+    parts = [
+        _part({"profile": p}, count, waits=True)
+        for p, count in zip(profiles, old_counts, strict=True)
+    ]
+    known = sorted((p for p in parts if p is not None), key=lambda p: p.per_microbatch_s)
+    if len(known) < 2:
+        return None
+    typical = known[len(known) // 2]
+    before = MeasuredSteps((typical,) * len(old_counts)).step_s(old_counts)
+    after = MeasuredSteps((typical,) * len(new_counts)).step_s(new_counts)
+    return before, after
+
+
 def ranks_to_read(topology: Topology, diagnosed: Collection[int]) -> list[int]:
     """The progress records :meth:`MeasuredSteps.from_records` needs: the diagnosed ranks and
     the lowest rank of a replica without one (O(diagnosed), not O(world))."""
