@@ -32,7 +32,16 @@ downtime; ``lost`` is how many steps were done twice).
   standby slot, restoring from its holder's backup. Its downtime is the gap around the plan's
   step, less one normal step.
 
+- **no standby: three ranks go on** (``--standbys 0 --min-ranks 3 --slots-as-hosts``, odyssey
+  III-IV): the killed rank's slot (a host, its memory lost with it) is dropped; three ranks start
+  from warm processes, gather all four old ranks' states (the lost one's from its holder's
+  backup), re-cut the ZeRO-1 partitions and go on with the old global batch (16 micro-batches
+  as 6, 5, 5). Its step after the loss is printed beside the one before, with what the model
+  predicted from the old ranks' step profiles and what rank 0 measured (its log lines).
+
 Also printed: kill -> detected (the launcher's record, warm only) and the ratios.
+``--ways warm,shrink`` runs only those (the fresh launch from disk always runs unless
+``--no-fresh``).
 """
 
 from __future__ import annotations
@@ -85,11 +94,15 @@ def _evict(log: Path, token: str) -> int:
     return int(outcome.apply_step)
 
 
-def _kill_and_measure(tmp: Path, name: str, width: int, launcher: list[str]) -> dict[str, float]:
+def _kill_and_measure(
+    tmp: Path, name: str, width: int, launcher: list[str], steps: int = STEPS,
+    planned: bool = False,
+) -> dict[str, float]:
+    """``planned``: an S4 restart plan evicts the victim's host instead of a kill."""
     out = tmp / name
     out.mkdir()
     env = launch_env(
-        out, STEPS, FAILSLOW_DEMO_WIDTH=str(width), FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
+        out, steps, FAILSLOW_DEMO_WIDTH=str(width), FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
         FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
     )  # fmt: skip
     rings, state = tmp / f"{name}-rings", tmp / f"{name}-state"
@@ -98,7 +111,6 @@ def _kill_and_measure(tmp: Path, name: str, width: int, launcher: list[str]) -> 
     cmd = [sys.executable, "-m", "failslow.cli", "run", "--controller", "4", "--no-shim",
            "--ring-dir", str(rings), "--state-dir", str(state), "--snapshot-dir", str(shm),
            "--job-token", token, "--max-restarts", "1", *launcher]  # fmt: skip
-    planned = "--slots-as-hosts" in launcher  # S4: a restart plan, no kill
     plan: concurrent.futures.Future[int] | None = None
     log = open(tmp / f"{name}.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -153,11 +165,20 @@ def _kill_and_measure(tmp: Path, name: str, width: int, launcher: list[str]) -> 
     first_done_after = record["step_end"][1]
     before = sorted(s for s in seen if s <= last)[-11:]
     step_s = statistics.median(seen[b] - seen[a] for a, b in itertools.pairwise(before))
+    after = record["step_end"][-11:]
     gap = first_done_after - seen[last]
     result = {
         "step_s": step_s, "gap_s": gap, "downtime": gap - step_s,
         "lost": last + 1 - record["first_step"], "resumed": record["first_step"],
+        "step_after_s": statistics.median(b - a for a, b in itertools.pairwise(after)),
     }  # fmt: skip
+    text = (tmp / f"{name}.log").read_text()
+    estimated = re.search(r"step estimated ([\d.]+) s", text)
+    measured = re.search(r"the step measured ([\d.]+) s against", text)
+    if estimated:
+        result["estimated_s"] = float(estimated.group(1))
+    if measured:
+        result["measured_s"] = float(measured.group(1))
     stops = state / "failstops.jsonl"
     if stops.exists() and not planned:
         result["detected_s"] = json.loads(stops.read_text().splitlines()[0])["wall"] - killed_at
@@ -168,40 +189,62 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--ways", default="warm,cold,s4,shrink", help="comma-separated")
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
+    parser.add_argument("--no-fresh", action="store_true", help="skip the fresh launch")
     args = parser.parse_args()
-    console = Console(width=160)
+    console = Console(width=200)
     table = Table(title="a rank SIGKILLed in a 4-rank DeepSpeed ZeRO-1 job (CPU/gloo): downtime")
     for col in ("run", "way", "kill -> seen", "resumed at", "lost steps", "normal step",
-                "gap", "downtime", "x warm"):  # fmt: skip
+                "gap", "downtime", "x warm", "step after", "model's step after",
+                "rank 0 measured"):  # fmt: skip
         table.add_column(col)
     ways = {
-        "warm standby (memory)": [
+        "warm": ("warm standby (memory)", [
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
             "--", "-m", "failslow.demo.ds_worker",
-        ],
-        "cold restart in place (memory)": ["--", *TORCHRUN],
-        "S4 restart onto the standby (planned)": [
+        ]),
+        "cold": ("cold restart in place (memory)", ["--", *TORCHRUN]),
+        "s4": ("S4 restart onto the standby (planned)", [
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
             "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
-        ],
+        ]),
+        "shrink": ("no standby: 3 ranks go on (memory)", [
+            "--nproc-per-node", "4", "--standbys", "0", "--min-ranks", "3",
+            "--preload", "deepspeed", "--slots-as-hosts", "--spare-delay", "2",
+            "--", "-m", "failslow.demo.ds_worker",
+        ]),
     }  # fmt: skip
+    chosen = [w.strip() for w in args.ways.split(",") if w.strip()]
+    unknown = sorted(set(chosen) - set(ways))
+    if unknown or not chosen:
+        raise SystemExit(f"--ways: choose from {', '.join(ways)}, got {args.ways!r}")
     for i in range(args.repeat):
         results = {}
-        for name, launcher in ways.items():
+        for key in chosen:
+            name, launcher = ways[key]
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
                 console.print(f"run {i + 1}: {name} ...")
-                results[name] = _kill_and_measure(Path(t), "job", args.width, launcher)
-        with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
-            console.print(f"run {i + 1}: fresh launch from disk ...")
-            f = fresh(Path(t), args.width)
-            results["fresh launch (disk)"] = {**f, "lost": 0, "resumed": f["step"]}
-        warm = results["warm standby (memory)"]["downtime"]
+                results[name] = _kill_and_measure(
+                    Path(t), "job", args.width, launcher, args.steps, planned=key == "s4"
+                )
+        if not args.no_fresh:
+            with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
+                console.print(f"run {i + 1}: fresh launch from disk ...")
+                f = fresh(Path(t), args.width)
+                results["fresh launch (disk)"] = {**f, "lost": 0, "resumed": f["step"]}
+        warm = results.get("warm standby (memory)", {}).get("downtime")
+
+        def seconds(r: dict[str, float], key: str, digits: int = 3) -> str:
+            return f"{r[key]:.{digits}f} s" if key in r else "-"
+
         for name, r in results.items():
             seen = f"{r['detected_s'] * 1000:.0f} ms" if "detected_s" in r else "-"
             table.add_row(
                 str(i + 1), name, seen, str(r["resumed"]), str(r["lost"]),
                 f"{r['step_s']:.2f} s", f"{r['gap_s']:.1f} s", f"{r['downtime']:.1f} s",
-                f"{r['downtime'] / warm:.2f}x",
+                f"{r['downtime'] / warm:.2f}x" if warm else "-",
+                seconds(r, "step_after_s"), seconds(r, "estimated_s"), seconds(r, "measured_s"),
             )  # fmt: skip
     console.print(table)
 
