@@ -37,6 +37,7 @@ def test_bad_fault_options_are_one_line(options, message):
         (["--framework", "deepspeed", "--fault", "kill", "--strategies", "S4"], "shown alone"),
         (["--framework", "deepspeed", "--strategies", "S4", "--iterations", "50"], "do not apply"),
         (["--framework", "torch", "--strategies", "S2"], "needs a demo with mitigation"),
+        (["--framework", "deepspeed", "--no-standby"], "--no-standby goes with --fault kill"),
     ],
 )
 def test_bad_strategies_are_one_line_before_anything_starts(argv, message, capsys):

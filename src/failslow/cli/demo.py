@@ -26,6 +26,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
     )
     out_dir = Path(args.out) if args.out else None
+    if args.no_standby and args.fault != "kill":
+        raise SystemExit("failslow demo: --no-standby goes with --fault kill")
     strategies = _strategies(args)
     if strategies is not None and "S4" in strategies:
         from failslow.demo.s4 import S4DemoOptions, run_s4_demo
@@ -55,6 +57,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 steps=steps,
                 kill_steps=kills,
                 victims=(args.slow_rank % args.world_size, (args.slow_rank + 3) % args.world_size),
+                standbys=0 if args.no_standby else 1,
+                min_ranks=args.world_size - 2 if args.no_standby else None,
                 out_dir=out_dir,
                 live=not args.no_live,
             )
@@ -157,6 +161,13 @@ def register(sub: Any) -> None:
         "tc (S3 swaps roles in place); kill (deepspeed) - --slow-rank and another rank are "
         "SIGKILLed at 2/7 and 9/14 of the run, the job restarts from memory on warm standbys "
         "and its parameters are compared with a run without kills",
+    )
+    p.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="--fault kill: no standby slot - each killed rank's slot is dropped and the job "
+        "goes on with one rank fewer (failslow run --min-ranks), its state resharded from "
+        "memory and its global batch kept (odyssey); parameters compared within 1e-5",
     )
     p.add_argument(
         "--link-rate", help="--fault link: the link's rate (megatron 25mbit, fsdp 200mbit)"

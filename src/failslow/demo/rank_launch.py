@@ -39,10 +39,13 @@ def command(
     standbys: int,
     restarts: int,
     threshold: float | None = None,
+    min_ranks: int | None = None,
 ) -> list[str]:
     """``failslow run`` of the demo job: rings, state and snapshots under ``tmp/<name>-*``,
     one spare per rank two seconds after each launch, one slot per host."""
     extra = ["--threshold", str(threshold)] if threshold is not None else []
+    if min_ranks is not None:
+        extra += ["--min-ranks", str(min_ranks)]
     return [
         sys.executable, "-m", "failslow.cli", "run", "--controller", str(world_size), *extra,
         "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(tmp / f"{name}-state"),
@@ -118,23 +121,53 @@ def run_reference(
     return ref_out
 
 
-def compare_parameters(got_dir: Path, want_dir: Path, tolerance: str) -> dict[str, Any]:
-    """Rank 0's final parameters (``parameters.npz``) of two runs, compared bitwise."""
+def compare_parameters(
+    got_dir: Path, want_dir: Path, tolerance: str, rtol: float | None = None
+) -> dict[str, Any]:
+    """Rank 0's final parameters (``parameters.npz``) of two runs, compared bitwise - or with
+    ``rtol``, within that relative tolerance per element (``rtol / 10`` absolute near zero) and
+    per tensor norm."""
     got, want = np.load(got_dir / "parameters.npz"), np.load(want_dir / "parameters.npz")
     same_names = sorted(got.files) == sorted(want.files)
-    diffs = [float(np.max(np.abs(got[n] - want[n]))) for n in want.files if n in got.files]
+    names = [n for n in want.files if n in got.files]
+    diffs = [float(np.max(np.abs(got[n] - want[n]))) for n in names]
+    norms = [
+        float(np.linalg.norm(got[n] - want[n]) / max(float(np.linalg.norm(want[n])), 1e-30))
+        for n in names
+    ]
+    if rtol is None:
+        equal = all(np.array_equal(got[n], want[n]) for n in names)
+    else:
+        equal = all(np.allclose(got[n], want[n], rtol=rtol, atol=rtol / 10) for n in names)
+        equal = equal and max(norms, default=0.0) <= rtol
     return {
         "compared": True,
-        "equal": same_names and all(np.array_equal(got[n], want[n]) for n in want.files),
+        "equal": same_names and equal,
         "max_abs_diff": max(diffs, default=float("inf")),
+        "max_rel_norm_diff": max(norms, default=float("inf")),
         "tolerance": tolerance,
     }
 
 
 def restore_sources(log: str, world_size: int) -> list[dict[str, str]]:
     """Per launch that restored from memory: where each rank's state came from (``holder's
-    backup`` when its slot was evicted with its memory, else ``own snapshot``)."""
-    lines = re.findall(
-        r"failslow: rank (\d+) resumed from (?:its )?(holder's backup|own snapshot)", log
+    backup`` when its slot was evicted with its memory, else ``own snapshot``; a smaller world
+    that gathered a larger one's states: ``holder's backup, resharded onto N ranks`` for the
+    old ranks named in its line, keyed by their old rank)."""
+    launches: list[dict[str, str]] = []
+    seen: set[str] = set()
+    pattern = (
+        r"failslow: rank (\d+) resumed (?:from (?:its )?(holder's backup|own snapshot)"
+        r"|step \d+ of the \d+-rank world on (\d+) ranks \(old rank\(s\) ([^)]*) from)"
     )
-    return [dict(lines[i : i + world_size]) for i in range(0, len(lines), world_size)]
+    for rank, source, ranks, backups in re.findall(pattern, log):
+        if rank in seen or not launches:  # a rank seen again: the next launch
+            launches.append({})
+            seen = set()
+        seen.add(rank)
+        if source:
+            launches[-1][rank] = source
+        else:
+            for old in re.findall(r"\d+", backups):
+                launches[-1][old] = f"holder's backup, resharded onto {ranks} ranks"
+    return launches
