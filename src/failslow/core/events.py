@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from failslow.core.arrays import one_of
+
 RECORD_SIZE = 64
 
 
@@ -125,11 +127,7 @@ measures iterations between them (:mod:`failslow.core.tracking.iteration`)."""
 
 def is_marker(records: np.ndarray) -> np.ndarray:
     """Which of ``records`` (:data:`RECORD_DTYPE`) are step markers, not calls (a mask)."""
-    ops = records["op"]
-    mask = ops == MARKER_OPS[0]  # a comparison per op: np.isin sorts, 10x the cost per poll
-    for op in MARKER_OPS[1:]:
-        mask |= ops == op
-    return mask
+    return one_of(records["op"], MARKER_OPS)  # np.isin sorts: 10x the cost per poll
 
 
 RECORD_LAYOUT: tuple[tuple[str, str, int], ...] = (

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow.core.arrays import median, one_of
 from failslow.core.events import (
     MARKER_OPS,
     RECORD_DTYPE,
@@ -119,23 +120,6 @@ def _as_records(events: np.ndarray | Sequence[CommEvent]) -> np.ndarray:
     return events_to_records(events)
 
 
-def _one_of(values: np.ndarray, options: Sequence[int]) -> np.ndarray:
-    """``np.isin`` for a few options: a comparison each (isin sorts, several times the cost)."""
-    mask = values == options[0]
-    for option in options[1:]:
-        mask |= values == option
-    return mask
-
-
-def _median(values: np.ndarray) -> float:
-    """``float(np.median(values))`` of a short array, at a fraction of its per-call cost."""
-    ordered = np.sort(values)
-    mid = ordered.size // 2
-    if ordered.size % 2:
-        return float(ordered[mid])
-    return (float(ordered[mid - 1]) + float(ordered[mid])) / 2
-
-
 def _ready_times(starts: np.ndarray, ends: np.ndarray, keys: np.ndarray, coll: np.ndarray) -> Any:
     """When each call could run: a communicator runs its collectives in issue order, so a call
     issued while the previous one of its group is still running starts when that one ends."""
@@ -170,7 +154,7 @@ def summarize(
         raise ValueError(f"max_calls must be positive, got {max_calls}")
     recs = _as_records(events)
     ok = (recs["t_end_ns"] > 0) & ((recs["flags"] & int(Flags.FAILED)) == 0)
-    ok &= ~_one_of(recs["op"], _SKIPPED_OPS)
+    ok &= ~one_of(recs["op"], _SKIPPED_OPS)
     recs = recs[ok]
     recs = recs[np.argsort(recs["t_start_ns"], kind="stable")]
     if not len(recs):
@@ -179,7 +163,7 @@ def summarize(
     ends = recs["t_end_ns"].astype(np.int64)
     keys = recs["group_key"].astype(np.uint64)
     ops = recs["op"].astype(np.int64)
-    is_p2p = _one_of(ops, _P2P_OPS)
+    is_p2p = one_of(ops, _P2P_OPS)
     ready = _ready_times(starts, ends, keys, ~is_p2p)
     t0, t1 = int(window[0]), int(window[1])
     inside = (starts >= t0) & (starts < t1)
@@ -188,7 +172,7 @@ def summarize(
     anchors = np.asarray(iteration_ends_ns if iteration_ends_ns is not None else [], np.int64)
     in_window = anchors[(anchors >= t0) & (anchors <= t1)]
     iterations = max(0, in_window.size - 1)
-    iteration_s = _median(np.diff(in_window)) / 1e9 if iterations else 0.0
+    iteration_s = median(np.diff(in_window)) / 1e9 if iterations else 0.0
 
     labels = np.where(is_p2p, -1, ops)  # send and recv are one kind
     peers = np.where(is_p2p, recs["peer"].astype(np.int64), -1)
@@ -211,7 +195,7 @@ def summarize(
             pos = np.searchsorted(anchors, ready[idx], side="right") - 1
             has = pos >= 0
             if has.any():
-                offset = _median(ready[idx][has] - anchors[pos[has]]) / 1e9
+                offset = median(ready[idx][has] - anchors[pos[has]]) / 1e9
         if op == -1:
             size, member = 2, (0 if rank < peer else 1)
         else:
@@ -232,7 +216,7 @@ def summarize(
                 iterations=iterations,
                 iteration_s=iteration_s,
                 window_s=(t1 - t0) / 1e9,
-                median_duration_s=_median(dur) / 1e9,
+                median_duration_s=median(dur) / 1e9,
                 min_duration_s=float(dur.min()) / 1e9,
                 arrival_offset_s=offset,
                 call_index=[int(c) for c in recs["call_index"][tail]],

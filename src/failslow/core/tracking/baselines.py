@@ -17,8 +17,9 @@ import math
 
 import numpy as np
 
+from failslow.core.arrays import median
 from failslow.core.tracking.bocd import RunLengthPosterior
-from failslow.core.tracking.detector import ChangeEvent, Detector, LogHistory, median
+from failslow.core.tracking.detector import ChangeEvent, Detector, LogHistory
 
 
 def _event(kind: str, c: int, t: int, before: float, after: float) -> ChangeEvent:

@@ -71,6 +71,7 @@ from typing import Literal
 
 import numpy as np
 
+from failslow.core.arrays import median
 from failslow.core.tracking.bocd import RunLengthPosterior
 from failslow.core.tracking.rhythm import Rhythm
 
@@ -100,16 +101,6 @@ def check_time(x: float) -> float:
     if not math.isfinite(value) or value <= 0.0:
         raise ValueError(f"iteration time must be positive and finite, got {x!r}")
     return value
-
-
-def median(a: np.ndarray) -> float:
-    """Median of a non-empty 1-D float array (a lean ``np.median``: this runs every update)."""
-    n = a.size
-    k = n // 2
-    if n % 2:
-        return float(np.partition(a, k)[k])
-    part = np.partition(a, (k - 1, k))
-    return 0.5 * float(part[k - 1] + part[k])
 
 
 class Detector(abc.ABC):
