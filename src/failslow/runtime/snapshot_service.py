@@ -109,7 +109,6 @@ class SnapshotService:
     def _placement(self) -> tuple[int, ...]:
         """Backup holders: the placement recorded by an earlier run of this job (restore must
         find the backups where they were made), else a new one for the current topology."""
-        import torch.distributed as dist
 
         from failslow.core.checkpoint.placement import backup_holders
 
@@ -117,21 +116,8 @@ class SnapshotService:
             return self._holders
         assert self.directory is not None
         path = self.directory / "placement.json"
-        try:
-            mine = json.loads(path.read_text())
-        except (OSError, ValueError):
-            mine = None
-        if not isinstance(mine, list) or len(mine) != self.world_size:
-            mine = None
-        found = [mine]
-        if distributed(self.world_size):
-            import torch
-
-            first = torch.tensor([self.rank if mine is not None else self.world_size])
-            dist.all_reduce(first, op=dist.ReduceOp.MIN)
-            if int(first) < self.world_size:
-                dist.broadcast_object_list(found, src=int(first))
-        holders = tuple(found[0]) if found[0] is not None else backup_holders(self._topology())
+        found = self._shared_placement(self.directory, self.world_size)
+        holders = found if found is not None else backup_holders(self._topology())
         tmp = path.with_name(f"{path.name}.{self.rank}.tmp")  # ranks of a node share the file
         tmp.write_text(json.dumps(list(holders)))
         tmp.replace(path)
@@ -188,7 +174,7 @@ class SnapshotService:
         for source in sources:  # the same list on every rank: they fail or succeed together
             directory = Path(source["directory"])
             old_rank = source.get("rank")
-            holders = self._old_placement(directory)
+            holders = self._shared_placement(directory)  # the old world's
             if holders is None:
                 errors.append(f"{directory}: no rank kept its placement.json")
                 continue
@@ -255,13 +241,14 @@ class SnapshotService:
         return record
 
     def measured(self, step_times: Any) -> None:
-        """Once 8 steps ran after a larger world's resume (the first one's warm-up left out),
-        rank 0 logs their median against the estimate."""
+        """Once 16 steps ran after a larger world's resume, rank 0 logs the median of the last 8
+        against the estimate (the first ones pay the restart's warm-up, and the launcher's
+        warm spares importing beside them)."""
         info = self.resized
         if info is None or "measured_s" in info or "estimated_s" not in info:
             return
-        times = [t for s, t in step_times if s > info["step"] + 1]
-        if len(times) < 8:
+        times = [t for s, t in step_times if s > info["step"]]
+        if len(times) < 16:
             return
         info["measured_s"] = statistics.median(times[-8:])
         if self.rank == 0:
@@ -272,15 +259,18 @@ class SnapshotService:
                 info["measured_s"] / info["estimated_s"],
             )  # fmt: skip
 
-    def _old_placement(self, directory: Path) -> tuple[int, ...] | None:
-        """The old world's backup placement, from the first rank whose old node memory has it."""
+    def _shared_placement(
+        self, directory: Path, world_size: int | None = None
+    ) -> tuple[int, ...] | None:
+        """``directory``'s ``placement.json`` (a list of ``world_size`` holders, any length
+        when None) as the first rank that has one read it (collective), else None."""
         import torch.distributed as dist
 
         try:
             mine = json.loads((directory / "placement.json").read_text())
         except (OSError, ValueError):
             mine = None
-        if not isinstance(mine, list):
+        if not isinstance(mine, list) or (world_size is not None and len(mine) != world_size):
             mine = None
         found = [mine]
         if distributed(self.world_size):
