@@ -418,3 +418,29 @@ def test_with_no_standby_left_a_dead_rank_s_slot_is_dropped_down_to_min_ranks(
             assert json.loads(r["FAILSLOW_RESHARD_FROM"]) == [
                 {"directory": str(memory / f"slot{slot}"), "rank": slot}
             ]
+
+
+def test_worlds_without_a_complete_snapshot_chain_back_to_the_last_larger_one(
+    tmp_path: Path,
+) -> None:
+    """Two drops in a row before the three-rank world wrote any snapshot (``--min-ranks 1``):
+    the one-rank world is pointed at the three-rank world first and the four-rank world after
+    it, newest first - its rank restores from the first one every old rank survives in."""
+    memory = tmp_path / "snapshots"
+    ranks = _ranks(nproc=3, slots_as_hosts=True, min_ranks=1)
+    env = {"FAILSLOW_SNAPSHOT_DIR": str(memory)}
+    try:
+        assert _run(tmp_path, ranks, "fail", **env)[0] == 3  # rank 1 (slot 1) dropped
+        assert _run(tmp_path, ranks, "fail", restart=1, **env)[0] == 3  # rank 1 (slot 2) too
+        status, records, _ = _run(tmp_path, ranks, "ok", restart=2, **env)
+    finally:
+        ranks.close()
+    assert status == 0 and ranks.slots == [0]
+    assert [s.ranks_left for s in ranks.failstops] == [2, 1]
+    (r,) = records.values()
+    assert r["WORLD_SIZE"] == "1"
+    assert r["FAILSLOW_SNAPSHOT_DIR"] == str(memory / "world2" / "slot0")
+    assert json.loads(r["FAILSLOW_RESHARD_FROM"]) == [
+        {"directory": str(memory / "world1" / "slot0"), "rank": 0},
+        {"directory": str(memory / "slot0"), "rank": 0},
+    ]

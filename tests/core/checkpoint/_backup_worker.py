@@ -153,20 +153,56 @@ def reshard(args: argparse.Namespace) -> None:
     dist.init_process_group(
         "gloo", store=store, rank=args.rank, world_size=world, timeout=timedelta(seconds=60)
     )
-    got = restore_resharded(
-        rank=args.rank,
-        world_size=world,
-        old_rank=old_rank,
-        old_holders=backup_holders(old),
-        directory=Path(spec["host_dirs"][old.hosts[old_rank]]),
-        chunk_bytes=4096,
-    )
+    if not os.environ.get("FAILSLOW_RESHARD_FROM"):
+        got = restore_resharded(
+            rank=args.rank,
+            world_size=world,
+            old_rank=old_rank,
+            old_holders=backup_holders(old),
+            directory=Path(spec["host_dirs"][old.hosts[old_rank]]),
+            chunk_bytes=4096,
+        )
     out = Path(args.out)
+    if os.environ.get("FAILSLOW_RESHARD_FROM"):  # through the rank runtime's service
+        got = _service_reshard(args.rank, world)
     torch.save(got.states(), out / f"resharded-rank{args.rank}.pt")
     record = {"step": got.step, "providers": got.providers, "sources": got.sources}
+    if os.environ.get("FAILSLOW_RESHARD_FROM"):
+        record = {"step": got.step}
     (out / f"resharded-rank{args.rank}.json").write_text(json.dumps(record))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _service_reshard(rank: int, world: int) -> Any:
+    """The rank runtime's resume in a smaller world: ``$FAILSLOW_RESHARD_FROM`` names the
+    worlds to try, newest first; the service hands the gathered states to the plugin hook."""
+    from types import SimpleNamespace
+
+    from failslow.capabilities import SUPPORTED, Capabilities
+    from failslow.core.checkpoint.config import CheckpointConfig
+    from failslow.runtime.snapshot_service import SnapshotService
+
+    got: dict[str, Any] = {}
+
+    def restore_resharded_hook(states: list[Any], step: int, old_rank: int | None) -> bool:
+        got.update(states=states, step=step, old_rank=old_rank)
+        return True
+
+    hooks = SimpleNamespace(failslow_restore_resharded=restore_resharded_hook)
+    supported = Capabilities(**{name: SUPPORTED for name in Capabilities.names()})
+    service = SnapshotService(
+        CheckpointConfig(every_steps=1, backup=False),
+        hooks,
+        rank=rank,
+        world_size=world,
+        topology=lambda: Topology.megatron(tp=1, dp=world, pp=1, gpus_per_host=1, micro_batches=3),
+        capabilities=lambda: supported,
+        wait_timeout_s=30,
+    ).start()
+    assert service.resumed_step == got["step"]
+    assert service.resized is not None and service.resized["world"] == world
+    return SimpleNamespace(states=lambda: got["states"], step=got["step"], providers=[], sources=[])
 
 
 if __name__ == "__main__":

@@ -50,7 +50,13 @@ class World:
     """Worker processes of one world; the TCPStore (port 0) belongs to this pytest process."""
 
     def __init__(
-        self, phase: str, spec: dict[str, Any], out: Path, world: int = WORLD, **flags: Any
+        self,
+        phase: str,
+        spec: dict[str, Any],
+        out: Path,
+        world: int = WORLD,
+        env_of: Any = None,
+        **flags: Any,
     ) -> None:
         self.world = world
         self.store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
@@ -67,7 +73,10 @@ class World:
                 "--port", str(self.store.port), "--spec", json.dumps(spec), "--out", str(out),
                 *extra,
             ]  # fmt: skip
-            self.procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+            rank_env = {**env, **(env_of(rank) if env_of is not None else {})}
+            self.procs.append(
+                subprocess.Popen(cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT)
+            )
 
     def wait_for(self, names: list[str], timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -205,10 +214,16 @@ def test_corrupt_backup_falls_back_to_previous_step(shm: Path, tmp_path: Path) -
     assert all(r["attempts"] == 2 for r in results)
 
 
-def test_a_smaller_world_gathers_every_old_ranks_state(shm: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("through", ["restore_resharded", "the snapshot service"])
+def test_a_smaller_world_gathers_every_old_ranks_state(
+    shm: Path, tmp_path: Path, through: str
+) -> None:
     """odyssey's reroute/reconfigure after a lost host with no standby: the three survivors of
     a DP=4 world (one rank per host) each get all four old ranks' states of one common step,
-    the lost rank's from its holder's backup, bitwise what each old rank had then."""
+    the lost rank's from its holder's backup, bitwise what each old rank had then. Through the
+    rank runtime's snapshot service, the launcher's list of worlds comes first with a newer,
+    smaller world that never wrote a snapshot (killed while it restored): the service says so
+    and takes the next one."""
     topo = Topology.megatron(tp=1, dp=4, pp=1, gpus_per_host=1, micro_batches=1)
     holders = backup_holders(topo)
     lost = 2
@@ -220,13 +235,37 @@ def test_a_smaller_world_gathers_every_old_ranks_state(shm: Path, tmp_path: Path
     shutil.rmtree(shm / topo.hosts[lost])
     train.kill(range(WORLD))
     old_ranks = [r for r in range(WORLD) if r != lost]
-    World("reshard", spec, tmp_path, world=3, old_ranks=",".join(map(str, old_ranks))).join()
+
+    def env_of(new: int) -> dict[str, str]:
+        if through == "restore_resharded":
+            return {}
+        old = old_ranks[new]
+        kept = Path(spec["host_dirs"][topo.hosts[old]])
+        (kept / "placement.json").write_text(json.dumps(list(holders)))  # the service's record
+        empty = shm / "world1" / f"slot{new}"  # a smaller world that wrote nothing
+        empty.mkdir(parents=True)
+        sources = [
+            {"directory": str(empty), "rank": new},
+            {"directory": str(kept), "rank": old},
+        ]
+        return {
+            "FAILSLOW_RESHARD_FROM": json.dumps(sources),
+            "FAILSLOW_SNAPSHOT_DIR": str(shm / "world2" / f"slot{new}"),
+        }
+
+    old = ",".join(map(str, old_ranks))
+    World("reshard", spec, tmp_path, world=3, env_of=env_of, old_ranks=old).join()
     records = [json.loads((tmp_path / f"resharded-rank{r}.json").read_text()) for r in range(3)]
     assert len({json.dumps(r) for r in records}) == 1, records  # one agreement everywhere
     step = records[0]["step"]
     assert step >= 4
-    assert records[0]["providers"][lost] == old_ranks.index(holders[lost])
-    assert records[0]["sources"] == ["backup" if r == lost else "snapshot" for r in range(WORLD)]
+    if through == "restore_resharded":
+        assert records[0]["providers"][lost] == old_ranks.index(holders[lost])
+        sources = ["backup" if r == lost else "snapshot" for r in range(WORLD)]
+        assert records[0]["sources"] == sources
+    else:
+        log = (tmp_path / "reshard-rank0.log").read_text()
+        assert f"resumed step {step} of the 4-rank world on 3 ranks" in log, log[-2000:]
     for new in range(3):
         states = torch.load(tmp_path / f"resharded-rank{new}.pt", weights_only=False)
         assert len(states) == WORLD
