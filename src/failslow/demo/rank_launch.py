@@ -27,7 +27,7 @@ READY = "warm spares ready"
 """What the launcher says once every rank has a warm spare (a restart then skips imports)."""
 SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
 """The job's failslow block: a snapshot (and its backup) every step."""
-RESUMED = re.compile(r"^rank 0: resumed at step (\d+)$", re.M)
+RESUMED = re.compile(r"rank 0: resumed at step (\d+)")
 """Rank 0's line once a launch restored every rank from memory."""
 
 

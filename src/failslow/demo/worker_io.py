@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -60,7 +61,10 @@ def announce_start(rank: int, resumed: int | None) -> None:
     is the "code change" a hot update makes."""
     tag = os.environ.get("FAILSLOW_DEMO_LOG_TAG", "")
     start = "fresh" if resumed is None else f"resumed at step {resumed}"
-    print(f"{tag}rank {rank}: {start}", flush=True)
+    # one write of the whole line: print writes the text and the newline apart, and ranks that
+    # share an unbuffered log then interleave ("... step 176rank 1: ...")
+    sys.stdout.write(f"{tag}rank {rank}: {start}\n")
+    sys.stdout.flush()
 
 
 def run_record(
