@@ -279,3 +279,32 @@ def test_s4_evicts_what_the_standbys_replace_and_the_next_plan_uses_the_new_host
     assert len(mitigator.actions) == 2
     second = mitigator.actions[-1]
     assert isinstance(second.plan, RestartPlan) and second.plan.evict == ("standby0",)
+
+
+def test_a_job_that_went_on_with_fewer_ranks_is_planned_for_the_ranks_it_has(url: str) -> None:
+    """odyssey after a fail-stop with no standby (``failslow run --min-ranks``): the controller
+    was started for 4 ranks, the job record of the relaunch says 3 replicas keep the old global
+    batch of 16 micro-batches. A plan goes to the 3 ranks there are and commits (it would wait
+    for a fourth ack until the timeout), and its relief is the smaller world's even split
+    (6, 5, 5), not 5 x 3."""
+    config = load_config(
+        {"planner": {"microbatch_apply_s": 0.0, "plan_timeout_s": 5.0}}, environ={}
+    )
+    topology = Topology.megatron(tp=1, dp=3, pp=1, gpus_per_host=1, micro_batches=16)
+    ranks = _ranks(url, 3)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        store.set_json(
+            keys.JOB,
+            {"topology": topology.to_dict(), "capabilities": SUPPORTED, "world_size": 3},
+        )
+        store.set_json(keys.STEPS, {"steps": [[s, 0.1] for s in range(20)]})
+        mitigator = _diagnosed_after_slow_steps(store, config, ranks)
+        (action,) = mitigator.actions
+        assert action.outcome is not None and action.outcome.committed, action.outcome
+        assert isinstance(action.plan, MicroBatchPlan) and sum(action.plan.counts) == 16
+        mitigator.on_healthy()
+        mitigator.tick()
+        _wait_applied(ranks, 2)
+    _stop(ranks)
+    relief = [p for _, p in ranks[0].applied][-1]
+    assert isinstance(relief, MicroBatchPlan) and relief.counts == (6, 5, 5)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from failslow.core.control import keys
+from failslow.core.control import job_record, keys
 from failslow.core.control.journal import event
 from failslow.core.control.phase import align
 from failslow.core.control.store import Store
@@ -197,7 +197,7 @@ class Controller:
         from failslow.core.localize.summaries import GroupSummary
 
         summaries = []
-        for rank in range(self.world_size):
+        for rank in range(self._world()):
             items = self.store.get_json(f"{self.node_prefix}/summaries/{rank}") or []
             summaries += [GroupSummary.from_dict(item) for item in items]
         profiles = group_profiles(summaries)
@@ -212,7 +212,7 @@ class Controller:
         layout), else ``{"group_key": k, "call_index": c}`` on the group every rank published;
         None when neither exists. The margin is ``widen`` x :meth:`_margin_s`."""
         positions = [
-            self.store.get_json(f"{self.agent_prefix}/progress/{r}") for r in range(self.world_size)
+            self.store.get_json(f"{self.agent_prefix}/progress/{r}") for r in range(self._world())
         ]
         if any(p is None for p in positions):
             return None
@@ -250,10 +250,15 @@ class Controller:
             return self.validation.pause_margin_s
         return 1.5 * max(float(p.get("poll_s", AGENT_POLL_S)) for p in positions)
 
+    def _world(self) -> int:
+        """The ranks the job has now (the job record's: fewer after it went on without lost
+        ranks), else the configured number."""
+        return job_record.world_size(self.store, self.world_size)
+
     def _validate(self) -> None:
         from failslow.core.localize.validation.schedules import communicator_passes
 
-        passes = communicator_passes(link_groups(self._suspects, self.world_size))
+        passes = communicator_passes(link_groups(self._suspects, self._world()))
         tasks = [
             self.validation.gemm_task(),
             {
@@ -272,7 +277,7 @@ class Controller:
             try:
                 result = validation_round(
                     self.store,
-                    world_size=self.world_size,
+                    world_size=self._world(),
                     **target,
                     tasks=tasks,
                     timeout_s=self.validation.pause_timeout_s,

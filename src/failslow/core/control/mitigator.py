@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from failslow.core.control import keys
+from failslow.core.control import job_record, keys
 from failslow.core.control.journal import event
 from failslow.core.control.plan_channel import PlanOutcome, PlanResult, dispatch, horizon_steps
 from failslow.core.control.store import Store
@@ -361,7 +361,7 @@ class Mitigator:
         outcome = dispatch(
             self.store,
             plan,
-            world_size=self.world_size,
+            world_size=job_record.world_size(self.store, self.world_size),
             horizon_steps=horizon_steps(step_time, self.config.horizon_s),
             timeout_s=self.config.plan_timeout_s,
             token=self.token,

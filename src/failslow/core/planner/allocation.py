@@ -286,6 +286,9 @@ def even_counts(micro_batches: int, replicas: int) -> tuple[int, ...]:
 
 def even_plan(topology: Topology) -> MicroBatchPlan:
     """The framework's own split: ``M / D`` micro-batches per DP replica, every weight 1 (what
-    a job runs without a plan, and what a reverted micro-batch plan returns to)."""
-    dp = topology.dp
-    return MicroBatchPlan(counts=(topology.micro_batches // dp,) * dp, weights=(1.0,) * dp)
+    a job runs without a plan, and what a reverted micro-batch plan returns to). A job that
+    went on with fewer replicas than its global batch divides (odyssey) runs
+    :func:`even_counts`, each replica weighted ``m_r * D / M``."""
+    dp, m = topology.dp, topology.micro_batches
+    counts = even_counts(m, dp)
+    return MicroBatchPlan(counts=counts, weights=tuple(c * dp / m for c in counts))
