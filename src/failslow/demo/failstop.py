@@ -140,7 +140,7 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
                 refresh()
         stops = rank_launch.failstops(tmp / "chaos-state")
     summary = _summary(opts, run, stops, out, reference)
-    _restore_sources(summary, (out / "job.log").read_text(errors="replace"), opts.world_size)
+    _restore_sources(summary, (out / "job.log").read_text(errors="replace"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_table(summary, out)
     return summary
@@ -275,10 +275,10 @@ def _summary(
     }
 
 
-def _restore_sources(summary: dict[str, Any], log: str, world_size: int) -> None:
+def _restore_sources(summary: dict[str, Any], log: str) -> None:
     """Where the killed rank's state came from at each restart (the ranks' restore lines, one
     per rank and launch): ``holder's backup`` when its slot was evicted with its memory."""
-    launches = rank_launch.restore_sources(log, world_size)
+    launches = rank_launch.restore_sources(log)
     for restart, restored in zip(summary["restarts"], launches, strict=False):
         restart["restored_from"] = restored.get(str(restart["rank"]))
 

@@ -149,7 +149,7 @@ def compare_parameters(
     }
 
 
-def restore_sources(log: str, world_size: int) -> list[dict[str, str]]:
+def restore_sources(log: str) -> list[dict[str, str]]:
     """Per launch that restored from memory: where each rank's state came from (``holder's
     backup`` when its slot was evicted with its memory, else ``own snapshot``; a smaller world
     that gathered a larger one's states: ``holder's backup, resharded onto N ranks`` for the

@@ -282,7 +282,7 @@ def _restarts(run: _Run, log: str) -> list[dict[str, Any]]:
     walls = sorted(run.seen.values())
     normal = [b - a for a, b in itertools.pairwise(walls)]
     step_s = float(np.median(normal)) if normal else 0.0
-    sources = rank_launch.restore_sources(log, run.options.world_size)
+    sources = rank_launch.restore_sources(log)
     launches = sorted({e["launch"] for e in run.evictions})  # the launches a plan stopped
     out = []
     for i, resume in enumerate(run.resumes):

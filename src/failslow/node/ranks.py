@@ -548,7 +548,7 @@ class LocalRanks:
         if gone and self.options.slots_as_hosts:
             # the evicted machine's memory is gone with it (its snapshots, the backups it held
             # for its wards), in every world it kept
-            for world in self.worlds or [World(self._snapshot_base, [])]:
+            for world in self.worlds:
                 directory = self._dir(world, record.slot)
                 if directory is not None:
                     shutil.rmtree(directory, ignore_errors=True)
