@@ -39,8 +39,16 @@ SCRIPT = textwrap.dedent(
     record = {k: os.environ.get(k) for k in names}
     record.update(pid=os.getpid(), argv=sys.argv, name=__name__, cwd=os.getcwd(),
                   preloaded="colorsys" in sys.modules)
-    (out / f"rank{rank}-{os.getpid()}.json").write_text(json.dumps(record))
+    # written whole or not at all: a peer's exit can stop this rank mid-write
+    tmp = out / f".rank{rank}-{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, out / f"rank{rank}-{os.getpid()}.json")
     mode = os.environ.get("MODE", "ok")
+    if mode in ("fail", "unrestorable"):  # end only once every peer has said who it is
+        deadline = time.monotonic() + 30
+        while (len(list(out.glob("rank*.json"))) < int(os.environ["WORLD_SIZE"])
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
     if mode == "fail" and rank == 1:
         sys.exit(3)
     if mode == "orphan" and rank == 1:  # a data loader worker, say, left in the rank's group
