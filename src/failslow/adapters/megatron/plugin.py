@@ -21,6 +21,8 @@ Snapshots are per rank and issue no collective (byterobust 6.3): model chunks, t
 (a distributed optimizer's own shard in its dp-reshardable form plus its common state), the
 scheduler, the CPU/CUDA RNGs and the tensor-parallel RNG tracker's states, the iteration and
 the num-microbatches calculator. The optimizer step waits for the pending snapshot's copy.
+Each snapshot also records every tensor's layout-free identity, so a smaller world in another
+DP x PP layout can go on from a larger one's snapshots (:mod:`.reshard`, odyssey III-IV).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from failslow.adapters.common import swap
 from failslow.adapters.common.microbatch import ReplicaSplit
 from failslow.adapters.common.state import restore_rng_state, rng_state, wait_for_snapshot_before
 from failslow.adapters.common.topology import gather_topology
-from failslow.adapters.megatron import grid
+from failslow.adapters.megatron import grid, reshard
 from failslow.capabilities import SUPPORTED, Capabilities
 from failslow.core.planner.plans import MicroBatchPlan
 from failslow.core.topology import Topology
@@ -87,6 +89,9 @@ class MegatronAdapter(swap.InPlaceSwap):
             ps.get_pipeline_model_parallel_rank(),
         )
         num_microbatches, micro_batch_size = _batch_shape(num_microbatches, micro_batch_size)
+        self._configured_count = num_microbatches
+        """The count per replica the loop was written for (its ``num_microbatches``)."""
+        self._layout: dict[str, Any] | None = None
         self.split = ReplicaSplit(
             replica=coord[1], replicas=dp, micro_batches=num_microbatches * dp,
             framework="Megatron-core",
@@ -188,6 +193,7 @@ class MegatronAdapter(swap.InPlaceSwap):
             swap.adopt(self.scheduler, scheduler, "model_provider()")
         self.config = get_model_config(self.model[0])
         self.role_of, self.topology = role_of, topology
+        self._layout = None
         self.split.set_replica(topology.coords[self.rank][1], step)
         self._restore(state, step, split=split)
 
@@ -211,7 +217,16 @@ class MegatronAdapter(swap.InPlaceSwap):
             "split": self.split.state_dict(step),
             "role": self.role_of[self.rank],
             "step": step,
+            "layout": self._layout_record(),
         }
+
+    def _layout_record(self) -> dict[str, Any] | None:
+        """Each tensor's layout-free identity (:mod:`.reshard`), once per layout; None where the
+        state cannot be resharded anyway."""
+        optimizers = _optimizers(self.optimizer)
+        if self._layout is None and not reshard.refusal(optimizers):
+            self._layout = reshard.layout_record(self.model, optimizers)
+        return self._layout
 
     @hookimpl
     def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
@@ -259,6 +274,40 @@ class MegatronAdapter(swap.InPlaceSwap):
         _restore_calculator(state["calculator"])
         if split:
             self.split.load_state_dict(state["split"])
+
+    @hookimpl
+    def failslow_restore_resharded(
+        self, states: list[dict[str, Any]], step: int, old_rank: int | None
+    ) -> bool:
+        """A larger old world's step in this world's layout (odyssey III-IV): every model and
+        optimizer tensor gathered by its identity (:mod:`.reshard`), the old global batch of
+        ``M`` micro-batches split as evenly as it goes over this layout's ``D`` replicas, each
+        weighted ``m_r * D / M`` (as S2 plans are), so the gradient is the old world's."""
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
+
+        self.failslow_capabilities().require("snapshots")
+        optimizers = _optimizers(self.optimizer)
+        why = reshard.refusal(optimizers) or next(
+            ("an old rank's snapshot has no layout record" for s in states if not s["layout"]),
+            "",
+        )
+        if why:
+            raise ConfigError(why)
+        reshard.load_resharded(self.model, optimizers, self._layout_record(), states)
+        own = states[old_rank] if old_rank is not None else states[0]
+        if states[0]["scheduler"] is not None and self.scheduler is not None:
+            self.scheduler.load_state_dict(states[0]["scheduler"])
+        restore_rng_state(own["rng"])
+        tp = reshard.tp_source(states, ps.get_tensor_model_parallel_rank())
+        tensor_parallel.get_cuda_rng_tracker().set_states(
+            {name: s.clone() for name, s in tp["tp_rng"].items()}
+        )
+        self.iteration = int(states[0]["iteration"])
+        micro_batches = sum(int(c) for c in states[0]["split"]["counts"])
+        self.split.keep_global_batch(micro_batches)
+        self.topology = replace(self.topology, micro_batches=micro_batches)
+        return True
 
     @hookimpl
     def failslow_hot_update(self, code: dict[str, Any], step: int) -> bool:
@@ -309,6 +358,8 @@ class MegatronAdapter(swap.InPlaceSwap):
             self.session.step_boundary(self.iteration)
         even = self.split.micro_batches // self.split.replicas
         asked = kwargs.get("num_microbatches")
+        if asked == self._configured_count:  # the loop's own count: the split's even one
+            asked = even
         if self.split.counts != (even,) * self.split.replicas and asked != even:
             raise FailslowError(
                 f"forward_backward(num_microbatches={asked}): a micro-batch plan for "
