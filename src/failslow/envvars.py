@@ -39,6 +39,11 @@ RESHARD_FROM = "FAILSLOW_RESHARD_FROM"
 snapshot of its own: a JSON list of the larger worlds it may restore from, newest first, each
 ``{"directory", "rank"}`` - the node memory this rank kept from that world and the rank it was
 there (null: none). Each world's size and backup placement are in its ``placement.json``."""
+LAYOUT = "FAILSLOW_LAYOUT"
+"""Set by ``failslow run --min-ranks`` for a job that goes on in a layout the launcher chose
+(odyssey reroute or reconfigure, :mod:`failslow.core.planner.odyssey.rigid`): JSON
+``{"tp", "pp", "dp", "choice", "estimated_s", "before_s", "alternatives"}``. The training script
+builds its grid from it (``failslow.megatron.parallel_sizes``)."""
 JOB_TOKEN = "FAILSLOW_JOB_TOKEN"
 """The job's shared secret: ranks act only on pause requests and plans that carry it."""
 CONFIG_PREFIX = "FAILSLOW__"

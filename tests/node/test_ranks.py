@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent(
     rank = int(os.environ["RANK"])
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "FAILSLOW_SLOT",
              "FAILSLOW_RESTART", "FAILSLOW_HOST", "FAILSLOW_SNAPSHOT_DIR",
-             "FAILSLOW_RESHARD_FROM")
+             "FAILSLOW_RESHARD_FROM", "FAILSLOW_LAYOUT")
     record = {k: os.environ.get(k) for k in names}
     record.update(pid=os.getpid(), argv=sys.argv, name=__name__, cwd=os.getcwd(),
                   preloaded="colorsys" in sys.modules)
@@ -44,12 +44,13 @@ SCRIPT = textwrap.dedent(
     tmp.write_text(json.dumps(record))
     os.replace(tmp, out / f"rank{rank}-{os.getpid()}.json")
     mode = os.environ.get("MODE", "ok")
+    failing = int(os.environ.get("FAIL_RANK", "1"))
     if mode in ("fail", "unrestorable"):  # end only once every peer has said who it is
         deadline = time.monotonic() + 30
         while (len(list(out.glob("rank*.json"))) < int(os.environ["WORLD_SIZE"])
                and time.monotonic() < deadline):
             time.sleep(0.01)
-    if mode == "fail" and rank == 1:
+    if mode == "fail" and rank == failing:
         sys.exit(3)
     if mode == "orphan" and rank == 1:  # a data loader worker, say, left in the rank's group
         import subprocess
@@ -69,7 +70,7 @@ SCRIPT = textwrap.dedent(
         sys.exit(78)
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if mode in ("fail", "stubborn") and rank != 1:
+    if mode in ("fail", "stubborn") and rank != failing:
         time.sleep(600)  # a survivor waiting for a peer that will never come
     if mode == "stubborn":
         time.sleep(1.0)  # the peer ignores SIGTERM by now
@@ -452,3 +453,76 @@ def test_worlds_without_a_complete_snapshot_chain_back_to_the_last_larger_one(
         {"directory": str(memory / "world1" / "slot0"), "rank": 0},
         {"directory": str(memory / "slot0"), "rank": 0},
     ]
+
+
+def _grid_notes(memory: Path) -> None:
+    """The layout notes a Megatron job's snapshot service leaves: PP2 x DP2, 4 layers, a global
+    batch of 8 micro-batches, 0.1 s per micro-batch on each stage."""
+    from failslow.core.checkpoint.layout_notes import write_note
+    from failslow.core.topology import Topology
+
+    coords = ((0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1))
+    topology = Topology(
+        tp=1, dp=2, pp=2, coords=coords, hosts=("h",) * 4, micro_batches=8,
+        layers_per_stage=(2, 2),
+    )  # fmt: skip
+    for rank in range(4):
+        (memory / f"slot{rank}").mkdir(parents=True)
+        write_note(memory / f"slot{rank}", rank, topology, {"spacing": 0.1, "post_low": 0.01})
+
+
+def test_a_grid_that_loses_a_rank_goes_on_in_the_layout_odyssey_chose(tmp_path: Path) -> None:
+    """A PP2 x DP2 job whose ranks noted their layers loses rank 2 (stage 1 of replica 0) with
+    no standby: with room for every layer on one rank, odyssey reconfigures to PP1 x DP3 (3
+    micro-batches of 4 layers, against 9 pipeline slots of 2 layers for the reroute); the
+    three ranks are told the grid (``$FAILSLOW_LAYOUT``) and their old ranks."""
+    memory = tmp_path / "snapshots"
+    _grid_notes(memory)
+    ranks = _ranks(nproc=4, slots_as_hosts=True, min_ranks=2)
+    env = {"FAILSLOW_SNAPSHOT_DIR": str(memory), "FAIL_RANK": "2"}
+    try:
+        assert _run(tmp_path, ranks, "fail", **env)[0] == 3
+        status, records, _ = _run(tmp_path, ranks, "ok", restart=1, **env)
+    finally:
+        ranks.close()
+    assert status == 0 and ranks.slots == [0, 1, 3] and ranks.standby_slots == []
+    assert any("odyssey reconfigure: PP2xDP2 -> PP1xDP3 on 3 ranks" in s for s in ranks.said)
+    for rank, old in enumerate((0, 1, 3)):
+        layout = json.loads(records[rank]["FAILSLOW_LAYOUT"])
+        assert (layout["tp"], layout["pp"], layout["dp"], layout["choice"]) == (
+            1, 1, 3, "reconfigure",
+        )  # fmt: skip
+        assert layout["estimated_s"] < layout["before_s"] * 1.5
+        assert json.loads(records[rank]["FAILSLOW_RESHARD_FROM"])[0]["rank"] == old
+
+
+def test_a_lost_pipeline_s_other_ranks_stand_by_and_take_the_next_loss(tmp_path: Path) -> None:
+    """The same loss when a rank holds at most 2 layers (``max_stage_layers``): odyssey
+    reroutes - replica 0 cannot run without its stage 1, so replica 1 (old ranks 1 and 3) goes
+    on as PP2 x DP1 and rank 0's slot stands by. When the new rank 1 (slot 3) dies, that slot
+    takes its place, still in the chosen grid."""
+    memory = tmp_path / "snapshots"
+    _grid_notes(memory)
+    ranks = _ranks(nproc=4, slots_as_hosts=True, min_ranks=2)
+    ranks.options.max_stage_layers = 2
+    env = {"FAILSLOW_SNAPSHOT_DIR": str(memory), "FAIL_RANK": "2"}
+    try:
+        assert _run(tmp_path, ranks, "fail", **env)[0] == 3
+        status, second, _ = _run(tmp_path, ranks, "fail", restart=1, **{**env, "FAIL_RANK": "1"})
+        assert status == 3 and ranks.failstops[-1].replaced_by == 0
+        status, third, _ = _run(tmp_path, ranks, "ok", restart=2, **env)
+    finally:
+        ranks.close()
+    assert status == 0 and ranks.slots == [1, 0] and ranks.standby_slots == []
+    assert any("odyssey reroute: PP2xDP2 -> PP2xDP1 on 2 ranks" in s for s in ranks.said)
+    assert "slots [0] stand by (odyssey reroute)" in ranks.said
+    for records, slots in ((second, ("1", "3")), (third, ("1", "0"))):
+        assert [records[r]["FAILSLOW_SLOT"] for r in (0, 1)] == list(slots)
+        for r in (0, 1):
+            layout = json.loads(records[r]["FAILSLOW_LAYOUT"])
+            assert (layout["pp"], layout["dp"], layout["choice"]) == (2, 1, "reroute")
+    assert [json.loads(second[r]["FAILSLOW_RESHARD_FROM"])[0]["rank"] for r in (0, 1)] == [1, 3]
+    # the standby was old rank 0 in the four-rank world: its memory there is its own
+    assert json.loads(third[1]["FAILSLOW_RESHARD_FROM"])[0] == {
+        "directory": str(memory / "slot0"), "rank": 0,
+    }  # fmt: skip

@@ -41,6 +41,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         nproc_per_node=args.nproc_per_node,
         standbys=args.standbys,
         min_ranks=args.min_ranks,
+        max_stage_layers=args.max_stage_layers,
         preload=tuple(m.strip() for m in (args.preload or "").split(",") if m.strip()),
         warm=args.warm,
         spare_delay_s=args.spare_delay,
@@ -238,6 +239,15 @@ def register(sub: Any) -> None:
         help="with --nproc-per-node: a failed rank's slot with no standby left is dropped and the "
         "job goes on with one rank fewer, down to K ranks, from the in-memory snapshots "
         "(default: it restarts on its own slot)",
+    )
+    p.add_argument(
+        "--max-stage-layers",
+        type=int,
+        metavar="L",
+        help="with --min-ranks, for a job that reports its layers (Megatron-core): the most "
+        "transformer layers one rank can hold; odyssey chooses between dropping the replicas "
+        "that lost a rank (reroute) and a new PP x DP layout (reconfigure) within it "
+        "(default: any)",
     )
     p.add_argument(
         "--preload",

@@ -7,7 +7,8 @@ model, optimizer, scheduler)``, and ``fs.forward_backward(...)`` where the loop 
 ``get_forward_backward_func()(...)``. The control store comes from ``$FAILSLOW_STORE``, the rings
 from ``$FAILSLOW_RING_DIR`` (both set by the launcher, as ``failslow run --controller`` does);
 the slowdown is injected from outside. The worker records its step times and, at the end, every
-rank's parameters (``parameters-rank<r>.npz``; rank 0's also as ``parameters.npz``).
+rank's parameters (``parameters-rank<r>.npz``; rank 0's also as ``parameters.npz``; by
+Megatron's layout-free names as ``model-rank<r>.npz``).
 
 Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (and _HOST), FAILSLOW_DEMO_STEPS,
 FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica), FAILSLOW_DEMO_MICRO_BATCH_SIZE,
@@ -28,6 +29,8 @@ PIPELINE_STAGES = 2
 
 
 def main() -> None:
+
+    import numpy as np
 
     import failslow.megatron
     from failslow.demo.megatron_job import GptShape, build_gpt, train_step
@@ -50,7 +53,9 @@ def main() -> None:
         micro_batch_size=int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCH_SIZE", "8")),
         samples=8192,
     )  # fmt: skip
-    job = build_gpt(1, PIPELINE_STAGES, seed=0, shape=shape)
+    # the grid failslow run chose if the job goes on without lost ranks (odyssey), else PP2
+    tp, pp = failslow.megatron.parallel_sizes(1, PIPELINE_STAGES)
+    job = build_gpt(tp, pp, seed=0, shape=shape)
     fs = failslow.megatron.attach(
         job.model,
         job.optimizer,
@@ -76,6 +81,8 @@ def main() -> None:
     record = run_record(rank, step_end, first, resumed, fs)
     record["coords"] = list(fs.topology.coords[rank])  # the role it ends in (after a swap)
     params = {n: p.detach().cpu().numpy() for n, p in job.model[0].module.named_parameters()}
+    tensors = {name: t.detach().cpu().numpy() for name, t in fs.global_tensors().items()}
+    np.savez(out / f"model-rank{rank}.npz", **tensors)  # by layout-free names (any grid)
     finish(out, rank, record, params, fs, every_rank=True)
 
 

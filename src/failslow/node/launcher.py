@@ -101,6 +101,9 @@ class RunOptions:
     min_ranks: int | None = None
     """With no standby left, a failed rank's slot is dropped and the job goes on with one rank
     fewer, resharded from memory, while at least this many are left (None: restart in place)."""
+    max_stage_layers: int | None = None
+    """With ``min_ranks``: the most transformer layers one rank can hold, bounding the layouts
+    odyssey may choose for a job that reports its layers (Megatron-core); None: any."""
     preload: tuple[str, ...] = ()
     """Modules the warm rank processes import before they get a rank (torch always)."""
     warm: bool = True
@@ -189,6 +192,11 @@ def _check_options(options: RunOptions) -> None:
             raise ConfigError(
                 f"--min-ranks must be between 1 and --nproc-per-node "
                 f"({options.nproc_per_node}), got {k}"
+            )
+        layers = options.max_stage_layers
+        if layers is not None and (k is None or layers < 1):
+            raise ConfigError(
+                f"--max-stage-layers needs --min-ranks and must be >= 1, got {layers}"
             )
         if not options.spare_delay_s >= 0:
             raise ConfigError(f"--spare-delay must be >= 0 seconds, got {options.spare_delay_s}")
@@ -401,6 +409,7 @@ def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
             nproc=options.nproc_per_node,
             standbys=options.standbys,
             min_ranks=options.min_ranks,
+            max_stage_layers=options.max_stage_layers,
             preload=tuple(preload),
             warm=options.warm,
             kill_grace_s=options.agent.kill_grace_s,

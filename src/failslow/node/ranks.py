@@ -330,6 +330,8 @@ class World:
     slots: list[int]
     source: World | None = None
     """The larger world it was cut from."""
+    layout: dict[str, Any] | None = None
+    """The grid the launcher chose for it (``$FAILSLOW_LAYOUT``); None: the job's own."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -343,6 +345,10 @@ class RankOptions:
     """With no standby left, a dead rank's slot is dropped and the job goes on with one rank
     fewer while at least this many are left (the ranks reshard the larger world's snapshots:
     ``$FAILSLOW_RESHARD_FROM``); None: the rank restarts on its own slot."""
+    max_stage_layers: int | None = None
+    """With ``min_ranks``, on a job whose ranks report their layers (Megatron-core): the most
+    transformer layers one rank can hold (memory), which bounds the layouts odyssey may choose
+    (:mod:`failslow.core.planner.odyssey.rigid`); None: any."""
     kill_grace_s: float = 10.0
     refill_delay_s: float = 10.0
     """Warm spares start this long after a launch (its ranks' own start-up goes first)."""
@@ -482,11 +488,20 @@ class LocalRanks:
         current = self.worlds[-1]
         if self._dropping:
             current.slots = list(self.slots)
-            self.slots = [s for s in self.slots if s not in self._dropping]
+            layout = self._choose_layout(current)
+            if layout is None:
+                self.slots = [s for s in self.slots if s not in self._dropping]
+            else:
+                idle = [s for s in self.slots if s not in self._dropping]
+                self.slots = [current.slots[r] for r in layout.pop("keep")]
+                idle = [s for s in idle if s not in self.slots]
+                self.standby_slots += idle
+                if idle:
+                    self.say(f"slots {idle} stand by (odyssey {layout['choice']})")
             self._dropping = []
             base = self._snapshot_base
             directory = None if base is None else base / f"world{len(self.worlds)}"
-            current = World(directory, list(self.slots), current)
+            current = World(directory, list(self.slots), current, layout)
             self.worlds.append(current)
             self.say(f"the job goes on with {len(self.slots)} ranks on slots {self.slots}")
         current.slots = list(self.slots)
@@ -497,6 +512,44 @@ class LocalRanks:
                 sources.append(older)
                 older = older.source
         return current, sources
+
+    def _choose_layout(self, world: World) -> dict[str, Any] | None:
+        """Odyssey's reroute-or-reconfigure for a job whose ranks noted a rigid grid with its
+        layers (:mod:`failslow.core.planner.odyssey.rigid`): the new grid, the old ranks that
+        go on in new rank order (``keep``) and the estimates. None for a job that did not note
+        its layers (data-parallel jobs go on with every survivor)."""
+        from failslow.core.checkpoint.layout_notes import read_notes
+        from failslow.core.planner.odyssey.rigid import choose_rigid_layout, rigid_job_from_notes
+
+        places = [
+            (d, rank)
+            for rank, slot in enumerate(world.slots)
+            if (d := self._dir(world, slot)) is not None
+        ]
+        notes = read_notes(places)
+        if not notes or not all(n.get("layers") for n in notes):
+            return None
+        job = rigid_job_from_notes(notes, len(world.slots))
+        if job is None:
+            self.say("the ranks' layout notes do not describe one grid: going on with every "
+                     "survivor")  # fmt: skip
+            return None
+        lost = [world.slots.index(s) for s in self._dropping]
+        choice = choose_rigid_layout(
+            job, lost, min_ranks=self.options.min_ranks or 1,
+            max_stage_layers=self.options.max_stage_layers,
+        )  # fmt: skip
+        options = ", ".join(f"{k} {v:.3f} s" for k, v in choice.alternatives.items())
+        self.say(
+            f"odyssey {choice.choice}: PP{job.pp}xDP{job.dp} -> {choice.name} on "
+            f"{len(choice.keep)} ranks, step estimated {choice.step_time_s:.3f} s against "
+            f"{choice.before_s:.3f} s before ({options})"
+        )
+        return {
+            "tp": choice.tp, "pp": choice.pp, "dp": choice.dp, "choice": choice.choice,
+            "estimated_s": choice.step_time_s, "before_s": choice.before_s,
+            "alternatives": choice.alternatives, "keep": list(choice.keep),
+        }  # fmt: skip
 
     def _complete(self, world: World) -> bool:
         """Whether every rank of ``world`` has a committed snapshot of its own (headers only)."""
@@ -529,6 +582,8 @@ class LocalRanks:
         ]
         if chain:
             out[envvars.RESHARD_FROM] = json.dumps(chain)
+        if world.layout is not None:
+            out[envvars.LAYOUT] = json.dumps(world.layout)
         return out
 
     def _failstop(self, record: FailStop) -> FailStop:

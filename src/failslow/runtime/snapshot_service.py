@@ -223,6 +223,17 @@ class SnapshotService:
         record: dict[str, Any] = {
             "step": step, "old_world": old_world, "world": self.world_size, "counts": counts,
         }  # fmt: skip
+        chosen = _chosen_layout()
+        if chosen is not None:  # the launcher's choice (odyssey on the job's grid)
+            record["before_s"], record["estimated_s"] = chosen["before_s"], chosen["estimated_s"]
+            if self.rank == 0:
+                log.warning(
+                    "failslow: odyssey %s - PP%d x DP%d, %d micro-batches per step as %s: step "
+                    "estimated %.3f s, %.2fx the %d-rank job's %.3f s",
+                    chosen["choice"], topology.pp, dp, m, list(counts), chosen["estimated_s"],
+                    chosen["estimated_s"] / chosen["before_s"], old_world, chosen["before_s"],
+                )  # fmt: skip
+            return record
         if dp != self.world_size or not all(isinstance(p, dict) for p in profiles):
             return record  # one rank per replica is what the old profiles describe
         old_counts = [int(p.get("calls", 0)) for p in profiles]
@@ -298,10 +309,15 @@ class SnapshotService:
         state = self.hooks.failslow_snapshot_state(step=step)
         if state is None:
             raise Unsupported("snapshots", "no plugin returned the training state")
-        if self._profile is not None and isinstance(state, dict):
-            state = {**state, PROFILE: self._profile()}
+        profile = self._profile() if self._profile is not None else None
+        if profile is not None and isinstance(state, dict):
+            state = {**state, PROFILE: profile}
         self.snapshots.start(state, step)
         self.last_snapshot = step
+        if self.directory is not None:  # for the launcher, should ranks be lost (odyssey)
+            from failslow.core.checkpoint.layout_notes import write_note
+
+            write_note(self.directory, self.rank, self._topology(), profile)
 
     def before_optimizer_step(self) -> None:
         """The pending snapshot's copy must be complete before the optimizer mutates the
@@ -346,6 +362,17 @@ def reshard_sources() -> list[dict[str, Any]]:
             f"${envvars.RESHARD_FROM}: not a list of {{'directory': ..., 'rank': ...}}: {text}"
         )
     return sources
+
+
+def _chosen_layout() -> dict[str, Any] | None:
+    """``$FAILSLOW_LAYOUT`` with its estimates, else None."""
+    try:
+        layout = json.loads(os.environ.get(envvars.LAYOUT) or "null")
+        if layout is not None:
+            float(layout["estimated_s"]), float(layout["before_s"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return layout if isinstance(layout, dict) and float(layout["before_s"]) > 0 else None
 
 
 def _unrestorable(message: str) -> NoReturn:

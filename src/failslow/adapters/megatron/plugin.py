@@ -107,6 +107,7 @@ class MegatronAdapter(swap.InPlaceSwap):
             micro_batch_size=micro_batch_size,
             microbatch_multiple=group if len(self.model) > 1 else 1,
         )
+        self.topology = replace(self.topology, layers_per_stage=_layers_per_stage(self.config, pp))
         self.role_of = self.topology.megatron_ranks()
         """Megatron rank (role) each process runs: the identity until a topology swap."""
         self._grid_sizes = grid.grid_sizes()
@@ -318,6 +319,16 @@ class MegatronAdapter(swap.InPlaceSwap):
         (byterobust 6.3)."""
         wait_for_snapshot_before(self.optimizer, "step", self)
 
+    def global_tensors(self) -> dict[str, torch.Tensor]:
+        """This rank's model tensors by a name no layout changes (``<global key>@<offset>``:
+        Megatron's sharded identity), so runs in different DP x PP layouts compare tensor by
+        tensor; DP replicas name theirs alike."""
+        out = {}
+        for chunk, ids in zip(self.model, reshard.model_identities(self.model), strict=True):
+            state = chunk.state_dict()
+            out.update({f"{key}@{offset}": state[name] for name, (key, offset) in ids.items()})
+        return out
+
     # ---- data --------------------------------------------------------------------------------
     def data_iterator(
         self,
@@ -384,6 +395,21 @@ class MegatronAdapter(swap.InPlaceSwap):
         if self.session is not None:
             self.session.close()
             self.session = None
+
+
+def _layers_per_stage(config: Any, pp: int) -> tuple[int, ...]:
+    """Megatron's even split of the transformer layers over ``pp`` stages; () where the job
+    splits them otherwise (first/last stage sizes, a layout string, virtual stages), which
+    failslow does not rebuild on another pipeline split."""
+    uneven = (
+        getattr(config, "num_layers_in_first_pipeline_stage", None),
+        getattr(config, "num_layers_in_last_pipeline_stage", None),
+        getattr(config, "pipeline_model_parallel_layout", None),
+        getattr(config, "virtual_pipeline_model_parallel_size", None),
+    )
+    if any(u is not None for u in uneven) or config.num_layers % pp:
+        return ()
+    return (config.num_layers // pp,) * pp
 
 
 def _vp_group(config: Any, pp: int) -> int:

@@ -45,14 +45,12 @@ def refusal(optimizers: Sequence[Any]) -> str:
     return ""
 
 
-def layout_record(chunks: Sequence[Any], optimizers: Sequence[Any]) -> dict[str, Any]:
-    """The identity of every local key of ``chunks`` and of every parameter index of
-    ``optimizers`` (their ``state_dict`` order), plus the tensor-parallel rank and size."""
-    from megatron.core import parallel_state as ps
+def model_identities(chunks: Sequence[Any]) -> list[dict[str, Identity]]:
+    """Per model chunk, each local state key's identity: the sharded tensor's global key and
+    offset (``_extra_state`` objects have none)."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
     model: list[dict[str, Identity]] = []
-    by_param: dict[int, Identity] = {}
     for chunk in chunks:
         local = set(chunk.state_dict())
         ids: dict[str, Identity] = {}
@@ -63,11 +61,22 @@ def layout_record(chunks: Sequence[Any], optimizers: Sequence[Any]) -> dict[str,
             if name not in local:
                 raise FailslowError(f"Megatron sharded key {key!r} is not in the chunk's state")
             ids[name] = (sharded.key, tuple(int(o) for o in sharded.global_offset))
+        model.append(ids)
+    return model
+
+
+def layout_record(chunks: Sequence[Any], optimizers: Sequence[Any]) -> dict[str, Any]:
+    """The identity of every local key of ``chunks`` and of every parameter index of
+    ``optimizers`` (their ``state_dict`` order), plus the tensor-parallel rank and size."""
+    from megatron.core import parallel_state as ps
+
+    model = model_identities(chunks)
+    by_param: dict[int, Identity] = {}
+    for chunk, ids in zip(chunks, model, strict=True):
         for name, param in chunk.named_parameters():
             local_name = name if name in ids else name.removeprefix("module.")
             if local_name in ids:
                 by_param[id(param)] = ids[local_name]
-        model.append(ids)
     optimizer: list[dict[int, Identity]] = []
     for opt in optimizers:
         order = [p for group in opt.optimizer.param_groups for p in group["params"]]
