@@ -39,6 +39,18 @@ downtime; ``lost`` is how many steps were done twice).
   as 6, 5, 5). Its step after the loss is printed beside the one before, with what the model
   predicted from the old ranks' step profiles and what rank 0 measured (its log lines).
 
+- **Megatron: reroute vs reconfigure** (``--ways reroute,reconfigure``; the GPT job,
+  ``failslow.demo.megatron_worker``, TP1 x PP2 x DP2, hidden 256, 8 micro-batches of 8 per step,
+  Adam; ``--standbys 0 --min-ranks 2 --slots-as-hosts``): rank 1 (stage 0 of replica 1) is
+  killed; the launcher's odyssey chooses the layout from the ranks' layout notes. ``reroute``
+  bounds a rank to 2 layers (``--max-stage-layers 2``), so the replica that lost a stage is
+  dropped (PP2 x DP1, rank 1's pipeline partner stands by); ``reconfigure`` leaves it free, and
+  odyssey moves to PP1 x DP3. Printed: the model's step before and after beside the measured
+  ones (the step before and after are medians of the job's own step times), and the step's
+  change after / before: measured, then on dedicated cores (times the CPU share each rank
+  gains when fewer ranks share this machine's cores - odyssey's model is for dedicated
+  devices), then the model's.
+
 Also printed: kill -> detected (the launcher's record, warm only) and the ratios.
 ``--ways warm,shrink`` runs only those (the fresh launch from disk always runs unless
 ``--no-fresh``).
@@ -60,6 +72,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -96,15 +109,17 @@ def _evict(log: Path, token: str) -> int:
 
 def _kill_and_measure(
     tmp: Path, name: str, width: int, launcher: list[str], steps: int = STEPS,
-    planned: bool = False,
-) -> dict[str, float]:
-    """``planned``: an S4 restart plan evicts the victim's host instead of a kill."""
+    planned: bool = False, job_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``planned``: an S4 restart plan evicts the victim's host instead of a kill;
+    ``job_env``: the worker's settings over the DeepSpeed job's."""
     out = tmp / name
     out.mkdir()
-    env = launch_env(
-        out, steps, FAILSLOW_DEMO_WIDTH=str(width), FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
-        FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
-    )  # fmt: skip
+    settings = {
+        "FAILSLOW_DEMO_WIDTH": str(width), "FAILSLOW_DEMO_MICRO_BATCH_SIZE": "32",
+        "FAILSLOW_DEMO_CONFIG": json.dumps(SETTINGS), **(job_env or {}),
+    }  # fmt: skip
+    env = launch_env(out, steps, **settings)
     rings, state = tmp / f"{name}-rings", tmp / f"{name}-state"
     shm = Path(tempfile.mkdtemp(prefix="failslow-fsbench-", dir="/dev/shm"))
     token = "failstop-restart-benchmark"
@@ -173,6 +188,14 @@ def _kill_and_measure(
         "step_after_s": statistics.median(b - a for a, b in itertools.pairwise(after)),
     }  # fmt: skip
     text = (tmp / f"{name}.log").read_text()
+    chosen = re.search(
+        r"odyssey (\w+): (\S+) -> (\S+) on (\d+) ranks.*against ([\d.]+) s before", text
+    )
+    if chosen:
+        result["odyssey"] = f"{chosen.group(1)}: {chosen.group(2)} -> {chosen.group(3)}"
+        result["estimated_before_s"] = float(chosen.group(5))
+        # the model is for dedicated devices; here fewer ranks share the same cores
+        result["share_gain"] = _core_share(int(chosen.group(4))) / _core_share(4)
     estimated = re.search(r"step estimated ([\d.]+) s", text)
     measured = re.search(r"the step measured ([\d.]+) s against", text)
     if estimated:
@@ -185,20 +208,34 @@ def _kill_and_measure(
     return result
 
 
+def _core_share(ranks: int) -> float:
+    """The cores one rank gets when ``ranks`` share this machine's."""
+    return min(1.0, len(os.sched_getaffinity(0)) / ranks)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--ways", default="warm,cold,s4,shrink", help="comma-separated")
+    parser.add_argument(
+        "--ways", default="warm,cold,s4,shrink,reroute,reconfigure", help="comma-separated"
+    )
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
     parser.add_argument("--no-fresh", action="store_true", help="skip the fresh launch")
     args = parser.parse_args()
     console = Console(width=200)
-    table = Table(title="a rank SIGKILLed in a 4-rank DeepSpeed ZeRO-1 job (CPU/gloo): downtime")
+    table = Table(title="a rank SIGKILLed in a 4-rank job (CPU/gloo): downtime and the step after")
     for col in ("run", "way", "kill -> seen", "resumed at", "lost steps", "normal step",
-                "gap", "downtime", "x warm", "step after", "model's step after",
-                "rank 0 measured"):  # fmt: skip
+                "gap", "downtime", "x warm", "odyssey", "model's step before", "step after",
+                "model's step after", "rank 0 measured", "measured / model",
+                "after / before: measured, on dedicated cores", "model"):  # fmt: skip
         table.add_column(col)
+    megatron = [
+        "--nproc-per-node", "4", "--standbys", "0", "--min-ranks", "2", "--preload",
+        "megatron.core", "--slots-as-hosts", "--spare-delay", "2", "--",
+        "-m", "failslow.demo.megatron_worker",
+    ]  # fmt: skip
+    gpt = {"FAILSLOW_DEMO_MICRO_BATCH_SIZE": "8", "FAILSLOW_DEMO_WIDTH": "256"}
     ways = {
         "warm": ("warm standby (memory)", [
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
@@ -214,6 +251,10 @@ def main() -> None:
             "--preload", "deepspeed", "--slots-as-hosts", "--spare-delay", "2",
             "--", "-m", "failslow.demo.ds_worker",
         ]),
+        "reroute": ("Megatron PP2xDP2, no standby: reroute", [
+            "--max-stage-layers", "2", *megatron
+        ], gpt),
+        "reconfigure": ("Megatron PP2xDP2, no standby: reconfigure", megatron, gpt),
     }  # fmt: skip
     chosen = [w.strip() for w in args.ways.split(",") if w.strip()]
     unknown = sorted(set(chosen) - set(ways))
@@ -222,12 +263,13 @@ def main() -> None:
     for i in range(args.repeat):
         results = {}
         for key in chosen:
-            name, launcher = ways[key]
+            name, launcher, *job_env = ways[key]
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
                 console.print(f"run {i + 1}: {name} ...")
                 results[name] = _kill_and_measure(
-                    Path(t), "job", args.width, launcher, args.steps, planned=key == "s4"
-                )
+                    Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
+                    job_env=job_env[0] if job_env else None,
+                )  # fmt: skip
         if not args.no_fresh:
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
                 console.print(f"run {i + 1}: fresh launch from disk ...")
@@ -243,8 +285,16 @@ def main() -> None:
             table.add_row(
                 str(i + 1), name, seen, str(r["resumed"]), str(r["lost"]),
                 f"{r['step_s']:.2f} s", f"{r['gap_s']:.1f} s", f"{r['downtime']:.1f} s",
-                f"{r['downtime'] / warm:.2f}x" if warm else "-",
-                seconds(r, "step_after_s"), seconds(r, "estimated_s"), seconds(r, "measured_s"),
+                f"{r['downtime'] / warm:.2f}x" if warm else "-", r.get("odyssey", "-"),
+                seconds(r, "estimated_before_s"), seconds(r, "step_after_s"),
+                seconds(r, "estimated_s"), seconds(r, "measured_s"),
+                f"{r['measured_s'] / r['estimated_s']:.2f}x"
+                if "measured_s" in r and "estimated_s" in r else "-",
+                f"{r['step_after_s'] / r['step_s']:.2f}x, "
+                f"{r['step_after_s'] * r['share_gain'] / r['step_s']:.2f}x"
+                if "share_gain" in r else "-",
+                f"{r['estimated_s'] / r['estimated_before_s']:.2f}x"
+                if "estimated_before_s" in r else "-",
             )  # fmt: skip
     console.print(table)
 
