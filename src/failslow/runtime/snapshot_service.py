@@ -29,7 +29,7 @@ from failslow import envvars
 from failslow.capabilities import Capabilities, Unsupported
 from failslow.core.checkpoint.config import CheckpointConfig
 from failslow.core.topology import Topology
-from failslow.errors import ConfigError
+from failslow.errors import ConfigError, FailslowError
 from failslow.runtime.agreement import agree, distributed
 
 log = logging.getLogger(__name__)
@@ -194,9 +194,13 @@ class SnapshotService:
             self._cannot_resume("; ".join(errors), Path(sources[0]["directory"]).parent)
         states = found.states()
         profiles = [s.pop(PROFILE, None) if isinstance(s, dict) else None for s in states]
-        if not self.hooks.failslow_restore_resharded(
-            states=states, step=found.step, old_rank=old_rank
-        ):
+        try:
+            restored = self.hooks.failslow_restore_resharded(
+                states=states, step=found.step, old_rank=old_rank
+            )
+        except FailslowError as exc:  # the same refusal on every rank: end, do not shrink on
+            self._cannot_resume(f"this job cannot go on with {self.world_size} ranks: {exc}")
+        if not restored:
             raise Unsupported(
                 "snapshots",
                 "no plugin restores a snapshot of a larger world (failslow_restore_resharded)",
