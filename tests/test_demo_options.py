@@ -38,6 +38,7 @@ def test_bad_fault_options_are_one_line(options, message):
         (["--framework", "deepspeed", "--strategies", "S4", "--iterations", "50"], "do not apply"),
         (["--framework", "torch", "--strategies", "S2"], "needs a demo with mitigation"),
         (["--framework", "deepspeed", "--no-standby"], "--no-standby goes with --fault kill"),
+        (["--framework", "fsdp", "--fault", "kill"], "--fault kill needs --framework deepspeed or"),
     ],
 )
 def test_bad_strategies_are_one_line_before_anything_starts(argv, message, capsys):
@@ -60,3 +61,49 @@ def test_s4_demo_options_are_checked_in_one_line():
         with pytest.raises(FailslowError) as info:
             S4DemoOptions(**options).validate()
         assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_kill_demo_options_are_checked_in_one_line():
+    from failslow.demo.failstop import FailstopDemoOptions
+
+    for options, message in [
+        ({"framework": "fsdp"}, "framework 'fsdp' is not one of ['deepspeed', 'megatron']"),
+        ({"framework": "megatron", "world_size": 3}, "runs PP2 x DP2 on 4 ranks"),
+    ]:
+        with pytest.raises(FailslowError) as info:
+            FailstopDemoOptions(**options).validate()
+        assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_kill_demo_names_odyssey_s_choice_and_compares_a_model_split_over_ranks(tmp_path):
+    import numpy as np
+
+    from failslow.demo.failstop import _restore_sources
+    from failslow.demo.rank_launch import compare_parameters
+
+    summary = {"restarts": [
+        {"rank": 2, "action": "slot 2 dropped: 3 ranks go on (odyssey)"},
+        {"rank": 1, "action": "onto standby slot 4 (slot 1 evicted)"},
+    ]}  # fmt: skip
+    log = (
+        "failslow run: odyssey reconfigure: PP2xDP2 -> PP1xDP3 on 3 ranks, step estimated ...\n"
+        "failslow: rank 0 resumed step 8 of the 4-rank world on 3 ranks (old rank(s) [2] from "
+        "their holders' backups)\n"
+    )
+    _restore_sources(summary, log)
+    first, second = summary["restarts"]
+    assert first["action"] == (
+        "slot 2 dropped: 3 ranks go on (odyssey reconfigure: PP2xDP2 -> PP1xDP3)"
+    )
+    assert first["restored_from"] == "holder's backup, resharded onto 3 ranks"
+    assert second["action"] == "onto standby slot 4 (slot 1 evicted)"
+    # Megatron's workers each write their part by layout-free names: the runs compare whole
+    for run, parts in (("a", [{"w@(0,)": 1.0}, {"w@(1,)": 2.0}]), ("b", [{"w@(0,)": 1.0,
+                       "w@(1,)": 2.0 + 1e-6}])):  # fmt: skip
+        (tmp_path / run).mkdir()
+        for rank, part in enumerate(parts):
+            arrays = {k: np.full(3, v, dtype=np.float32) for k, v in part.items()}
+            np.savez(tmp_path / run / f"model-rank{rank}.npz", **arrays)
+    close = compare_parameters(tmp_path / "a", tmp_path / "b", "1e-5", rtol=1e-5)
+    assert close["equal"] and 0 < close["max_rel_norm_diff"] < 1e-6
+    assert not compare_parameters(tmp_path / "a", tmp_path / "b", "bitwise")["equal"]

@@ -45,8 +45,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         moved = summary["slow_rank_moved"]  # restarted away onto a standby
         return 0 if moved and summary["parameters"].get("equal", True) else 1
     if args.fault == "kill":
-        if args.framework != "deepspeed":
-            raise SystemExit("failslow demo: --fault kill needs --framework deepspeed")
+        if args.framework not in ("deepspeed", "megatron"):
+            raise SystemExit("failslow demo: --fault kill needs --framework deepspeed or megatron")
         from failslow.demo.failstop import FailstopDemoOptions, run_failstop_demo
 
         steps = args.iterations or FailstopDemoOptions.steps
@@ -59,6 +59,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 victims=(args.slow_rank % args.world_size, (args.slow_rank + 3) % args.world_size),
                 standbys=0 if args.no_standby else 1,
                 min_ranks=args.world_size - 2 if args.no_standby else None,
+                framework=args.framework,
                 out_dir=out_dir,
                 live=not args.no_live,
             )
@@ -158,16 +159,17 @@ def register(sub: Any) -> None:
         default="compute",
         help="compute - the slow rank is SIGSTOP-cycled (S2); link (megatron or fsdp, root) - "
         "every rank in its own network namespace, the link between ranks 0 and 1 shaped with "
-        "tc (S3 swaps roles in place); kill (deepspeed) - --slow-rank and another rank are "
-        "SIGKILLed at 2/7 and 9/14 of the run, the job restarts from memory on warm standbys "
-        "and its parameters are compared with a run without kills",
+        "tc (S3 swaps roles in place); kill (deepspeed or megatron) - --slow-rank and another "
+        "rank are SIGKILLed at 2/7 and 9/14 of the run, the job restarts from memory on warm "
+        "standbys and its parameters are compared with a run without kills",
     )
     p.add_argument(
         "--no-standby",
         action="store_true",
         help="--fault kill: no standby slot - each killed rank's slot is dropped and the job "
         "goes on with one rank fewer (failslow run --min-ranks), its state resharded from "
-        "memory and its global batch kept (odyssey); parameters compared within 1e-5",
+        "memory and its global batch kept (odyssey; on megatron in the grid odyssey chooses: "
+        "reroute or reconfigure); parameters compared within 1e-5",
     )
     p.add_argument(
         "--link-rate", help="--fault link: the link's rate (megatron 25mbit, fsdp 200mbit)"

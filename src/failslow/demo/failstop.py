@@ -19,6 +19,11 @@ Then the same job runs once more without kills, and the final parameters of both
 The live view shows the step, the launch and each kill, fail-stop and resume; ``summary.json``
 has ``lost_steps`` and ``downtime_s`` (per restart and in total), the action taken per
 fail-stop and the parameter comparison.
+
+``--framework megatron`` runs the same with Megatron-core's GPT on TP1 x PP2 x DP2
+(:mod:`failslow.demo.megatron_worker`); with ``--no-standby`` the launcher chooses each smaller
+world's grid (odyssey's reroute or reconfigure), named in the action, and the final model is
+compared by Megatron's layout-free tensor names.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -54,7 +60,10 @@ class FailstopDemoOptions:
     standbys: int = 1
     min_ranks: int | None = None
     """``failslow run --min-ranks``: with no standby left, a killed rank's slot is dropped and
-    the job goes on with one rank fewer (the parameters then match within 1e-5, not bitwise)."""
+    the job goes on with one rank fewer (the parameters then match within 1e-5, not bitwise);
+    on Megatron's grid in the layout odyssey chooses."""
+    framework: str = "deepspeed"
+    """``deepspeed`` (the ZeRO-1 job) or ``megatron`` (GPT on TP1 x PP2 x DP2)."""
     out_dir: Path | None = None
     live: bool = True
     reference: bool = True
@@ -65,6 +74,13 @@ class FailstopDemoOptions:
     timeout_s: float = 1800.0
 
     def validate(self) -> None:
+        if self.framework not in rank_launch.WORKERS:
+            raise FailslowError(
+                f"demo --fault kill: framework {self.framework!r} is not one of "
+                f"{sorted(rank_launch.WORKERS)}"
+            )
+        if self.framework == "megatron" and self.world_size != 4:
+            raise FailslowError("demo --fault kill: the Megatron job runs PP2 x DP2 on 4 ranks")
         if len(self.victims) != len(self.kill_steps):
             raise FailslowError("demo --fault kill: one victim rank per kill step")
         if any(not 0 <= v < self.world_size for v in self.victims):
@@ -99,7 +115,8 @@ def _live(run: _Run, opts: FailstopDemoOptions, enabled: bool) -> Iterator[Any]:
     from rich.table import Table
 
     def render() -> Table:
-        table = Table(title=f"failslow demo --fault kill: {opts.world_size}-rank DeepSpeed ZeRO-1")
+        job = rank_launch.WORKERS[opts.framework][3]
+        table = Table(title=f"failslow demo --fault kill: {opts.world_size}-rank {job}")
         table.add_column("step")
         table.add_column("launch")
         table.add_column("events (newest last)")
@@ -135,6 +152,7 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
                     world_size=opts.world_size,
                     standbys=opts.standbys,
                     timeout_s=opts.timeout_s,
+                    framework=opts.framework,
                 )
                 run.events.append("reference done")
                 refresh()
@@ -148,10 +166,10 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
 
 def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: Any) -> None:
     job_out = out / "job"
-    env = rank_launch.job_env(job_out, opts.steps)
+    env = rank_launch.job_env(job_out, opts.steps, opts.framework)
     argv = rank_launch.command(
         tmp, "chaos", world_size=opts.world_size, standbys=opts.standbys,
-        restarts=len(opts.kill_steps), min_ranks=opts.min_ranks,
+        restarts=len(opts.kill_steps), min_ranks=opts.min_ranks, framework=opts.framework,
     )  # fmt: skip
     log_path = out / "job.log"
     with open(log_path, "w") as log:
@@ -189,7 +207,7 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
                         run.seen.setdefault(s, now)
             for line in text.splitlines()[-50:]:
                 event = line.removeprefix("failslow run: ")
-                if " died (" in line and event not in run.events:
+                if (" died (" in line or event.startswith("odyssey ")) and event not in run.events:
                     run.events.append(event)
             trained = kill is None or "first_step_done" in kill  # the last restart trains
             if pending and run.step >= pending[0][0] and trained:
@@ -262,7 +280,7 @@ def _summary(
             out / "job", reference, "bitwise (a restart from a bitwise snapshot runs the same math)"
         )
     return {
-        "framework": "deepspeed",
+        "framework": opts.framework,
         "fault": "kill",
         "world_size": opts.world_size,
         "steps": opts.steps,
@@ -277,10 +295,17 @@ def _summary(
 
 def _restore_sources(summary: dict[str, Any], log: str) -> None:
     """Where the killed rank's state came from at each restart (the ranks' restore lines, one
-    per rank and launch): ``holder's backup`` when its slot was evicted with its memory."""
+    per rank and launch): ``holder's backup`` when its slot was evicted with its memory; and
+    where the launcher chose a new grid for the ranks that go on, odyssey's choice."""
     launches = rank_launch.restore_sources(log)
     for restart, restored in zip(summary["restarts"], launches, strict=False):
         restart["restored_from"] = restored.get(str(restart["rank"]))
+    choices = iter(re.findall(r"failslow run: (odyssey \w+: \S+ -> \S+) on", log))
+    for restart in summary["restarts"]:
+        if "dropped" in restart["action"]:
+            choice = next(choices, None)
+            if choice is not None:
+                restart["action"] = restart["action"].replace("(odyssey)", f"({choice})")
 
 
 def _print_table(summary: dict[str, Any], out: Path) -> None:

@@ -1,11 +1,12 @@
-"""The DeepSpeed demo job under the node's rank launcher, as users run it (issue 16).
+"""The demo jobs under the node's rank launcher, as users run them (issue 16).
 
 What the demos of the fail-stop half share - ``--fault kill`` (:mod:`failslow.demo.failstop`)
 and the S4 restart of a slow rank (:mod:`failslow.demo.s4`): the command that starts the
-4-rank ZeRO-1 job (:mod:`failslow.demo.ds_worker`, an in-memory snapshot and its backup on a
-peer every step) under ``failslow run --controller N --nproc-per-node N --standbys S
+4-rank job - DeepSpeed ZeRO-1 (:mod:`failslow.demo.ds_worker`) or Megatron-core's GPT on TP1 x
+PP2 x DP2 (:mod:`failslow.demo.megatron_worker`), an in-memory snapshot and its backup on a
+peer every step - under ``failslow run --controller N --nproc-per-node N --standbys S
 --slots-as-hosts``, its environment, rank 0's progress, the live process of a rank, the
-reference run without the fault and the bitwise comparison of the final parameters.
+reference run without the fault and the comparison of the final parameters.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
 """The job's failslow block: a snapshot (and its backup) every step."""
 RESUMED = re.compile(r"rank 0: resumed at step (\d+)")
 """Rank 0's line once a launch restored every rank from memory."""
+WORKERS = {
+    # framework: (the rank's module, what the warm processes preload, micro-batch size, title)
+    "deepspeed": ("failslow.demo.ds_worker", "deepspeed", "32", "DeepSpeed ZeRO-1"),
+    "megatron": ("failslow.demo.megatron_worker", "megatron.core", "8", "Megatron GPT PP2xDP2"),
+}
 
 
 def command(
@@ -40,9 +46,11 @@ def command(
     restarts: int,
     threshold: float | None = None,
     min_ranks: int | None = None,
+    framework: str = "deepspeed",
 ) -> list[str]:
     """``failslow run`` of the demo job: rings, state and snapshots under ``tmp/<name>-*``,
     one spare per rank two seconds after each launch, one slot per host."""
+    module, preload, _, _ = WORKERS[framework]
     extra = ["--threshold", str(threshold)] if threshold is not None else []
     if min_ranks is not None:
         extra += ["--min-ranks", str(min_ranks)]
@@ -51,18 +59,20 @@ def command(
         "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(tmp / f"{name}-state"),
         "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
         "--nproc-per-node", str(world_size), "--standbys", str(standbys),
-        "--preload", "deepspeed", "--spare-delay", "2", "--slots-as-hosts",
+        "--preload", preload, "--spare-delay", "2", "--slots-as-hosts",
         "--max-restarts", str(restarts),
-        "--", "-m", "failslow.demo.ds_worker",
+        "--", "-m", module,
     ]  # fmt: skip
 
 
-def job_env(job_out: Path, steps: int, **extra: str) -> dict[str, str]:
+def job_env(
+    job_out: Path, steps: int, framework: str = "deepspeed", **extra: str
+) -> dict[str, str]:
     """The demo job's environment, writing its progress and parameters to ``job_out``."""
     job_out.mkdir(parents=True, exist_ok=True)
     return launch_env(
         job_out, steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
-        FAILSLOW_DEMO_MICRO_BATCH_SIZE="32", **extra,
+        FAILSLOW_DEMO_MICRO_BATCH_SIZE=WORKERS[framework][2], **extra,
     )  # fmt: skip
 
 
@@ -106,12 +116,16 @@ def end(proc: subprocess.Popen[Any]) -> None:
 
 
 def run_reference(
-    tmp: Path, out: Path, steps: int, *, world_size: int, standbys: int, timeout_s: float
-) -> Path:
+    tmp: Path, out: Path, steps: int, *, world_size: int, standbys: int, timeout_s: float,
+    framework: str = "deepspeed",
+) -> Path:  # fmt: skip
     """The same job without the fault, ``steps`` steps, into ``out/reference``."""
     ref_out = out / "reference"
-    env = job_env(ref_out, steps)
-    argv = command(tmp, "reference", world_size=world_size, standbys=standbys, restarts=0)
+    env = job_env(ref_out, steps, framework)
+    argv = command(
+        tmp, "reference", world_size=world_size, standbys=standbys, restarts=0,
+        framework=framework,
+    )  # fmt: skip
     with open(out / "reference.log", "w") as log:
         done = subprocess.run(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
@@ -124,12 +138,14 @@ def run_reference(
 def compare_parameters(
     got_dir: Path, want_dir: Path, tolerance: str, rtol: float | None = None
 ) -> dict[str, Any]:
-    """Rank 0's final parameters (``parameters.npz``) of two runs, compared bitwise - or with
-    ``rtol``, within that relative tolerance per element (``rtol / 10`` absolute near zero) and
-    per tensor norm."""
-    got, want = np.load(got_dir / "parameters.npz"), np.load(want_dir / "parameters.npz")
-    same_names = sorted(got.files) == sorted(want.files)
-    names = [n for n in want.files if n in got.files]
+    """The final model of two runs, compared bitwise - or with ``rtol``, within that relative
+    tolerance per element (``rtol / 10`` absolute near zero) and per tensor norm. The model is
+    rank 0's ``parameters.npz`` (data parallel: every rank holds it all), or the union of every
+    rank's ``model-rank<r>.npz`` where the workers write one (Megatron: each rank holds a part,
+    by names no layout changes, so runs in different grids compare)."""
+    got, want = final_model(got_dir), final_model(want_dir)
+    same_names = sorted(got) == sorted(want)
+    names = [n for n in want if n in got]
     diffs = [float(np.max(np.abs(got[n] - want[n]))) for n in names]
     norms = [
         float(np.linalg.norm(got[n] - want[n]) / max(float(np.linalg.norm(want[n])), 1e-30))
@@ -147,6 +163,16 @@ def compare_parameters(
         "max_rel_norm_diff": max(norms, default=float("inf")),
         "tolerance": tolerance,
     }
+
+
+def final_model(out: Path) -> dict[str, np.ndarray]:
+    """A run's final model: every rank's ``model-rank<r>.npz`` merged, else ``parameters.npz``."""
+    parts = sorted(out.glob("model-rank*.npz"))
+    merged: dict[str, np.ndarray] = {}
+    for path in parts or [out / "parameters.npz"]:
+        saved = np.load(path)
+        merged.update({k: saved[k] for k in saved.files})
+    return merged
 
 
 def restore_sources(log: str) -> list[dict[str, str]]:
