@@ -36,6 +36,7 @@ needs no control store).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -134,6 +135,20 @@ class Job:
             if pid not in exclude and _alive(pid):
                 return pid
         return None
+
+    def lose(self, rank: int, steps_before: int, killed: list[int]) -> None:
+        """``steps_before`` steps on, SIGKILL ``rank``'s live process (appended to ``killed``),
+        and wait until the launcher recorded it and rank 0 resumed in the next launch."""
+        done = self.step()
+        self.wait(lambda: self.step() >= done + steps_before)
+        self.wait(lambda: self.pid_of(rank, set(killed)) is not None)
+        pid = self.pid_of(rank, set(killed))
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        self.wait(lambda: len(self.stops()) == len(killed))
+        offset = len(self.log.read_text())
+        self.wait(lambda: "rank 0: resumed at step" in self.log.read_text()[offset:])
 
     def stops(self) -> list[dict]:
         try:
@@ -333,19 +348,7 @@ def test_ranks_lost_with_no_standby_left_the_job_goes_on_without_them(tmp_path: 
     proc, out = _launch(tmp_path, "chaos", 2, standbys=0, extra=("--min-ranks", "2"))
     job = Job(tmp_path, proc, out)
     pids: list[int] = []
-
-    def lose(rank: int, steps_before: int) -> None:
-        done = job.step()
-        job.wait(lambda: job.step() >= done + steps_before)
-        job.wait(lambda: job.pid_of(rank, set(pids)) is not None)
-        pid = job.pid_of(rank, set(pids))
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        pids.append(pid)
-        job.wait(lambda: len(job.stops()) == len(pids))
-        offset = len(job.log.read_text())
-        job.wait(lambda: "rank 0: resumed at step" in job.log.read_text()[offset:])
-
+    lose = functools.partial(job.lose, killed=pids)
     lose(2, 9)
     lose(1, 5)  # the three-rank world has its own snapshots by then
     resumed = job.step()
@@ -407,19 +410,7 @@ def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
     )
     job = Job(tmp_path, proc, out)
     pids: list[int] = []
-
-    def lose(rank: int, steps_before: int) -> None:
-        done = job.step()
-        job.wait(lambda: job.step() >= done + steps_before)
-        job.wait(lambda: job.pid_of(rank, set(pids)) is not None)
-        pid = job.pid_of(rank, set(pids))
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        pids.append(pid)
-        job.wait(lambda: len(job.stops()) == len(pids))
-        offset = len(job.log.read_text())
-        job.wait(lambda: "rank 0: resumed at step" in job.log.read_text()[offset:])
-
+    lose = functools.partial(job.lose, killed=pids)
     lose(2, 8)
     lose(1, 18)  # past the 16 steps after which the 3-rank world logs its measured step
     resumed = job.step()
