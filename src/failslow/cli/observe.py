@@ -1,4 +1,5 @@
-"""``failslow report`` and ``failslow top``: a run as one HTML file, a running job live."""
+"""``failslow report``, ``failslow top`` and ``failslow stacks``: a run as one HTML file, a
+running job live, and where a hung or declining job's processes stand (stack aggregation)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,33 @@ def _cmd_top(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_stacks(args: argparse.Namespace) -> int:
+    import json
+
+    from failslow.core.diagnosis.stacks import aggregate
+    from failslow.errors import ConfigError
+    from failslow.node.stacks import capture, job_topology, print_aggregation, rank_pids
+
+    ranks = rank_pids(Path(args.ring_dir))
+    if not ranks:
+        raise ConfigError(f"{args.ring_dir}: no ring of a running rank (is the job running?)")
+    topology = job_topology(args.store)
+    if topology is not None and max(ranks) >= topology.world_size:
+        topology = None  # the record is of another launch (a smaller world): ranks only
+    stacks = capture(
+        ranks, native=args.native, children=not args.no_children, timeout_s=args.timeout
+    )
+    found = aggregate(stacks, topology)
+    if args.json:
+        text = json.dumps(found.to_dict(), indent=2)
+        if args.json == "-":
+            print(text)
+            return 0
+        Path(args.json).write_text(text)
+    print_aggregation(found)
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "report", help="one self-contained HTML file for a run (demo, failslow run, simulate)"
@@ -48,3 +76,22 @@ def register(sub: Any) -> None:
         "--ranks", type=int, default=16, metavar="K", help="show the K slowest ranks (16)"
     )
     p.set_defaults(func=_cmd_top)
+
+    p = sub.add_parser(
+        "stacks",
+        help="a hung or slowed job: every rank's stack and its children's (py-spy), grouped; "
+        "the parallel group the outliers share (byterobust 5.1)",
+    )
+    p.add_argument("--ring-dir", required=True, metavar="DIR", help="the job's ring directory")
+    p.add_argument(
+        "--store", metavar="URL", help="the job's control store (its topology names the group)"
+    )
+    p.add_argument("--native", action="store_true", help="C/C++ frames too (py-spy --native)")
+    p.add_argument(
+        "--no-children", action="store_true", help="the ranks only, not their data loaders"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=10.0, metavar="SECONDS", help="per process (10)"
+    )
+    p.add_argument("--json", metavar="FILE", help="also write the groups as JSON (- : stdout)")
+    p.set_defaults(func=_cmd_stacks)

@@ -1,0 +1,266 @@
+"""Stack aggregation: which parallel group a hang or an MFU decline sits in (byterobust 5.1).
+
+When a job hangs, or slows down everywhere at once, no metric names a machine. byterobust then
+takes the stack traces of every training process and of its children (data loader workers,
+checkpoint processes) and, assuming most healthy processes show the same stack under a single
+implicit failure:
+
+1. groups them by string matching (:func:`signature`: each frame's function and file, innermost
+   first; line numbers and native addresses, which differ between identical states, dropped);
+2. takes the dominant group of each process kind (training processes, children) as healthy and
+   every other group as outliers - a tie for the largest leaves the kind undecided, and nothing
+   is evicted on it (half a cluster is not over-evicted on a coin toss);
+3. finds the parallel group the outliers share and marks it for over-eviction
+   (:func:`shared_group`): of the TP, PP and DP groups and the machines, the kind whose groups
+   holding an outlier cover the fewest ranks - one PP group in the paper's Fig. 7, where a
+   stalled last stage leaves its pipeline in ``isend``/``irecv`` and ``all_gather``.
+
+For an MFU decline the aggregation is repeated every few seconds; each round flags the group
+with the most outliers and, after ``rounds`` rounds, the most flagged group is the degrader
+(:class:`DeclineTally`, 5.1's last paragraph).
+
+Cost: one pass over the stacks (a dict of signatures) and O(outliers + groups touched) for the
+shared group; 1,024 ranks' stacks aggregate in milliseconds (benchmarks/stack_aggregation.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from failslow.core.topology import Topology
+
+RANK = "rank"
+"""The kind of a training process (the rank itself); its children are ``child``."""
+CHILD = "child"
+_ADDRESS = re.compile(r"^(0x[0-9a-fA-F]+|\?\?)$")
+KINDS = ("pp", "dp", "tp", "host")
+"""Parallel-group kinds a shared group may be, in the order that breaks ties."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    function: str
+    file: str
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStack:
+    """One process's stack as captured (py-spy), innermost frame first."""
+
+    rank: int
+    pid: int
+    kind: str
+    """:data:`RANK` or :data:`CHILD`."""
+    frames: tuple[Frame, ...]
+    """The main thread's frames, innermost first."""
+    error: str = ""
+    """Why no stack was read ("" when one was)."""
+
+
+def signature(frames: Iterable[Frame]) -> str:
+    """The string stacks are matched on: ``function (file)`` per frame, innermost first, native
+    frames that are only an address left out."""
+    kept = (f"{f.function} ({f.file})" for f in frames if not _ADDRESS.match(f.function))
+    return " <- ".join(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class StackGroup:
+    kind: str
+    signature: str
+    ranks: tuple[int, ...]
+    """The ranks with a process of this group (each once)."""
+    processes: int
+    healthy: bool | None
+    """True: the dominant group of its kind; False: an outlier; None: its kind had a tie."""
+    frames: tuple[Frame, ...]
+    """One member's frames (for display)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedGroup:
+    kind: str
+    """``pp``, ``dp``, ``tp``, ``host``, or ``ranks`` when no topology is known."""
+    groups: tuple[tuple[int, ...], ...]
+    """The groups of that kind holding an outlier."""
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "groups": [list(g) for g in self.groups],
+            "ranks": list(self.ranks),
+            "hosts": list(self.hosts),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregation:
+    groups: tuple[StackGroup, ...]
+    """Largest first within each kind."""
+    outliers: tuple[int, ...]
+    """Ranks with a process in an outlier group."""
+    undecided: tuple[str, ...] = ()
+    """Kinds whose largest groups tied (no healthy group known)."""
+    suspects: SharedGroup | None = None
+    """What to over-evict: None when nothing stands out, or a kind was undecided."""
+    unreadable: tuple[tuple[int, int, str], ...] = ()
+    """``(rank, pid, why)`` of processes whose stack could not be read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "groups": [
+                {
+                    "kind": g.kind,
+                    "healthy": g.healthy,
+                    "processes": g.processes,
+                    "ranks": list(g.ranks),
+                    "signature": g.signature,
+                }
+                for g in self.groups
+            ],
+            "outliers": list(self.outliers),
+            "undecided": list(self.undecided),
+            "suspects": None if self.suspects is None else self.suspects.to_dict(),
+            "unreadable": [list(u) for u in self.unreadable],
+        }
+
+
+def aggregate(stacks: Sequence[ProcessStack], topology: Topology | None = None) -> Aggregation:
+    """Group ``stacks`` by :func:`signature` per process kind, mark the dominant group of each
+    kind healthy and find the parallel group the outliers share (see the module)."""
+    members: dict[tuple[str, str], list[ProcessStack]] = collections.defaultdict(list)
+    unreadable = []
+    for s in stacks:
+        if s.error:
+            unreadable.append((s.rank, s.pid, s.error))
+            continue
+        members[(s.kind, signature(s.frames))].append(s)
+    by_kind: dict[str, list[tuple[str, list[ProcessStack]]]] = collections.defaultdict(list)
+    for (kind, sig), procs in members.items():
+        by_kind[kind].append((sig, procs))
+    groups: list[StackGroup] = []
+    undecided: list[str] = []
+    outliers: set[int] = set()
+    for kind in sorted(by_kind, key=lambda k: (k != RANK, k)):
+        entries = sorted(by_kind[kind], key=lambda e: (-_weight(e[1]), e[0]))
+        tie = len(entries) > 1 and _weight(entries[0][1]) == _weight(entries[1][1])
+        if tie:
+            undecided.append(kind)
+        for i, (sig, procs) in enumerate(entries):
+            healthy = None if tie else i == 0
+            ranks = tuple(sorted({p.rank for p in procs}))
+            if healthy is False:
+                outliers.update(ranks)
+            groups.append(StackGroup(kind, sig, ranks, len(procs), healthy, procs[0].frames))
+    suspects = None
+    if outliers and not undecided:
+        suspects = shared_group(sorted(outliers), topology)
+    return Aggregation(
+        groups=tuple(groups),
+        outliers=tuple(sorted(outliers)),
+        undecided=tuple(undecided),
+        suspects=suspects,
+        unreadable=tuple(unreadable),
+    )
+
+
+def _weight(procs: Sequence[ProcessStack]) -> int:
+    """A group's size: its distinct ranks (a rank's several workers count once)."""
+    return len({p.rank for p in procs})
+
+
+def group_of(topology: Topology, kind: str, rank: int) -> tuple[int, ...]:
+    """The ranks of ``rank``'s group of ``kind`` (``pp``, ``dp``, ``tp`` or ``host``)."""
+    t, d, p = topology.coords[rank]
+    if kind == "pp":
+        return tuple(topology.pp_group(t, d))
+    if kind == "dp":
+        return tuple(topology.dp_group(t, p))
+    if kind == "tp":
+        return tuple(topology.tp_group(d, p))
+    if kind == "host":
+        return tuple(topology.ranks_on(topology.hosts[rank]))
+    raise ValueError(f"unknown group kind {kind!r}")
+
+
+def shared_group(outliers: Sequence[int], topology: Topology | None) -> SharedGroup:
+    """The parallel group the ``outliers`` share: of the kinds in :data:`KINDS`, the one whose
+    groups that hold an outlier cover the fewest ranks (ties in :data:`KINDS` order); every
+    machine of those ranks is to be over-evicted. Without a topology: the outliers themselves.
+    O(outliers x group size)."""
+    if topology is None:
+        return SharedGroup("ranks", (tuple(outliers),), tuple(outliers), ())
+    best: tuple[int, int, str, tuple[tuple[int, ...], ...]] | None = None
+    for order, kind in enumerate(KINDS):
+        found: dict[tuple[int, ...], None] = {}
+        for rank in outliers:
+            found.setdefault(group_of(topology, kind, rank), None)
+        covered = len({r for g in found for r in g})
+        key = (covered, order, kind, tuple(found))
+        if best is None or key[:2] < best[:2]:
+            best = key
+    assert best is not None
+    _, _, kind, chosen = best
+    ranks = tuple(sorted({r for g in chosen for r in g}))
+    hosts = tuple(sorted({topology.hosts[r] for r in ranks}))
+    return SharedGroup(kind, chosen, ranks, hosts)
+
+
+@dataclass
+class DeclineTally:
+    """byterobust 5.1 for an MFU decline: every round flags the parallel group with the most
+    outliers; after ``rounds`` rounds the most flagged one is the degrader."""
+
+    rounds: int = 5
+    flags: collections.Counter[tuple[str, tuple[int, ...]]] = field(
+        default_factory=collections.Counter
+    )
+    seen: int = 0
+
+    def add(self, aggregation: Aggregation, topology: Topology) -> tuple[str, tuple[int, ...]]:
+        """Count one round; returns the group it flags (``("none", ())`` if nothing stood
+        out)."""
+        self.seen += 1
+        if not aggregation.outliers or aggregation.undecided:
+            return ("none", ())
+        per_group: collections.Counter[tuple[str, tuple[int, ...]]] = collections.Counter()
+        suspects = aggregation.suspects or shared_group(aggregation.outliers, topology)
+        kind = suspects.kind
+        for rank in aggregation.outliers:
+            per_group[(kind, group_of(topology, kind, rank) if kind in KINDS else (rank,))] += 1
+        flagged = max(per_group.items(), key=lambda kv: (kv[1], -min(kv[0][1])))[0]
+        self.flags[flagged] += 1
+        return flagged
+
+    @property
+    def done(self) -> bool:
+        return self.seen >= self.rounds
+
+    def degrader(self) -> tuple[str, tuple[int, ...]] | None:
+        """The most flagged group once ``rounds`` rounds ran (None before, or if none was)."""
+        if not self.done or not self.flags:
+            return None
+        return max(self.flags.items(), key=lambda kv: (kv[1], -min(kv[0][1])))[0]
+
+
+def frames_from_py_spy(threads: Sequence[Mapping[str, Any]], pid: int) -> tuple[Frame, ...]:
+    """The main thread's frames of one ``py-spy dump --json`` process (innermost first); the
+    first thread when none is the main one (py-spy lists threads it can read)."""
+    if not threads:
+        return ()
+    main = next((t for t in threads if t.get("os_thread_id") == pid), threads[0])
+    return tuple(
+        Frame(
+            str(f.get("name", "?")),
+            str(f.get("short_filename") or f.get("filename") or "?"),
+            int(f.get("line") or 0),
+        )
+        for f in main.get("frames", ())
+    )
