@@ -78,6 +78,7 @@ def _launch(
     store: str | None = None,
     extra: tuple[str, ...] = (),
     framework: str = "deepspeed",
+    env_extra: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[str], Path]:
     out = tmp / name
     out.mkdir()
@@ -85,7 +86,7 @@ def _launch(
     env = launch_env(
         out, steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
         FAILSLOW_DEMO_MICRO_BATCH_SIZE=micro_batch_size,
-        FAILSLOW_DEMO_STOP_FILE=str(tmp / f"{name}-stop"),
+        FAILSLOW_DEMO_STOP_FILE=str(tmp / f"{name}-stop"), **(env_extra or {}),
     )  # fmt: skip
     command = [
         sys.executable, "-m", "failslow.cli", "run", "--controller", "4",
@@ -438,3 +439,48 @@ def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
     for name in want:
         assert norms[name] <= 1e-5, (name, norms[name])
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_timeout(
+    tmp_path: Path,
+) -> None:
+    """byterobust 4.1 + 5.1 (issue 18): the DeepSpeed ZeRO-1 job with one standby slot and
+    ``--hang-after 4``. Slot 1's machine hangs after step 12 (``$FAILSLOW_DEMO_FAULT``, a
+    plugin: rank 1's training thread never reaches its next collective; the other three wait in
+    theirs, which gloo would time out after 30 minutes). The launcher sees no collective on any
+    rank's ring for 4 s, dumps every rank's process and its children with py-spy, finds rank 1's
+    stack alone (``injected_hang``) among three alike, evicts its slot onto the standby and
+    restarts every rank from memory; rank 1 on the standby slot pulls its state from its
+    holder's backup. The job finishes with bitwise the model of a run without the hang."""
+    pytest.importorskip("deepspeed", reason="needs the deepspeed extra: failslow[deepspeed]")
+    pytest.importorskip("failslow.node.stacks").py_spy()  # a test dependency
+    fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "hang", "slot": 1, "step": 12})}
+    proc, out = _launch(
+        tmp_path, "chaos", 1, extra=("--hang-after", "4"), env_extra=fault
+    )  # fmt: skip
+    job = Job(tmp_path, proc, out)
+    job.wait(lambda: len(job.stops()) == 1, timeout=400)
+    offset = len(job.log.read_text())
+    job.wait(lambda: "rank 0: resumed at step" in job.log.read_text()[offset:])
+    resumed = job.step()
+    job.wait(lambda: job.step() >= resumed + 6)
+    (tmp_path / "chaos-stop").touch()
+    assert proc.wait(timeout=600) == 0, job.tail()
+    [stop] = job.stops()
+    assert (stop["rank"], stop["slot"], stop["cause"], stop["replaced_by"]) == (1, 1, "hung", 4)
+    hangs = (tmp_path / "chaos-state" / "hangs.jsonl").read_text().splitlines()
+    [hang] = [json.loads(line) for line in hangs]
+    assert hang["outliers"] == [1] and hang["suspects"]["ranks"] == [1], hang
+    assert 4.0 <= hang["quiet_s"] < 30.0 and hang["aggregation_s"] < 10.0, hang
+    stuck = [g for g in hang["groups"] if g["kind"] == "rank" and g["healthy"] is False]
+    assert stuck and "injected_hang" in stuck[0]["signature"], hang
+    text = job.log.read_text()
+    assert "rank 1 (slot 1" in text and "hung (stack aggregation named it)" in text, job.tail()
+
+    record = json.loads(sorted(out.glob("steps-rank0*.json"))[-1].read_text())
+    steps = record["first_step"] + len(record["step_end"]) - 1
+    reference, ref_out = _launch(tmp_path, "reference", 0, steps=steps)
+    assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    got, want = np.load(out / "parameters.npz"), np.load(ref_out / "parameters.npz")
+    for name in want.files:
+        assert np.array_equal(got[name], want[name]), name

@@ -526,3 +526,32 @@ def test_a_lost_pipeline_s_other_ranks_stand_by_and_take_the_next_loss(tmp_path:
     assert json.loads(third[1]["FAILSLOW_RESHARD_FROM"])[0] == {
         "directory": str(memory / "slot0"), "rank": 0,
     }  # fmt: skip
+
+
+def test_ranks_a_hang_names_are_evicted_and_the_launch_ends_for_a_restart(tmp_path: Path) -> None:
+    """What the hang watch does once stack aggregation named rank 1 (tests/node/test_hang.py):
+    its slot goes to the standby, every rank is stopped, and the launch ends with HUNG for the
+    agent to restart it from memory."""
+    from failslow.node.ranks import HUNG
+
+    ranks = _ranks(nproc=3, standbys=1, grace=2.0)
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    try:
+        group = ranks.spawn([str(script), str(out)], {**os.environ, "MODE": "machine"}, None)
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("rank*.json"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert group.running()
+        group.hang([1])
+        assert group.wait(timeout=60) == HUNG and not group.running()
+    finally:
+        ranks.close()
+    [stop] = ranks.failstops
+    assert (stop.rank, stop.cause, stop.replaced_by, stop.status) == (1, "hung", 3, HUNG)
+    assert "rank 1 (slot 1" in ranks.said[-1] and "hung (stack aggregation named it)" in (
+        ranks.said[-1]
+    )
+    assert ranks.slots == [0, 3, 2]

@@ -42,6 +42,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         standbys=args.standbys,
         min_ranks=args.min_ranks,
         max_stage_layers=args.max_stage_layers,
+        hang_after_s=args.hang_after,
         preload=tuple(m.strip() for m in (args.preload or "").split(",") if m.strip()),
         warm=args.warm,
         spare_delay_s=args.spare_delay,
@@ -239,6 +240,15 @@ def register(sub: Any) -> None:
         help="with --nproc-per-node: a failed rank's slot with no standby left is dropped and the "
         "job goes on with one rank fewer, down to K ranks, from the in-memory snapshots "
         "(default: it restarts on its own slot)",
+    )
+    p.add_argument(
+        "--hang-after",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="with --nproc-per-node: no collective on any rank for this long is a hang; stack "
+        "aggregation (py-spy) names the parallel group to evict and the job restarts from "
+        "memory without it (default 120; 0: off)",
     )
     p.add_argument(
         "--max-stage-layers",

@@ -52,6 +52,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    from failslow.demo import fault_plugin
     from failslow.demo.worker_io import (
         all_ranks_see,
         announce_start,
@@ -108,6 +109,9 @@ def main() -> None:
         engine.load_checkpoint(disk)
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     adapter = engine.failslow
+    fault = fault_plugin.from_env()  # tests and demos: a fault through the plugin API
+    if fault is not None:
+        adapter.session.pm.register(fault)
     resumed = adapter.session.resumed_step
     announce_start(rank, resumed)
     step_end: list[float] = [time.time()]

@@ -104,6 +104,9 @@ class RunOptions:
     max_stage_layers: int | None = None
     """With ``min_ranks``: the most transformer layers one rank can hold, bounding the layouts
     odyssey may choose for a job that reports its layers (Megatron-core); None: any."""
+    hang_after_s: float = 120.0
+    """No collective on any rank for this long is a hang: stack aggregation names the group to
+    evict (:mod:`failslow.node.hang`); 0: not watched."""
     preload: tuple[str, ...] = ()
     """Modules the warm rank processes import before they get a rank (torch always)."""
     warm: bool = True
@@ -193,6 +196,8 @@ def _check_options(options: RunOptions) -> None:
                 f"--min-ranks must be between 1 and --nproc-per-node "
                 f"({options.nproc_per_node}), got {k}"
             )
+        if not options.hang_after_s >= 0:
+            raise ConfigError(f"--hang-after must be >= 0 seconds, got {options.hang_after_s}")
         layers = options.max_stage_layers
         if layers is not None and (k is None or layers < 1):
             raise ConfigError(
@@ -410,6 +415,7 @@ def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
             standbys=options.standbys,
             min_ranks=options.min_ranks,
             max_stage_layers=options.max_stage_layers,
+            hang_after_s=options.hang_after_s,
             preload=tuple(preload),
             warm=options.warm,
             kill_grace_s=options.agent.kill_grace_s,

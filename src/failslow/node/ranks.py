@@ -57,6 +57,9 @@ from failslow.core.control.stop import (
 )
 from failslow.errors import ConfigError, FailslowError
 
+HUNG = 124
+"""The status a hung rank's fail-stop carries (``timeout``'s): the launch ends with it and the
+agent restarts the job from memory."""
 PER_LAUNCH = frozenset({envvars.RESTART, envvars.UPDATE_ID})
 """Variables that change at every launch: set at activation, not part of a warm process's key."""
 CODE = frozenset({envvars.CODE_DIR, envvars.CODE_VERSION})
@@ -102,7 +105,8 @@ class FailStop:
     replaced_by: int | None = None
     """The standby slot the rank moves to (None: restarts on its own slot)."""
     cause: str = "died"
-    """``died`` (a fail-stop) or ``evicted`` (an S4 restart plan named its host)."""
+    """``died`` (a fail-stop), ``evicted`` (an S4 restart plan named its host) or ``hung``
+    (the job hung and stack aggregation named its group, :mod:`failslow.node.hang`)."""
     ranks_left: int | None = None
     """No standby left and ``--min-ranks`` allows it: the slot is dropped and the job goes on
     with this many ranks (None: not dropped)."""
@@ -116,6 +120,7 @@ class FailStop:
             )
             return f"S4: rank {self.rank} (slot {self.slot}) evicted by the restart plan; {where}"
         how = f"signal {self.status - 128}" if self.status > 128 else f"status {self.status}"
+        what = "hung (stack aggregation named it)" if self.cause == "hung" else f"died ({how})"
         if self.replaced_by is not None:
             where = (
                 f"slot {self.slot} evicted, standby slot {self.replaced_by} takes rank {self.rank}"
@@ -127,7 +132,7 @@ class FailStop:
             )
         else:
             where = f"no standby left: rank {self.rank} restarts on slot {self.slot}"
-        return f"rank {self.rank} (slot {self.slot}, pid {self.pid}) died ({how}); {where}"
+        return f"rank {self.rank} (slot {self.slot}, pid {self.pid}) {what}; {where}"
 
 
 @dataclass(slots=True)
@@ -258,6 +263,12 @@ class RankGroup:
         self._store = None
         return self.returncode
 
+    def running(self) -> bool:
+        """Every rank runs and none was told to stop."""
+        return self._released_at is None and all(
+            process.returncode is None for _, process in self.ranks.values()
+        )
+
     def _record(self, rank: int, status: int, cause: str = "died") -> FailStop:
         slot, process = self.ranks[rank]
         return FailStop(
@@ -268,6 +279,16 @@ class RankGroup:
     def _fail(self, rank: int, status: int) -> None:
         self._recorded.add(rank)
         self.failstops.append(self._on_failstop(self._record(rank, status)))
+        self.release()
+
+    def hang(self, ranks: list[int]) -> None:
+        """The job hung and stack aggregation named ``ranks``: each is a fail-stop (its slot
+        evicted onto a standby while one is left, ...) with status :data:`HUNG`, and every
+        rank is stopped for the restart from memory."""
+        for rank in ranks:
+            if rank in self.ranks and rank not in self._recorded:
+                self._recorded.add(rank)
+                self.failstops.append(self._on_failstop(self._record(rank, HUNG, "hung")))
         self.release()
 
     def release(self) -> None:
@@ -349,6 +370,9 @@ class RankOptions:
     """With ``min_ranks``, on a job whose ranks report their layers (Megatron-core): the most
     transformer layers one rank can hold (memory), which bounds the layouts odyssey may choose
     (:mod:`failslow.core.planner.odyssey.rigid`); None: any."""
+    hang_after_s: float = 0.0
+    """A job whose ranks all committed no collective for this long is hung: stack
+    aggregation names whom to evict (:mod:`failslow.node.hang`); 0: not watched."""
     kill_grace_s: float = 10.0
     refill_delay_s: float = 10.0
     """Warm spares start this long after a launch (its ranks' own start-up goes first)."""
@@ -388,6 +412,7 @@ class LocalRanks:
         """Each world size the job ran with, the current one last."""
         self.listeners: list[Callable[[FailStop], None]] = []
         """Told of each fail-stop (the launcher records it and counts the incident)."""
+        self._hang_watch: Any = None
 
     # -- the agent's spawn ---------------------------------------------------------------------
     def spawn(self, command: list[str], env: dict[str, str], cwd: str | None) -> RankGroup:
@@ -447,6 +472,7 @@ class LocalRanks:
         )
         self.launches += 1
         self.group = group
+        self._watch_hangs(env)
         for warm in [w for w in self._pool if w.key != key]:
             self._pool.remove(warm)  # started for another version: of no use now
             self._retire(warm)
@@ -454,10 +480,33 @@ class LocalRanks:
             self._refill = (key, env, time.monotonic() + self.options.refill_delay_s)
         return group
 
+    def _watch_hangs(self, env: dict[str, str]) -> None:
+        """Watch this launch's rings for a hang (``hang_after_s``; needs the ring directory)."""
+        ring_dir = env.get(envvars.RING_DIR)
+        if not self.options.hang_after_s > 0 or not ring_dir:
+            self._hang_watch = None
+            return
+        from failslow.node.hang import HangWatch
+        from failslow.node.stacks import job_topology
+
+        state = env.get(envvars.STATE_DIR)
+        store = env.get(envvars.STORE)
+        self._hang_watch = HangWatch(
+            Path(ring_dir), self.options.hang_after_s, Path(state) if state else None,
+            topology=lambda: job_topology(store), say=self.say,
+        )  # fmt: skip
+
     def tick(self) -> None:
-        """Start the next warm spare when it is due: ``refill_delay_s`` after the launch, then
-        one at a time, each when the last one finished its imports - spares importing torch
-        beside ranks that are starting would slow the very restart they are for."""
+        """Watch for a hang; start the next warm spare when it is due: ``refill_delay_s``
+        after the launch, then one at a time, each when the last one finished its imports -
+        spares importing torch beside ranks that are starting would slow the very restart they
+        are for."""
+        group, watch = self.group, self._hang_watch
+        if watch is not None and group is not None and group.running():
+            pids = {rank: process.pid for rank, (_, process) in group.ranks.items()}
+            hung = watch.check(pids)
+            if hung:
+                group.hang(hung)
         if self._refill is None:
             return
         key, env, due = self._refill
@@ -595,7 +644,7 @@ class LocalRanks:
             self.evicted.append(record.slot)
             self.slots[record.rank] = replaced_by
             gone = True
-        elif record.cause == "died" and self._may_drop():
+        elif record.cause in ("died", "hung") and self._may_drop():
             self._dropping.append(record.slot)
             self.evicted.append(record.slot)
             ranks_left = len(self.slots) - len(self._dropping)

@@ -12,8 +12,9 @@ implicit failure:
    is evicted on it (half a cluster is not over-evicted on a coin toss);
 3. finds the parallel group the outliers share and marks it for over-eviction
    (:func:`shared_group`): of the TP, PP and DP groups and the machines, the kind whose groups
-   holding an outlier cover the fewest ranks - one PP group in the paper's Fig. 7, where a
-   stalled last stage leaves its pipeline in ``isend``/``irecv`` and ``all_gather``.
+   holding an outlier span the fewest machines (then ranks) - one PP group in the paper's
+   Fig. 7, where a stalled last stage leaves its pipeline in ``isend``/``irecv`` and
+   ``all_gather``.
 
 For an MFU decline the aggregation is repeated every few seconds; each round flags the group
 with the most outliers and, after ``rounds`` rounds, the most flagged group is the degrader
@@ -191,23 +192,27 @@ def group_of(topology: Topology, kind: str, rank: int) -> tuple[int, ...]:
 
 
 def shared_group(outliers: Sequence[int], topology: Topology | None) -> SharedGroup:
-    """The parallel group the ``outliers`` share: of the kinds in :data:`KINDS`, the one whose
-    groups that hold an outlier cover the fewest ranks (ties in :data:`KINDS` order); every
-    machine of those ranks is to be over-evicted. Without a topology: the outliers themselves.
-    O(outliers x group size)."""
+    """The parallel group the ``outliers`` share: of the kinds in :data:`KINDS` (but those of a
+    dimension of size 1, whose groups are single ranks), the one whose groups that hold an
+    outlier span the fewest machines, then the fewest ranks (ties in :data:`KINDS` order);
+    every machine of those ranks is to be over-evicted. Without a topology: the outliers
+    themselves. O(outliers x group size)."""
     if topology is None:
         return SharedGroup("ranks", (tuple(outliers),), tuple(outliers), ())
-    best: tuple[int, int, str, tuple[tuple[int, ...], ...]] | None = None
+    best: tuple[int, int, int, str, tuple[tuple[int, ...], ...]] | None = None
     for order, kind in enumerate(KINDS):
+        if kind != "host" and len(group_of(topology, kind, outliers[0])) == 1:
+            continue  # a dimension of size 1 (PP 1, say): its "groups" are single ranks
         found: dict[tuple[int, ...], None] = {}
         for rank in outliers:
             found.setdefault(group_of(topology, kind, rank), None)
-        covered = len({r for g in found for r in g})
-        key = (covered, order, kind, tuple(found))
-        if best is None or key[:2] < best[:2]:
+        covered = {r for g in found for r in g}
+        machines = len({topology.hosts[r] for r in covered})
+        key = (machines, len(covered), order, kind, tuple(found))
+        if best is None or key[:3] < best[:3]:
             best = key
     assert best is not None
-    _, _, kind, chosen = best
+    kind, chosen = best[3], best[4]
     ranks = tuple(sorted({r for g in chosen for r in g}))
     hosts = tuple(sorted({topology.hosts[r] for r in ranks}))
     return SharedGroup(kind, chosen, ranks, hosts)

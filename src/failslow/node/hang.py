@@ -1,0 +1,132 @@
+"""Hang detection on the node, and the stack aggregation that names whom to evict (byterobust
+4.1 "hang", 5.1; issue 18).
+
+A hung job logs nothing until its collectives time out (10-30 minutes). Its ranks' rings show
+it at once: each committed collective advances the ring's ``write_index``, and a job whose
+every rank has committed none for ``hang_after_s`` - while none is parked in a validation
+pause (the ring's ``parked`` word) and every process is alive - is hung. The launcher checks
+the headers of its own ranks' rings (two words each, O(local ranks) per check, from the
+launcher's loop), and once training has written a first record.
+
+A hang is then localized by stack aggregation (:mod:`failslow.core.diagnosis.stacks`): every
+rank's process and its children dumped with py-spy (:mod:`failslow.node.stacks`), grouped,
+the outliers' shared parallel group named. Only when something stands out is it acted on (the
+group's ranks evicted: :meth:`failslow.node.ranks.RankGroup.hang`); a job whose ranks all show
+one stack (a long checkpoint write, say) is logged and watched on - the next look comes another
+``hang_after_s`` later. Every look is one line of ``hangs.jsonl`` in the state directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failslow.core.ring import HEADER_DTYPE
+
+_KIND_NAMES = {"pp": "pipeline(s)", "dp": "DP group(s)", "tp": "TP group(s)",
+               "host": "machine(s)", "ranks": "ranks"}  # fmt: skip
+
+
+@dataclass
+class HangWatch:
+    ring_dir: Path
+    hang_after_s: float
+    state_dir: Path | None = None
+    topology: Callable[[], Any] = lambda: None
+    """The job's topology when known (the control store's job record), else None."""
+    say: Callable[[str], None] = print
+    clock: Callable[[], float] = time.monotonic
+    every_s: float = 0.5
+    """Rings are read at most this often (the launcher's loop calls :meth:`check` more)."""
+    _last: dict[int, tuple[int, float]] = field(default_factory=dict)
+    _next_look: float = 0.0
+    _checked: float = float("-inf")
+
+    def check(self, pids: Mapping[int, int]) -> list[int] | None:
+        """One check of the ranks ``pids`` (rank -> pid): the ranks to evict when they hang
+        and stack aggregation names them, else None."""
+        now = self.clock()
+        if now - self._checked < self.every_s:
+            return None
+        self._checked = now
+        progressed = False
+        started = False
+        for rank, pid in pids.items():
+            words = _header(self.ring_dir, rank, pid)
+            if words is None:
+                continue
+            written, parked = words
+            started = started or written > 0
+            last = self._last.get(rank)
+            if parked or last is None or last[0] != written:  # a pause holds the ranks
+                self._last[rank] = (written, now)
+                progressed = True
+        if not started or progressed:
+            self._next_look = max(self._next_look, now + self.hang_after_s)
+            return None
+        quiet = now - max(t for _, t in self._last.values())
+        if quiet < self.hang_after_s or now < self._next_look:
+            return None
+        self._next_look = now + self.hang_after_s  # look again later if nothing stood out
+        return self._localize(pids, quiet)
+
+    def _localize(self, pids: Mapping[int, int], quiet: float) -> list[int] | None:
+        from failslow.core.diagnosis.stacks import aggregate
+        from failslow.node.stacks import capture
+
+        started = time.monotonic()
+        stacks = capture(pids, native=False)
+        try:
+            topology = self.topology()
+        except Exception:  # the store may be gone with the job; ranks then name themselves
+            topology = None
+        if topology is not None and topology.world_size != len(pids):
+            topology = None
+        found = aggregate(stacks, topology)
+        took = time.monotonic() - started
+        suspects = found.suspects
+        if suspects is None:
+            what = "nothing stands out" if not found.undecided else "no dominant stack"
+            self.say(
+                f"hang: no collective on any rank for {quiet:.1f} s; stack aggregation of "
+                f"{len(stacks)} processes in {took:.2f} s: {what} - watching on"
+            )
+        else:
+            self.say(
+                f"hang: no collective on any rank for {quiet:.1f} s; stack aggregation of "
+                f"{len(stacks)} processes in {took:.2f} s: outliers {list(found.outliers)}, "
+                f"sharing {_KIND_NAMES.get(suspects.kind, suspects.kind)} "
+                f"{[list(g) for g in suspects.groups]} - evicting ranks {list(suspects.ranks)}"
+            )
+        self._record(quiet, took, found.to_dict())
+        return list(suspects.ranks) if suspects is not None else None
+
+    def _record(self, quiet: float, took: float, aggregation: dict[str, Any]) -> None:
+        if self.state_dir is None:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        line = {"wall": time.time(), "quiet_s": quiet, "aggregation_s": took, **aggregation}
+        with open(self.state_dir / "hangs.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def _header(ring_dir: Path, rank: int, pid: int) -> tuple[int, int] | None:
+    """``(write_index, parked)`` of the rank's rings (the C shim's and the hook's, summed), or
+    None when it has none yet."""
+    found = None
+    for path in Path(ring_dir).glob(f"rank{rank:05d}-pid{pid}*.ring"):
+        try:
+            with open(path, "rb") as f:
+                header = np.frombuffer(f.read(HEADER_DTYPE.itemsize), dtype=HEADER_DTYPE)
+        except (OSError, ValueError):
+            continue
+        if len(header):
+            written, parked = int(header["write_index"][0]), int(header["parked"][0])
+            found = (written, parked) if found is None else (found[0] + written, found[1] or parked)
+    return found
