@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from failslow.core.events import OpCode
 from failslow.core.ring import RingWriter, ring_path
 from failslow.node.hang import HangWatch
 
@@ -58,8 +59,8 @@ def _rings(ring_dir: Path, pids: dict[int, int]) -> dict[int, RingWriter]:
     }
 
 
-def _record(writer: RingWriter) -> None:
-    writer.write(t_start_ns=1, t_end_ns=2, nbytes=8, group_key=1, op=1)
+def _record(writer: RingWriter, op: int = OpCode.ALLREDUCE) -> None:
+    writer.write(t_start_ns=1, t_end_ns=2, nbytes=8, group_key=1, op=op)
 
 
 def test_a_quiet_job_is_looked_at_and_its_odd_stack_evicted(tmp_path: Path, ranks) -> None:
@@ -68,11 +69,14 @@ def test_a_quiet_job_is_looked_at_and_its_odd_stack_evicted(tmp_path: Path, rank
     rings = _rings(tmp_path, ranks)
     watch = HangWatch(tmp_path, 5.0, tmp_path / "state", say=said.append, clock=clock)
     assert watch.check(ranks) is None  # nothing written yet: training has not started
+    for writer in rings.values():
+        _record(writer)  # start-up collectives (a restore's agreement, say), then quiet
     clock.now += 60
-    assert watch.check(ranks) is None
-    for _ in range(3):  # training: every rank commits a collective now and then
+    assert watch.check(ranks) is None  # no optimizer step finished yet: not armed
+    for _ in range(3):  # training: every rank commits collectives and ends its steps
         for writer in rings.values():
             _record(writer)
+            _record(writer, OpCode.STEP)
         clock.now += 1
         assert watch.check(ranks) is None
     clock.now += 4.9
@@ -98,7 +102,7 @@ def test_a_quiet_job_whose_stacks_all_agree_is_watched_on(tmp_path: Path, ranks)
     alike = {r: pid for r, pid in ranks.items() if r != 1}
     rings = _rings(tmp_path, alike)
     for writer in rings.values():
-        _record(writer)
+        _record(writer, OpCode.STEP)
     watch = HangWatch(tmp_path, 5.0, say=said.append, clock=clock)
     assert watch.check(alike) is None
     clock.now += 6

@@ -6,7 +6,9 @@ it at once: each committed collective advances the ring's ``write_index``, and a
 every rank has committed none for ``hang_after_s`` - while none is parked in a validation
 pause (the ring's ``parked`` word) and every process is alive - is hung. The launcher checks
 the headers of its own ranks' rings (two words each, O(local ranks) per check, from the
-launcher's loop), and once training has written a first record.
+launcher's loop, at most every ``every_s``) once every rank of the launch has finished a first
+optimizer step (a step marker in its ring): a restore from memory, a framework's start-up or a
+compilation before it are quiet without being hung.
 
 A hang is then localized by stack aggregation (:mod:`failslow.core.diagnosis.stacks`): every
 rank's process and its children dumped with py-spy (:mod:`failslow.node.stacks`), grouped,
@@ -47,6 +49,9 @@ class HangWatch:
     _last: dict[int, tuple[int, float]] = field(default_factory=dict)
     _next_look: float = 0.0
     _checked: float = float("-inf")
+    _stepped: set[int] = field(default_factory=set)
+    """Ranks whose ring holds a step marker (training runs there)."""
+    _readers: dict[Path, Any] = field(default_factory=dict)
 
     def check(self, pids: Mapping[int, int]) -> list[int] | None:
         """One check of the ranks ``pids`` (rank -> pid): the ranks to evict when they hang
@@ -55,26 +60,52 @@ class HangWatch:
         if now - self._checked < self.every_s:
             return None
         self._checked = now
+        if not self._armed(pids):
+            return None
         progressed = False
-        started = False
         for rank, pid in pids.items():
             words = _header(self.ring_dir, rank, pid)
             if words is None:
                 continue
             written, parked = words
-            started = started or written > 0
             last = self._last.get(rank)
             if parked or last is None or last[0] != written:  # a pause holds the ranks
                 self._last[rank] = (written, now)
                 progressed = True
-        if not started or progressed:
+        if progressed:
             self._next_look = max(self._next_look, now + self.hang_after_s)
+            return None
+        if not self._last:
             return None
         quiet = now - max(t for _, t in self._last.values())
         if quiet < self.hang_after_s or now < self._next_look:
             return None
         self._next_look = now + self.hang_after_s  # look again later if nothing stood out
         return self._localize(pids, quiet)
+
+    def _armed(self, pids: Mapping[int, int]) -> bool:
+        """Whether every rank finished an optimizer step in this launch (reads each ring's
+        records only until its first step marker)."""
+        from failslow.core.events import is_marker
+        from failslow.core.ring import RingFormatError, RingReader
+
+        for rank, pid in pids.items():
+            if rank in self._stepped:
+                continue
+            for path in Path(self.ring_dir).glob(f"rank{rank:05d}-pid{pid}*.ring"):
+                try:
+                    reader = self._readers.get(path) or RingReader(path)
+                except (OSError, RingFormatError):
+                    continue
+                self._readers[path] = reader
+                if is_marker(reader.poll()).any():
+                    self._stepped.add(rank)
+            if rank not in self._stepped:
+                return False
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+        return True
 
     def _localize(self, pids: Mapping[int, int], quiet: float) -> list[int] | None:
         from failslow.core.diagnosis.stacks import aggregate
