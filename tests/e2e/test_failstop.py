@@ -445,10 +445,10 @@ def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_
     tmp_path: Path,
 ) -> None:
     """byterobust 4.1 + 5.1 (issue 18): the DeepSpeed ZeRO-1 job with one standby slot and
-    ``--hang-after 4``. Slot 1's machine hangs after step 12 (``$FAILSLOW_DEMO_FAULT``, a
+    ``--hang-after 6``. Slot 1's machine hangs after step 12 (``$FAILSLOW_DEMO_FAULT``, a
     plugin: rank 1's training thread never reaches its next collective; the other three wait in
     theirs, which gloo would time out after 30 minutes). The launcher sees no collective on any
-    rank's ring for 4 s, dumps every rank's process and its children with py-spy, finds rank 1's
+    rank's ring for 6 s, dumps every rank's process and its children with py-spy, finds rank 1's
     stack alone (``injected_hang``) among three alike, evicts its slot onto the standby and
     restarts every rank from memory; rank 1 on the standby slot pulls its state from its
     holder's backup. The job finishes with bitwise the model of a run without the hang."""
@@ -456,7 +456,7 @@ def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_
     pytest.importorskip("failslow.node.stacks").py_spy()  # a test dependency
     fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "hang", "slot": 1, "step": 12})}
     proc, out = _launch(
-        tmp_path, "chaos", 1, extra=("--hang-after", "4"), env_extra=fault
+        tmp_path, "chaos", 1, extra=("--hang-after", "6"), env_extra=fault
     )  # fmt: skip
     job = Job(tmp_path, proc, out)
     job.wait(lambda: len(job.stops()) == 1, timeout=400)
@@ -468,10 +468,11 @@ def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_
     assert proc.wait(timeout=600) == 0, job.tail()
     [stop] = job.stops()
     assert (stop["rank"], stop["slot"], stop["cause"], stop["replaced_by"]) == (1, 1, "hung", 4)
-    hangs = (tmp_path / "chaos-state" / "hangs.jsonl").read_text().splitlines()
-    [hang] = [json.loads(line) for line in hangs]
+    looks = [json.loads(line) for line in (tmp_path / "chaos-state" / "hangs.jsonl").open()]
+    # a quiet moment whose stacks all agree (the job's end on a loaded machine) is only logged
+    [hang] = [look for look in looks if look["suspects"] is not None]
     assert hang["outliers"] == [1] and hang["suspects"]["ranks"] == [1], hang
-    assert 4.0 <= hang["quiet_s"] < 30.0 and hang["aggregation_s"] < 10.0, hang
+    assert 6.0 <= hang["quiet_s"] < 30.0 and hang["aggregation_s"] < 10.0, hang
     stuck = [g for g in hang["groups"] if g["kind"] == "rank" and g["healthy"] is False]
     assert stuck and "injected_hang" in stuck[0]["signature"], hang
     text = job.log.read_text()

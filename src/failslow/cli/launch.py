@@ -244,11 +244,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--hang-after",
         type=float,
-        default=120.0,
+        default=300.0,
         metavar="SECONDS",
         help="with --nproc-per-node: no collective on any rank for this long is a hang; stack "
         "aggregation (py-spy) names the parallel group to evict and the job restarts from "
-        "memory without it (default 120; 0: off)",
+        "memory without it. Keep it above the longest time one rank works alone while the "
+        "others wait (rank 0 writing a checkpoint to disk), or that rank is the outlier "
+        "(default 300; 0: off)",
     )
     p.add_argument(
         "--max-stage-layers",

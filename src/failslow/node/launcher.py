@@ -104,7 +104,7 @@ class RunOptions:
     max_stage_layers: int | None = None
     """With ``min_ranks``: the most transformer layers one rank can hold, bounding the layouts
     odyssey may choose for a job that reports its layers (Megatron-core); None: any."""
-    hang_after_s: float = 120.0
+    hang_after_s: float = 300.0
     """No collective on any rank for this long is a hang: stack aggregation names the group to
     evict (:mod:`failslow.node.hang`); 0: not watched."""
     preload: tuple[str, ...] = ()
