@@ -39,6 +39,14 @@ downtime; ``lost`` is how many steps were done twice).
   as 6, 5, 5). Its step after the loss is printed beside the one before, with what the model
   predicted from the old ranks' step profiles and what rank 0 measured (its log lines).
 
+- **a machine hangs** (``--ways hang``; the warm standby's launcher with ``--slots-as-hosts
+  --hang-after 10``): no kill - rank 1's machine hangs after step 50 (a plugin stops its
+  training thread, ``FAILSLOW_DEMO_FAULT``; the others wait in their all-reduce, which gloo
+  would end after 30 minutes). The launcher sees no collective on any rank for 10 s, names rank
+  1 by stack aggregation (py-spy), evicts its slot onto the standby and restarts every rank from
+  memory. "kill -> seen" is then the last step's end to the eviction (the 10 s, the
+  aggregation's time in brackets); the downtime includes the 10 s.
+
 - **Megatron: reroute vs reconfigure** (``--ways reroute,reconfigure``; the GPT job,
   ``failslow.demo.megatron_worker``, TP1 x PP2 x DP2, hidden 256, 8 micro-batches of 8 per step,
   Adam; ``--standbys 0 --min-ranks 2 --slots-as-hosts``): rank 1 (stage 0 of replica 1) is
@@ -84,6 +92,7 @@ from failslow.demo.worker_io import launch_env
 
 STEPS = 80
 KILL_AT = 15
+HANG_AT, HANG_AFTER = 50, 10
 READY = "warm spares ready"
 VICTIM = 1
 SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
@@ -108,17 +117,27 @@ def _evict(log: Path, token: str) -> int:
 
 
 def _kill_and_measure(
-    tmp: Path, name: str, width: int, launcher: list[str], steps: int = STEPS,
-    planned: bool = False, job_env: dict[str, str] | None = None,
+    tmp: Path,
+    name: str,
+    width: int,
+    launcher: list[str],
+    steps: int = STEPS,
+    planned: bool = False,
+    job_env: dict[str, str] | None = None,
+    hang_at: int | None = None,
 ) -> dict[str, Any]:
     """``planned``: an S4 restart plan evicts the victim's host instead of a kill;
-    ``job_env``: the worker's settings over the DeepSpeed job's."""
+    ``job_env``: the worker's settings over the DeepSpeed job's; ``hang_at``: no kill - the
+    victim's machine hangs after that step (the fault plugin) and the launcher finds it."""
     out = tmp / name
     out.mkdir()
     settings = {
         "FAILSLOW_DEMO_WIDTH": str(width), "FAILSLOW_DEMO_MICRO_BATCH_SIZE": "32",
         "FAILSLOW_DEMO_CONFIG": json.dumps(SETTINGS), **(job_env or {}),
     }  # fmt: skip
+    if hang_at is not None:
+        fault = {"kind": "hang", "slot": VICTIM, "step": hang_at}
+        settings["FAILSLOW_DEMO_FAULT"] = json.dumps(fault)
     env = launch_env(out, steps, **settings)
     rings, state = tmp / f"{name}-rings", tmp / f"{name}-state"
     shm = Path(tempfile.mkdtemp(prefix="failslow-fsbench-", dir="/dev/shm"))
@@ -149,12 +168,14 @@ def _kill_and_measure(
                 seen.setdefault(int(step), now)
             time.sleep(0.02)
 
-        while not due():
+        while hang_at is None and not due():
             if proc.poll() is not None:
                 raise SystemExit(f"{name}: the job ended early ({proc.returncode})")
             poll()
         killed_at = time.time()
-        if planned:  # sent from a thread: the steps go on being timed while it is agreed
+        if hang_at is not None:
+            pass  # the machine hangs by itself
+        elif planned:  # sent from a thread: the steps go on being timed while it is agreed
             pool = concurrent.futures.ThreadPoolExecutor(1)
             plan = pool.submit(_evict, tmp / f"{name}.log", token)
             pool.shutdown(wait=False)
@@ -175,6 +196,9 @@ def _kill_and_measure(
     record = max(records, key=lambda r: r["first_step"])  # the launch after the restart
     if plan is not None:  # every rank stopped at the plan's step
         last = plan.result() - 1
+    elif hang_at is not None:  # the steps through hang_at ended, the next never did
+        last = hang_at
+        killed_at = seen[last]
     else:
         last = max(s for s, t in seen.items() if t <= killed_at)
     first_done_after = record["step_end"][1]
@@ -202,6 +226,12 @@ def _kill_and_measure(
         result["estimated_s"] = float(estimated.group(1))
     if measured:
         result["measured_s"] = float(measured.group(1))
+    hangs = state / "hangs.jsonl"
+    if hangs.exists():  # the look that named the hung rank
+        looks = [json.loads(line) for line in hangs.read_text().splitlines()]
+        named = [look for look in looks if look["suspects"] is not None]
+        if named:
+            result["aggregation_s"] = named[0]["aggregation_s"]
     stops = state / "failstops.jsonl"
     if stops.exists() and not planned:
         result["detected_s"] = json.loads(stops.read_text().splitlines()[0])["wall"] - killed_at
@@ -218,7 +248,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
-        "--ways", default="warm,cold,s4,shrink,reroute,reconfigure", help="comma-separated"
+        "--ways", default="warm,cold,s4,shrink,hang,reroute,reconfigure", help="comma-separated"
     )
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
     parser.add_argument("--no-fresh", action="store_true", help="skip the fresh launch")
@@ -251,6 +281,11 @@ def main() -> None:
             "--preload", "deepspeed", "--slots-as-hosts", "--spare-delay", "2",
             "--", "-m", "failslow.demo.ds_worker",
         ]),
+        "hang": ("a machine hangs: found by its stack, onto the standby", [
+            "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
+            "--slots-as-hosts", "--spare-delay", "2", "--hang-after", str(HANG_AFTER),
+            "--", "-m", "failslow.demo.ds_worker",
+        ]),
         "reroute": ("Megatron PP2xDP2, no standby: reroute", [
             "--max-stage-layers", "2", *megatron
         ], gpt),
@@ -269,6 +304,7 @@ def main() -> None:
                 results[name] = _kill_and_measure(
                     Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
                     job_env=job_env[0] if job_env else None,
+                    hang_at=HANG_AT if key == "hang" else None,
                 )  # fmt: skip
         if not args.no_fresh:
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
@@ -282,6 +318,8 @@ def main() -> None:
 
         for name, r in results.items():
             seen = f"{r['detected_s'] * 1000:.0f} ms" if "detected_s" in r else "-"
+            if "aggregation_s" in r:  # a hang is seen --hang-after later, by its stacks
+                seen = f"{r['detected_s']:.1f} s (stacks {r['aggregation_s'] * 1000:.0f} ms)"
             table.add_row(
                 str(i + 1), name, seen, str(r["resumed"]), str(r["lost"]),
                 f"{r['step_s']:.2f} s", f"{r['gap_s']:.1f} s", f"{r['downtime']:.1f} s",
