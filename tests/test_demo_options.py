@@ -39,6 +39,7 @@ def test_bad_fault_options_are_one_line(options, message):
         (["--framework", "torch", "--strategies", "S2"], "needs a demo with mitigation"),
         (["--framework", "deepspeed", "--no-standby"], "--no-standby goes with --fault kill"),
         (["--framework", "fsdp", "--fault", "kill"], "--fault kill needs --framework deepspeed or"),
+        (["--framework", "megatron", "--fault", "hang"], "--fault hang needs --framework deep"),
     ],
 )
 def test_bad_strategies_are_one_line_before_anything_starts(argv, message, capsys):
@@ -69,6 +70,8 @@ def test_kill_demo_options_are_checked_in_one_line():
     for options, message in [
         ({"framework": "fsdp"}, "framework 'fsdp' is not one of ['deepspeed', 'megatron']"),
         ({"framework": "megatron", "world_size": 3}, "runs PP2 x DP2 on 4 ranks"),
+        ({"hang": (4, 100), "kill_steps": (), "victims": ()}, "the hung slot must be a rank's"),
+        ({"hang": (1, 100)}, "with no kills"),
     ]:
         with pytest.raises(FailslowError) as info:
             FailstopDemoOptions(**options).validate()

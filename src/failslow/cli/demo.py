@@ -44,6 +44,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
         moved = summary["slow_rank_moved"]  # restarted away onto a standby
         return 0 if moved and summary["parameters"].get("equal", True) else 1
+    if args.fault == "hang":
+        if args.framework != "deepspeed":
+            raise SystemExit("failslow demo: --fault hang needs --framework deepspeed")
+        from failslow.demo.failstop import FailstopDemoOptions, run_failstop_demo
+
+        steps = args.iterations or FailstopDemoOptions.steps
+        summary = run_failstop_demo(
+            FailstopDemoOptions(
+                world_size=args.world_size,
+                steps=steps,
+                kill_steps=(),
+                victims=(),
+                hang=(args.slow_rank % args.world_size, steps * 2 // 7),
+                out_dir=out_dir,
+                live=not args.no_live,
+            )
+        )
+        return 0 if summary["parameters"].get("equal", True) else 1
     if args.fault == "kill":
         if args.framework not in ("deepspeed", "megatron"):
             raise SystemExit("failslow demo: --fault kill needs --framework deepspeed or megatron")
@@ -155,13 +173,15 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--fault",
-        choices=("compute", "link", "kill"),
+        choices=("compute", "link", "kill", "hang"),
         default="compute",
         help="compute - the slow rank is SIGSTOP-cycled (S2); link (megatron or fsdp, root) - "
         "every rank in its own network namespace, the link between ranks 0 and 1 shaped with "
         "tc (S3 swaps roles in place); kill (deepspeed or megatron) - --slow-rank and another "
         "rank are SIGKILLed at 2/7 and 9/14 of the run, the job restarts from memory on warm "
-        "standbys and its parameters are compared with a run without kills",
+        "standbys and its parameters are compared with a run without kills; hang "
+        "(deepspeed) - --slow-rank's machine hangs at 2/7 of the run, the launcher finds it by "
+        "stack aggregation and restarts the job from memory without it",
     )
     p.add_argument(
         "--no-standby",

@@ -20,6 +20,12 @@ The live view shows the step, the launch and each kill, fail-stop and resume; ``
 has ``lost_steps`` and ``downtime_s`` (per restart and in total), the action taken per
 fail-stop and the parameter comparison.
 
+``--fault hang`` (DeepSpeed) kills nothing: the machine of ``--slow-rank``'s slot hangs at 2/7
+of the run (a fault plugin stops its rank's training thread; the others wait in their
+all-reduce). The launcher (``--hang-after 10``) sees no collective on any rank, names the rank by
+stack aggregation, evicts its slot onto the standby and restarts every rank from memory;
+``summary.json`` adds ``incident``, ``rungs``, ``suspects`` and the launcher's looks.
+
 ``--framework megatron`` runs the same with Megatron-core's GPT on TP1 x PP2 x DP2
 (:mod:`failslow.demo.megatron_worker`); with ``--no-standby`` the launcher chooses each smaller
 world's grid (odyssey's reroute or reconfigure), named in the action, and the final model is
@@ -44,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from failslow.demo import rank_launch
+from failslow.demo import fault_plugin, rank_launch
 from failslow.demo.rank_launch import READY, RESUMED
 from failslow.errors import FailslowError
 
@@ -64,6 +70,10 @@ class FailstopDemoOptions:
     on Megatron's grid in the layout odyssey chooses."""
     framework: str = "deepspeed"
     """``deepspeed`` (the ZeRO-1 job) or ``megatron`` (GPT on TP1 x PP2 x DP2)."""
+    hang: tuple[int, int] | None = None
+    """``(slot, step)``: instead of kills, the machine of that slot hangs after that step (a
+    fault plugin); the launcher finds it with ``--hang-after``, by stack aggregation."""
+    hang_after_s: float = 10.0
     out_dir: Path | None = None
     live: bool = True
     reference: bool = True
@@ -81,6 +91,14 @@ class FailstopDemoOptions:
             )
         if self.framework == "megatron" and self.world_size != 4:
             raise FailslowError("demo --fault kill: the Megatron job runs PP2 x DP2 on 4 ranks")
+        if self.hang is not None and (
+            self.kill_steps or not 0 <= self.hang[0] < self.world_size
+            or not 0 < self.hang[1] < self.steps - 5
+        ):  # fmt: skip
+            raise FailslowError(
+                f"demo --fault hang: the hung slot must be a rank's (0..{self.world_size - 1}) "
+                f"and its step within 1..{self.steps - 6}, with no kills"
+            )
         if len(self.victims) != len(self.kill_steps):
             raise FailslowError("demo --fault kill: one victim rank per kill step")
         if any(not 0 <= v < self.world_size for v in self.victims):
@@ -143,7 +161,7 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
             _chaos(opts, tmp, out, run, refresh)
             reference = None
             if opts.reference:
-                run.events.append("reference: the same job without kills ...")
+                run.events.append("reference: the same job without the fault ...")
                 refresh()
                 reference = rank_launch.run_reference(
                     tmp,
@@ -157,6 +175,9 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
                 run.events.append("reference done")
                 refresh()
         stops = rank_launch.failstops(tmp / "chaos-state")
+        hangs = tmp / "chaos-state" / "hangs.jsonl"
+        if hangs.exists():
+            (out / "hangs.jsonl").write_text(hangs.read_text())
     summary = _summary(opts, run, stops, out, reference)
     _restore_sources(summary, (out / "job.log").read_text(errors="replace"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -166,10 +187,15 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
 
 def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: Any) -> None:
     job_out = out / "job"
-    env = rank_launch.job_env(job_out, opts.steps, opts.framework)
+    fault = {}
+    if opts.hang is not None:
+        slot, step = opts.hang
+        fault[fault_plugin.ENV] = json.dumps({"kind": "hang", "slot": slot, "step": step})
+    env = rank_launch.job_env(job_out, opts.steps, opts.framework, **fault)
     argv = rank_launch.command(
         tmp, "chaos", world_size=opts.world_size, standbys=opts.standbys,
-        restarts=len(opts.kill_steps), min_ranks=opts.min_ranks, framework=opts.framework,
+        restarts=max(1, len(opts.kill_steps)), min_ranks=opts.min_ranks,
+        framework=opts.framework, hang_after_s=opts.hang_after_s if opts.hang else None,
     )  # fmt: skip
     log_path = out / "job.log"
     with open(log_path, "w") as log:
@@ -207,8 +233,18 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
                         run.seen.setdefault(s, now)
             for line in text.splitlines()[-50:]:
                 event = line.removeprefix("failslow run: ")
-                if (" died (" in line or event.startswith("odyssey ")) and event not in run.events:
-                    run.events.append(event)
+                shown = (" died (", " hung (", "hang: ")
+                if any(x in line for x in shown) or event.startswith("odyssey "):
+                    if event not in run.events:
+                        run.events.append(event)
+                if opts.hang is not None and " hung (" in line and not run.kills:
+                    last = opts.hang[1]  # the hung machine's rank is the incident's "kill"
+                    rank = int(line.split("rank ", 1)[1].split()[0])
+                    run.kills.append(
+                        {"rank": rank, "pid": 0, "step_done": last,
+                         "at": run.seen.get(last, time.time()),
+                         "last_step_seen_at": run.seen.get(last), "warm": READY in text}
+                    )  # fmt: skip
             trained = kill is None or "first_step_done" in kill  # the last restart trains
             if pending and run.step >= pending[0][0] and trained:
                 waiting_since = waiting_since or time.monotonic()
@@ -279,9 +315,11 @@ def _summary(
         parameters = rank_launch.compare_parameters(
             out / "job", reference, "bitwise (a restart from a bitwise snapshot runs the same math)"
         )
+    hang = _hang_summary(out) if opts.hang is not None else {}
     return {
+        **hang,
         "framework": opts.framework,
-        "fault": "kill",
+        "fault": "hang" if opts.hang is not None else "kill",
         "world_size": opts.world_size,
         "steps": opts.steps,
         "normal_step_s": step_s,
@@ -290,6 +328,23 @@ def _summary(
         "downtime_s": sum(r["downtime_s"] or 0.0 for r in restarts),
         "failstops": stops,
         "parameters": parameters,
+    }
+
+
+def _hang_summary(out: Path) -> dict[str, Any]:
+    """The hang's incident, the rungs taken and the suspects (the launcher's ``hangs.jsonl``,
+    copied into the run directory)."""
+    path = out / "hangs.jsonl"
+    looks = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    named = [look for look in looks if look.get("suspects")]
+    rungs = ["no collective on any rank: hang", "stack aggregation (py-spy)"]
+    if named:
+        rungs += ["evict the suspects' machines", "restart every rank from memory"]
+    return {
+        "incident": "hang",
+        "rungs": rungs,
+        "suspects": named[0]["suspects"] if named else None,
+        "hang_looks": looks,
     }
 
 
@@ -312,9 +367,13 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="fail-stops: killed, seen, every rank restarted from memory")
-    for col in ("rank", "killed after step", "seen", "resumed at", "lost steps", "downtime",
-                "warm", "restarted", "its state from"):  # fmt: skip
+    hang = summary["fault"] == "hang"
+    title = "fail-stops: killed, seen, every rank restarted from memory"
+    if hang:
+        title = "a machine hangs: found by its stacks, every rank restarted from memory"
+    table = Table(title=title)
+    for col in ("rank", "hung after step" if hang else "killed after step", "seen", "resumed at",
+                "lost steps", "downtime", "warm", "restarted", "its state from"):  # fmt: skip
         table.add_column(col)
     for r in summary["restarts"]:
         table.add_row(
@@ -325,6 +384,10 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
         )  # fmt: skip
     console = Console()
     console.print(table)
+    if hang:
+        suspects = summary["suspects"]
+        named = f"ranks {suspects['ranks']} ({suspects['kind']})" if suspects else "nobody"
+        console.print(f"rungs: {' -> '.join(summary['rungs'])}; stack aggregation named {named}")
     p = summary["parameters"]
     if p["compared"]:
         if "bitwise" in p["tolerance"]:
@@ -332,5 +395,5 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
         else:
             verdict = f"equal within {p['tolerance']}" if p["equal"] else "DIFFER"
         verdict += f" (max |diff| {p['max_abs_diff']:.3g})"
-        console.print(f"final parameters vs the same job without kills: {verdict}")
+        console.print(f"final parameters vs the same job without the fault: {verdict}")
     console.print(f"summary: {out / 'summary.json'}")

@@ -47,11 +47,14 @@ def command(
     threshold: float | None = None,
     min_ranks: int | None = None,
     framework: str = "deepspeed",
+    hang_after_s: float | None = None,
 ) -> list[str]:
     """``failslow run`` of the demo job: rings, state and snapshots under ``tmp/<name>-*``,
     one spare per rank two seconds after each launch, one slot per host."""
     module, preload, _, _ = WORKERS[framework]
     extra = ["--threshold", str(threshold)] if threshold is not None else []
+    if hang_after_s is not None:
+        extra += ["--hang-after", str(hang_after_s)]
     if min_ranks is not None:
         extra += ["--min-ranks", str(min_ranks)]
     return [
