@@ -22,6 +22,12 @@ rank agent itself:
   ``min_ranks``, its slot is dropped and the job goes on with one rank fewer (odyssey III-IV):
   a new :class:`World` with its own snapshot directories, whose ranks gather the larger
   world's states from memory (``$FAILSLOW_RESHARD_FROM``) until they have snapshots of their own;
+- **hangs** (``hang_after_s``, :mod:`failslow.node.hang`): no collective on any rank's ring for
+  that long, and stack aggregation names the ranks whose stacks stand out - they are evicted as
+  dead ones would be (cause ``hung``), and the job restarts;
+- on a grid that notes its layers (Megatron-core), the smaller world's layout is odyssey's
+  choice between dropping the replicas that lost a rank and a new PP x DP grid
+  (``$FAILSLOW_LAYOUT``, :mod:`failslow.core.planner.odyssey.rigid`);
 - the :class:`~failslow.node.hot_update.agent.Agent` restarts the group (``--max-restarts``) and
   every rank resumes from the in-memory snapshots (:mod:`failslow.runtime.snapshot_service`).
 
