@@ -13,7 +13,7 @@ compilation before it are quiet without being hung.
 A hang is then localized by stack aggregation (:mod:`failslow.core.diagnosis.stacks`): every
 rank's process and its children dumped with py-spy (:mod:`failslow.node.stacks`), grouped,
 the outliers' shared parallel group named. Only when something stands out is it acted on (the
-group's ranks evicted: :meth:`failslow.node.ranks.RankGroup.hang`); a job whose ranks all show
+group's ranks evicted: :meth:`failslow.node.rank_group.RankGroup.hang`); a job whose ranks all show
 one stack (a long checkpoint write, say) is logged and watched on - the next look comes another
 ``hang_after_s`` later. Every look is one line of ``hangs.jsonl`` in the state directory.
 """

@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import selectors
 import shutil
 import signal
 import socket
@@ -55,17 +54,11 @@ from pathlib import Path
 from typing import Any
 
 from failslow import envvars
-from failslow.core.control.stop import (
-    EXIT_EVICTED,
-    EXIT_FOR_RESTART,
-    EXIT_FOR_UPDATE,
-    EXIT_UNRESTORABLE,
-)
 from failslow.errors import ConfigError, FailslowError
+from failslow.node.rank_group import HUNG, FailStop, RankGroup, _signal_group
 
-HUNG = 124
-"""The status a hung rank's fail-stop carries (``timeout``'s): the launch ends with it and the
-agent restarts the job from memory."""
+__all__ = ["HUNG", "FailStop", "LocalRanks", "RankGroup", "RankOptions", "World"]
+
 PER_LAUNCH = frozenset({envvars.RESTART, envvars.UPDATE_ID})
 """Variables that change at every launch: set at activation, not part of a warm process's key."""
 CODE = frozenset({envvars.CODE_DIR, envvars.CODE_VERSION})
@@ -96,51 +89,6 @@ def preloads_code(preload: tuple[str, ...], code_dir: str | None) -> bool:
     return any(importlib.machinery.PathFinder.find_spec(t, [code_dir]) for t in tops)
 
 
-@dataclass(frozen=True, slots=True)
-class FailStop:
-    """A rank that ended with a failure while the others were running."""
-
-    rank: int
-    slot: int
-    pid: int
-    status: int
-    """The exit status (128 + N for signal N)."""
-    launch: int
-    wall: float
-    """When the launcher saw it (time.time(); the pidfd wakes it as the process ends)."""
-    replaced_by: int | None = None
-    """The standby slot the rank moves to (None: restarts on its own slot)."""
-    cause: str = "died"
-    """``died`` (a fail-stop), ``evicted`` (an S4 restart plan named its host) or ``hung``
-    (the job hung and stack aggregation named its group, :mod:`failslow.node.hang`)."""
-    ranks_left: int | None = None
-    """No standby left and ``--min-ranks`` allows it: the slot is dropped and the job goes on
-    with this many ranks (None: not dropped)."""
-
-    def describe(self) -> str:
-        if self.cause == "evicted":
-            where = (
-                f"standby slot {self.replaced_by} takes rank {self.rank}"
-                if self.replaced_by is not None
-                else f"no standby left: rank {self.rank} restarts on slot {self.slot}"
-            )
-            return f"S4: rank {self.rank} (slot {self.slot}) evicted by the restart plan; {where}"
-        how = f"signal {self.status - 128}" if self.status > 128 else f"status {self.status}"
-        what = "hung (stack aggregation named it)" if self.cause == "hung" else f"died ({how})"
-        if self.replaced_by is not None:
-            where = (
-                f"slot {self.slot} evicted, standby slot {self.replaced_by} takes rank {self.rank}"
-            )
-        elif self.ranks_left is not None:
-            where = (
-                f"no standby left: slot {self.slot} dropped, the job goes on with "
-                f"{self.ranks_left} ranks from memory"
-            )
-        else:
-            where = f"no standby left: rank {self.rank} restarts on slot {self.slot}"
-        return f"rank {self.rank} (slot {self.slot}, pid {self.pid}) {what}; {where}"
-
-
 @dataclass(slots=True)
 class _Warm:
     process: subprocess.Popen[bytes]
@@ -166,184 +114,6 @@ class _Warm:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
-
-
-KILLED = 128 + signal.SIGKILL
-STOPPED = (0, EXIT_FOR_UPDATE, EXIT_FOR_RESTART, EXIT_EVICTED, EXIT_UNRESTORABLE)
-"""Statuses of ranks that stopped as asked or agreed (never a fail-stop)."""
-
-
-def _status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signum)
-
-
-class RankGroup:
-    """One launch of the node's ranks, seen by the agent as one child (``poll``, ``wait``,
-    ``signal_group``). Its status: :data:`EXIT_UNRESTORABLE` when a rank could not restore its
-    state, else the first failed rank's, else :data:`EXIT_FOR_RESTART` when the ranks stopped
-    for an S4 restart plan, else :data:`EXIT_FOR_UPDATE` when a rank stopped for an update,
-    else 0."""
-
-    def __init__(
-        self,
-        ranks: dict[int, tuple[int, subprocess.Popen[bytes]]],
-        *,
-        launch: int,
-        on_failstop: Callable[[FailStop], FailStop],
-        kill_grace_s: float,
-        store: Any = None,
-        on_tick: Callable[[], None] | None = None,
-    ) -> None:
-        self.ranks = ranks
-        self._on_tick = on_tick
-        self.launch = launch
-        self._on_failstop = on_failstop
-        self._kill_grace_s = kill_grace_s
-        self._store = store  # the launch's rendezvous store, alive as long as the group
-        self.failstops: list[FailStop] = []
-        """This launch's fail-stops, in the order they were seen."""
-        self.evictions: list[FailStop] = []
-        """This launch's ranks evicted by an S4 restart plan."""
-        self._recorded: set[int] = set()
-        self._released_at: float | None = None
-        self._killed = False
-        self.returncode: int | None = None
-        self._fds: dict[int, int] = {}
-        for rank, (_, process) in ranks.items():
-            with contextlib.suppress(OSError, AttributeError):
-                self._fds[rank] = os.pidfd_open(process.pid)
-
-    def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        if self._on_tick is not None:
-            self._on_tick()
-        now = time.monotonic()
-        statuses: dict[int, int] = {}
-        failed: list[int] = []
-        for rank, (_, process) in self.ranks.items():
-            code = process.poll()
-            if code is None:
-                continue
-            statuses[rank] = status = _status(code)
-            if status == EXIT_UNRESTORABLE:
-                self.release()  # the state is gone: no rank can go on, none failed alone
-            if status == EXIT_EVICTED and rank not in self._recorded:
-                self._recorded.add(rank)  # a planned eviction: the rank moves to a standby
-                self.evictions.append(self._on_failstop(self._record(rank, status, "evicted")))
-            if status in STOPPED or rank in self._recorded:
-                continue
-            # a fail-stop: any failure before the survivors were released; after it, a SIGKILL
-            # that was not ours (a rank that died together with the first: a lost machine)
-            if self._released_at is None or (status == KILLED and not self._killed):
-                failed.append(rank)
-        for rank in failed:
-            self._fail(rank, statuses[rank])
-        if self._released_at is not None and not self._killed:
-            if now - self._released_at > self._kill_grace_s:
-                self._killed = True
-                self._send(signal.SIGKILL)
-        if len(statuses) < len(self.ranks):
-            return None
-        if self._released_at is not None:
-            self._send(signal.SIGKILL)  # what is left of the ranks' process groups
-        self._close_fds()
-        bad = [s for s in statuses.values() if s not in STOPPED]
-        if EXIT_UNRESTORABLE in statuses.values():
-            self.returncode = EXIT_UNRESTORABLE  # before any fail-stop: do not restart
-        elif self.failstops:
-            self.returncode = self.failstops[0].status
-        elif bad:  # the agent stopped the ranks (a signal to the launcher)
-            self.returncode = bad[0]
-        elif {EXIT_FOR_RESTART, EXIT_EVICTED} & set(statuses.values()):
-            self.returncode = EXIT_FOR_RESTART
-        elif EXIT_FOR_UPDATE in statuses.values():
-            self.returncode = EXIT_FOR_UPDATE
-        else:
-            self.returncode = 0
-        self._store = None
-        return self.returncode
-
-    def running(self) -> bool:
-        """Every rank runs and none was told to stop."""
-        return self._released_at is None and all(
-            process.returncode is None for _, process in self.ranks.values()
-        )
-
-    def _record(self, rank: int, status: int, cause: str = "died") -> FailStop:
-        slot, process = self.ranks[rank]
-        return FailStop(
-            rank=rank, slot=slot, pid=process.pid, status=status, launch=self.launch,
-            wall=time.time(), cause=cause,
-        )  # fmt: skip
-
-    def _fail(self, rank: int, status: int) -> None:
-        self._recorded.add(rank)
-        self.failstops.append(self._on_failstop(self._record(rank, status)))
-        self.release()
-
-    def hang(self, ranks: list[int]) -> None:
-        """The job hung and stack aggregation named ``ranks``: each is a fail-stop (its slot
-        evicted onto a standby while one is left, ...) with status :data:`HUNG`, and every
-        rank is stopped for the restart from memory."""
-        for rank in ranks:
-            if rank in self.ranks and rank not in self._recorded:
-                self._recorded.add(rank)
-                self.failstops.append(self._on_failstop(self._record(rank, HUNG, "hung")))
-        self.release()
-
-    def release(self) -> None:
-        """Stop every rank still running: SIGTERM now, SIGKILL after the grace period."""
-        if self._released_at is None:
-            self._released_at = time.monotonic()
-            self._send(signal.SIGTERM)
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            left = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.5)
-            if left <= 0:
-                raise subprocess.TimeoutExpired("failslow ranks", timeout or 0.0)
-            self._sleep(left)
-        return code
-
-    def _sleep(self, seconds: float) -> None:
-        """Until a rank exits (its pidfd is readable) or ``seconds`` pass."""
-        live = {
-            fd: rank for rank, fd in self._fds.items() if self.ranks[rank][1].returncode is None
-        }
-        if not live:
-            time.sleep(min(seconds, 0.05))
-            return
-        with selectors.DefaultSelector() as selector:
-            for fd in live:
-                selector.register(fd, selectors.EVENT_READ)
-            selector.select(seconds)
-
-    def signal_group(self, signum: int) -> None:
-        """The agent's signal to the job (forwarded, or its stop for an update): ranks that end
-        from it are not fail-stops."""
-        if self._released_at is None:
-            self._released_at = time.monotonic()
-            self._killed = True  # the agent escalates on its own
-        self._send(signum)
-
-    def _send(self, signum: int) -> None:
-        """``signum`` to each rank's process group - a dead rank's too: its children (data
-        loader workers, say) outlive it there."""
-        for _, process in self.ranks.values():
-            _signal_group(process, signum)
-
-    def _close_fds(self) -> None:
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds.clear()
 
 
 @dataclass(slots=True)
