@@ -151,11 +151,34 @@ class Job:
         offset = len(self.log.read_text())
         self.wait(lambda: "rank 0: resumed at step" in self.log.read_text()[offset:])
 
+    def restarted_then_ended(self, stops: int, steps_after: int) -> None:
+        """Wait for the launcher's ``stops``-th fail-stop and rank 0's resume after it, let the
+        job train ``steps_after`` steps more, and end it by its stop file (it must exit 0)."""
+        self.wait(lambda: len(self.stops()) == stops, timeout=400)
+        offset = len(self.log.read_text())
+        self.wait(lambda: "rank 0: resumed at step" in self.log.read_text()[offset:])
+        resumed = self.step()
+        self.wait(lambda: self.step() >= resumed + steps_after)
+        (self.tmp / "chaos-stop").touch()
+        assert self.proc.wait(timeout=600) == 0, self.tail()
+
     def stops(self) -> list[dict]:
         try:
             return [json.loads(x) for x in self.failstops.read_text().splitlines()]
         except OSError:
             return []
+
+
+def _bitwise_like_a_run_without_the_fault(tmp: Path, out: Path, record_path: Path) -> None:
+    """The same job without the fault, as many steps as rank 0's last launch ended at
+    (``record_path``): the final parameters are bitwise equal."""
+    record = json.loads(record_path.read_text())
+    steps = record["first_step"] + len(record["step_end"]) - 1
+    reference, ref_out = _launch(tmp, "reference", 0, steps=steps)
+    assert reference.wait(timeout=600) == 0, (tmp / "reference.log").read_text()[-3000:]
+    got, want = np.load(out / "parameters.npz"), np.load(ref_out / "parameters.npz")
+    for name in want.files:
+        assert np.array_equal(got[name], want[name]), name
 
 
 def _alive(pid: int) -> bool:
@@ -305,24 +328,12 @@ def test_the_control_store_dying_during_a_restart_leaves_the_job_to_finish(
     assert pid is not None
     redis_server.stop()
     os.kill(pid, signal.SIGKILL)
-    job.wait(lambda: len(job.stops()) == 1)
-    offset = len(job.log.read_text())
-    job.wait(lambda: "rank 0: resumed at step" in job.log.read_text()[offset:])
-    resumed = job.step()
-    job.wait(lambda: job.step() >= resumed + 5)
-    (tmp_path / "chaos-stop").touch()
-    assert proc.wait(timeout=600) == 0, job.tail()
+    job.restarted_then_ended(stops=1, steps_after=5)
     (stop,) = job.stops()
     assert (stop["rank"], stop["pid"], stop["replaced_by"]) == (1, pid, 4)
     assert "rank 1 resumed from its holder's backup" in job.log.read_text(), job.tail()
 
-    record = json.loads((out / "steps-rank0-1.json").read_text())
-    steps = record["first_step"] + len(record["step_end"]) - 1
-    reference, ref_out = _launch(tmp_path, "reference", 0, steps=steps)
-    assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    got, want = np.load(out / "parameters.npz"), np.load(ref_out / "parameters.npz")
-    for name in want.files:
-        assert np.array_equal(got[name], want[name]), name
+    _bitwise_like_a_run_without_the_fault(tmp_path, out, out / "steps-rank0-1.json")
 
 
 def test_ranks_lost_with_no_standby_left_the_job_goes_on_without_them(tmp_path: Path) -> None:
@@ -459,13 +470,7 @@ def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_
         tmp_path, "chaos", 1, extra=("--hang-after", "6"), env_extra=fault
     )  # fmt: skip
     job = Job(tmp_path, proc, out)
-    job.wait(lambda: len(job.stops()) == 1, timeout=400)
-    offset = len(job.log.read_text())
-    job.wait(lambda: "rank 0: resumed at step" in job.log.read_text()[offset:])
-    resumed = job.step()
-    job.wait(lambda: job.step() >= resumed + 6)
-    (tmp_path / "chaos-stop").touch()
-    assert proc.wait(timeout=600) == 0, job.tail()
+    job.restarted_then_ended(stops=1, steps_after=6)
     [stop] = job.stops()
     assert (stop["rank"], stop["slot"], stop["cause"], stop["replaced_by"]) == (1, 1, "hung", 4)
     looks = [json.loads(line) for line in (tmp_path / "chaos-state" / "hangs.jsonl").open()]
@@ -478,10 +483,4 @@ def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_
     text = job.log.read_text()
     assert "rank 1 (slot 1" in text and "hung (stack aggregation named it)" in text, job.tail()
 
-    record = json.loads(sorted(out.glob("steps-rank0*.json"))[-1].read_text())
-    steps = record["first_step"] + len(record["step_end"]) - 1
-    reference, ref_out = _launch(tmp_path, "reference", 0, steps=steps)
-    assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    got, want = np.load(out / "parameters.npz"), np.load(ref_out / "parameters.npz")
-    for name in want.files:
-        assert np.array_equal(got[name], want[name]), name
+    _bitwise_like_a_run_without_the_fault(tmp_path, out, sorted(out.glob("steps-rank0*.json"))[-1])
