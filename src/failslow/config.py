@@ -2,7 +2,8 @@
 
 Each component owns its section as a kw-only, slots dataclass - ``detection`` and ``validation``
 (:mod:`failslow.core.localize.config`), ``planner`` (:mod:`failslow.core.planner.config`),
-``checkpoint`` (:mod:`failslow.core.checkpoint.config`) - and :class:`FailslowConfig` composes
+``checkpoint`` (:mod:`failslow.core.checkpoint.config`), ``checks``
+(:mod:`failslow.core.diagnosis.metrics`) - and :class:`FailslowConfig` composes
 them with the job-wide settings. Every source produces the same :class:`FailslowConfig`: the
 ``"failslow": {...}`` block of a DeepSpeed config (or any dict), environment variables and
 command-line overrides. Precedence,
@@ -27,6 +28,7 @@ from typing import Any
 
 from failslow import envvars
 from failslow.core.checkpoint.config import CheckpointConfig
+from failslow.core.diagnosis.metrics import ChecksConfig
 from failslow.core.localize.config import DetectionConfig, ValidationConfig
 from failslow.core.planner.config import RULES, STRATEGIES, PlannerConfig
 from failslow.errors import ConfigError
@@ -40,6 +42,7 @@ _ZERO_OK = (
     "every_steps",
     "metrics_port",
     "communication_mean_s",
+    "jump",
 )
 
 
@@ -79,6 +82,7 @@ class FailslowConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,6 +284,13 @@ def _check_values(config: Any, path: str, origin: Mapping[str, str]) -> None:
             raise ConfigError(
                 f"{_where(origin, path + 'wandb_mode')}: 'observe.wandb_mode' must be online, "
                 f"offline or disabled, got {config.wandb_mode!r}"
+            )
+    if isinstance(config, ChecksConfig):
+        if 0 < config.jump <= 1 or config.warmup > config.window:
+            raise ConfigError(
+                f"{_where(origin, path + 'jump')}: the 'checks' section needs jump 0 (off) or "
+                f"> 1 and warmup <= window, got jump {config.jump}, warmup {config.warmup}, "
+                f"window {config.window}"
             )
     if isinstance(config, PlannerConfig):
         if config.rule not in RULES:

@@ -9,7 +9,11 @@ ranks resume from that snapshot (:mod:`failslow.runtime.session`).
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from failslow.core.planner.plans import Plan
 
@@ -40,3 +44,42 @@ launcher restarts it in place."""
 EXIT_EVICTED = 77
 """Like :data:`EXIT_FOR_RESTART`, from a rank whose host the plan evicts: the node launcher
 restarts its rank on a standby slot."""
+
+EXIT_ROLLBACK = 79
+"""Exit status of a rank whose training metrics went bad (a NaN loss, a 5x jump; byterobust
+4.1) under ``failslow run``: it wrote a rollback request (:func:`request_rollback`) and the node
+launcher restarts every rank from the newest snapshot before the bad step - or climbs the
+stop-time ladder (:mod:`failslow.core.planner.ladder`)."""
+
+ROLLBACK_REQUESTS = "rollback-requests"
+"""The directory, in the job's state directory, of the ranks' rollback requests."""
+
+
+def request_rollback(
+    state_dir: str | os.PathLike[str], rank: int, incident: dict[str, Any]
+) -> Path:
+    """Leave ``rank``'s rollback request (``incident``: at least ``step`` and ``why``) for the
+    node launcher, written whole (tmp file, then rename)."""
+    directory = Path(state_dir) / ROLLBACK_REQUESTS
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"rank{rank}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**incident, "rank": rank}))
+    os.replace(tmp, path)
+    return path
+
+
+def take_rollback_requests(state_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The ranks' rollback requests, earliest step first, removed as they are read (a request
+    that cannot be read counts as one at step 0 - the launcher cannot trust any step)."""
+    directory = Path(state_dir) / ROLLBACK_REQUESTS
+    found = []
+    for path in sorted(directory.glob("rank*.json")):
+        try:
+            request = json.loads(path.read_text())
+            request["step"] = int(request["step"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            request = {"step": 0, "why": f"unreadable rollback request {path.name}: {exc}"}
+        found.append(request)
+        path.unlink(missing_ok=True)
+    return sorted(found, key=lambda r: r["step"])
