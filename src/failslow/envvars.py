@@ -44,6 +44,10 @@ LAYOUT = "FAILSLOW_LAYOUT"
 (odyssey reroute or reconfigure, :mod:`failslow.core.planner.odyssey.rigid`): JSON
 ``{"tp", "pp", "dp", "choice", "estimated_s", "before_s", "alternatives"}``. The training script
 builds its grid from it (``failslow.megatron.parallel_sizes``)."""
+ROLLBACK_BEFORE = "FAILSLOW_ROLLBACK_BEFORE"
+"""Set by ``failslow run`` for the launch after a rank's metrics went bad (a NaN loss; byterobust
+4.1-4.2): every rank forgets its snapshots and the backups it holds of this step or later, and
+resumes from the newest one before it."""
 JOB_TOKEN = "FAILSLOW_JOB_TOKEN"
 """The job's shared secret: ranks act only on pause requests and plans that carry it."""
 CONFIG_PREFIX = "FAILSLOW__"

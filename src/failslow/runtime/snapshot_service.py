@@ -133,10 +133,17 @@ class SnapshotService:
 
         assert self.directory is not None
         sources = reshard_sources()
+        before = rollback_before()
+        if before is not None:
+            self._forget_from(before)
         anything = int(restore.has_committed(self.directory, self.rank))
         if agree(anything, self.world_size)[1] == 0:
             # a fresh job (no rank has a snapshot or a backup), or a smaller world's first start
-            return self.resume_resharded(sources) if sources else None
+            if sources:
+                return self.resume_resharded(sources)
+            if before is not None:  # never a silent start from scratch
+                self._cannot_resume(f"no snapshot before step {before} to roll back to")
+            return None
         if distributed(self.world_size):
             try:
                 found = restore.restore(
@@ -160,8 +167,27 @@ class SnapshotService:
             raise Unsupported("snapshots", "no plugin restored the snapshot")
         self.resumed_step = step
         where = "its holder's backup" if source_kind == "backup" else "its own snapshot"
-        log.warning("failslow: rank %d resumed from %s of step %d", self.rank, where, step)
+        why = "" if before is None else f" (rolled back: step {before} or later may be bad)"
+        log.warning("failslow: rank %d resumed from %s of step %d%s", self.rank, where, step, why)
         return step
+
+    def _forget_from(self, step: int) -> None:
+        """A rollback: this rank's snapshots of ``step`` or later, and the backups it holds for
+        its wards, are uncommitted before the restore agrees on a step - none of them is
+        resumed now, or by a later restart before the job snapshots those steps anew."""
+        from failslow.core.checkpoint.backup import forget_backups
+
+        assert self.directory is not None
+        gone = self.snapshots.forget_from(step)
+        wards: list[int] = []
+        if distributed(self.world_size):  # collective: every rank reads the placement
+            holders = self._placement()
+            wards = [w for w, h in enumerate(holders) if h == self.rank and w != self.rank]
+        held = forget_backups(self.directory, wards, step)
+        log.warning(
+            "failslow: rank %d rolls back before step %d: forgot its snapshots of steps %s and "
+            "backups of steps %s", self.rank, step, gone or "none", sorted(held) or "none",
+        )  # fmt: skip
 
     def resume_resharded(self, sources: list[dict[str, Any]]) -> int:
         """Gather every old rank's state of one step (:mod:`~failslow.core.checkpoint.reshard`)
@@ -366,6 +392,17 @@ def reshard_sources() -> list[dict[str, Any]]:
             f"${envvars.RESHARD_FROM}: not a list of {{'directory': ..., 'rank': ...}}: {text}"
         )
     return sources
+
+
+def rollback_before() -> int | None:
+    """``$FAILSLOW_ROLLBACK_BEFORE`` (see :mod:`failslow.envvars`), else None."""
+    text = os.environ.get(envvars.ROLLBACK_BEFORE)
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"${envvars.ROLLBACK_BEFORE}: expected a step, got {text!r}") from None
 
 
 def _chosen_layout() -> dict[str, Any] | None:

@@ -334,3 +334,36 @@ def test_rejects_bad_arguments(shm_dir: Path) -> None:
     snap.close()
     with pytest.raises(SnapshotError, match="closed"):
         snap.start({}, 0)
+
+
+def test_a_rollback_forgets_the_steps_from_the_bad_one_in_slots_and_held_backups(
+    shm_dir: Path,
+) -> None:
+    """A rollback before step 11: this rank's slots of 11 and 12 and the backups it holds of
+    12 are uncommitted, on disk too - a restart after it cannot resume them - and 10 stays."""
+    from failslow.core.checkpoint.backup import backup_path, committed_step, forget_backups
+
+    with Snapshotter(shm_dir, rank=3, slots=3, on_busy="wait") as snap:
+        for step in (10, 11, 12):
+            snapshot(snap, state_at(step), step)
+        by_step = {
+            blob.verify(memoryview(p.read_bytes())): p for p in shm_dir.glob("rank3-slot*.fsck")
+        }
+        for k, step in enumerate((11, 12)):  # as if held for ward 5
+            backup_path(shm_dir, 5, k).write_bytes(by_step[step].read_bytes())
+        assert snap.forget_from(11) == [11, 12]
+        loaded = snap.load()
+        assert loaded is not None and loaded[0] == 10
+        assert_bitwise(state_at(10), loaded[1])
+    assert forget_backups(shm_dir, [5, 6], 12) == [12]  # ward 6: nothing held, no error
+
+    def held() -> list[int | None]:
+        return [committed_step(memoryview(backup_path(shm_dir, 5, k).read_bytes())) for k in (0, 1)]
+
+    assert held() == [11, None]
+    with Snapshotter(shm_dir, rank=3, slots=3, on_busy="wait") as again:
+        assert again.load()[0] == 10  # type: ignore[index]
+        snapshot(again, state_at(11), 11)  # the job snapshots the forgotten steps anew
+        loaded = again.load()
+        assert loaded is not None and loaded[0] == 11
+        assert_bitwise(state_at(11), loaded[1])

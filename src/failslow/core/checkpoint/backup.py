@@ -44,7 +44,7 @@ import queue
 import struct
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,31 @@ def committed_step(view: memoryview) -> int | None:
     if header["commit"] != header["step"] + 1 or len(view) < header["total_bytes"]:
         return None
     return header["step"]
+
+
+def forget_backups(directory: Path, wards: Iterable[int], from_step: int) -> list[int]:
+    """Uncommit the backups this node holds for ``wards`` of ``from_step`` or later (a rollback:
+    those states may hold the bad values); the steps forgotten. Before the backup service of
+    this process starts (the files are not mapped yet)."""
+    gone = []
+    for ward in wards:
+        for k in range(SLOTS):
+            path = backup_path(directory, ward, k)
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                continue
+            try:
+                header = blob.header_of(memoryview(os.pread(fd, blob.HEADER_BYTES, 0)))
+                step = header["step"]
+                if header["commit"] == step + 1 and step >= from_step:
+                    os.pwrite(fd, bytes(8), blob.COMMIT_OFFSET)
+                    gone.append(step)
+            except (blob.CorruptSnapshot, struct.error):
+                pass  # empty or not a snapshot: nothing committed to forget
+            finally:
+                os.close(fd)
+    return gone
 
 
 class BackupSlot:

@@ -423,6 +423,16 @@ class Snapshotter:
                     if self._committed[k] == step:
                         self._committed[k] = None
 
+    def forget_from(self, step: int) -> list[int]:
+        """Uncommit every slot holding a snapshot of ``step`` or later, in memory and on disk
+        (a rollback: those states may hold the bad values); the steps forgotten."""
+        with self._mutex:
+            gone = [c for c in self._committed if c is not None and c >= step]
+            for k, committed in enumerate(self._committed):
+                if committed is not None and committed >= step:
+                    self._uncommit(k)
+        return sorted(gone)
+
     def load(self) -> tuple[int, Any] | None:
         """(step, state) of :meth:`latest`, every tensor copied out, bitwise equal to the source."""
         found = self.latest()
