@@ -13,4 +13,18 @@ __version__ = "0.1.0"
 
 hookimpl = pluggy.HookimplMarker("failslow")
 
-__all__ = ["__version__", "hookimpl"]
+
+def report_metrics(step: int, /, **metrics: object) -> None:
+    """Hand this step's training metrics to failslow, beside the line that logs them
+    (``failslow.report_metrics(step, loss=loss, grad_norm=norm)``, or ``**metrics`` of a
+    ``wandb.log`` dict). A loss or gradient norm that is NaN, infinite, or 5x its recent level
+    is an incident (byterobust 4.1): under ``failslow run`` with in-memory snapshots the job
+    rolls back to the newest snapshot before ``step``; otherwise
+    :class:`~failslow.runtime.metric_watch.MetricIncidentError` stops the script. Other
+    metrics are ignored. Cheap: no collective, no I/O."""
+    from failslow.runtime.metric_watch import report
+
+    report(step, metrics)
+
+
+__all__ = ["__version__", "hookimpl", "report_metrics"]

@@ -50,11 +50,20 @@ from failslow.core.planner.plans import Plan, RestartPlan, TopologyPlan
 from failslow.core.topology import Topology, host_name
 from failslow.runtime import rank_control, teardown
 from failslow.runtime.agreement import all_ranks_ok
+from failslow.runtime.metric_watch import MetricWatch
 from failslow.runtime.plan_application import PlanApplication
 from failslow.runtime.snapshot_service import SnapshotService
 from failslow.runtime.step_profile import StepProfile
 
 log = logging.getLogger(__name__)
+
+_current: list[Session] = []
+"""The sessions started in this process and not closed yet, the newest last."""
+
+
+def current() -> Session | None:
+    """The newest session started in this process and not closed (None: none)."""
+    return _current[-1] if _current else None
 
 
 class Session:
@@ -91,6 +100,8 @@ class Session:
         self._last_boundary: float | None = None
         self._outcomes_seen = 0
         self.started = False
+        self.metric_watch = MetricWatch(config.checks, can_roll_back=self._can_roll_back)
+        """``failslow.report_metrics`` of this rank (byterobust 4.1)."""
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def register(self, plugin: Any, name: str | None = None) -> None:
@@ -102,6 +113,7 @@ class Session:
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.plans.rank = self.rank
+        self.metric_watch.rank = self.rank
         if self.config.enabled:
             if self.config.checkpoint.every_steps:
                 # resume first: a smaller world's restore changes the topology the job reports
@@ -120,6 +132,7 @@ class Session:
             config=self.config, rank=self.rank, world_size=self.world_size
         )
         self.started = True
+        _current.append(self)
         teardown.install()
         teardown.track(self)  # closed at exit if the script does not close it
         return self
@@ -168,6 +181,8 @@ class Session:
     def close(self) -> None:
         """Stop everything the session started; no control thread outlives it (nothing is
         inside a store call at interpreter exit)."""
+        if self in _current:
+            _current.remove(self)
         if self.snapshot_service is not None:
             self.snapshot_service.close()
         if self.receiver is not None:
@@ -345,6 +360,12 @@ class Session:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
+
+    def _can_roll_back(self) -> bool:
+        """Whether a metric incident can roll the job back: snapshots kept in node memory,
+        which the relaunched ranks resume from (``failslow run`` sets the directory)."""
+        service = self.snapshot_service
+        return service is not None and service.directory is not None
 
     def _all_ranks_ok(self, ok: bool) -> bool:
         return all_ranks_ok(ok, self.world_size)

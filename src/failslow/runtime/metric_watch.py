@@ -1,0 +1,107 @@
+"""``failslow.report_metrics``: the rank's side of byterobust's real-time metric checks (4.1).
+
+A training script already logs its loss and gradient norm (to W&B, TensorBoard, stdout); one
+more line hands the same numbers to failslow::
+
+    wandb.log(metrics, step=step)
+    failslow.report_metrics(step, **metrics)   # or loss=..., grad_norm=...
+
+Every rank that calls it applies the rule of :class:`~failslow.core.diagnosis.metrics.MetricCheck`
+(NaN, Inf, a 5x jump of a loss or gradient norm; the ``checks`` settings). On an incident:
+
+- under ``failslow run`` with in-memory snapshots, the rank leaves a rollback request in the
+  job's state directory (:func:`~failslow.core.control.stop.request_rollback`) and exits at once
+  with :data:`~failslow.core.control.stop.EXIT_ROLLBACK` - nothing of this step is committed; the
+  launcher stops the other ranks and climbs the stop-time ladder (byterobust 4.2): every rank
+  restarts from the newest snapshot before the bad step (``$FAILSLOW_ROLLBACK_BEFORE``);
+- otherwise nothing can roll the job back: :class:`MetricIncidentError` names what went wrong,
+  so the script stops rather than train on.
+
+Per call: O(window) over the watched metrics, no collective, no store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from failslow import envvars
+from failslow.core.diagnosis.metrics import ChecksConfig, MetricCheck, MetricIncident, watched
+from failslow.errors import FailslowError
+
+log = logging.getLogger(__name__)
+
+
+class MetricIncidentError(FailslowError):
+    """A watched training metric went bad and nothing can roll the job back."""
+
+
+class MetricWatch:
+    """One rank's metric check and what it does on an incident (see the module doc)."""
+
+    def __init__(self, config: ChecksConfig, *, rank: int = 0, can_roll_back: Any = None) -> None:
+        self.check = MetricCheck(jump=config.jump, window=config.window, warmup=config.warmup)
+        self.rank = rank
+        self._can_roll_back = can_roll_back or (lambda: False)
+        self.incident: MetricIncident | None = None
+
+    def report(self, step: int, metrics: Mapping[str, Any]) -> None:
+        values = {name: _number(name, v) for name, v in metrics.items() if watched(name)}
+        incident = self.check.observe(int(step), values)
+        if incident is None:
+            return
+        self.incident = incident
+        state_dir = os.environ.get(envvars.STATE_DIR)
+        if state_dir and self._can_roll_back():
+            self._roll_back(state_dir, incident)
+        raise MetricIncidentError(
+            f"failslow: rank {self.rank}: {incident.describe()} - stopping; run under "
+            "`failslow run` with in-memory snapshots to roll back automatically"
+        )
+
+    def _roll_back(self, state_dir: str, incident: MetricIncident) -> NoReturn:
+        from failslow.core.control.stop import EXIT_ROLLBACK, request_rollback
+
+        request_rollback(state_dir, self.rank, incident.to_dict())
+        log.error(
+            "failslow: rank %d: %s - asking the launcher to roll back before step %d",
+            self.rank, incident.describe(), incident.step,
+        )  # fmt: skip
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # no teardown: this step's state is not to be committed, and peers wait in collectives
+        os._exit(EXIT_ROLLBACK)
+
+
+def _number(name: str, value: Any) -> float:
+    """A metric as a float: Python numbers, numpy scalars, one-element tensors."""
+    item = getattr(value, "item", None)
+    try:
+        return float(item() if callable(item) else value)
+    except (TypeError, ValueError):
+        raise FailslowError(
+            f"failslow.report_metrics: {name!r} must be a number, got {type(value).__name__}"
+        ) from None
+
+
+_default: MetricWatch | None = None
+
+
+def report(step: int, metrics: Mapping[str, Any]) -> None:
+    """:func:`failslow.report_metrics`: the current session's watch, else a process-wide one
+    (default ``checks`` settings from the environment, no rollback)."""
+    global _default
+    from failslow.runtime.session import current
+
+    session = current()
+    if session is not None:
+        session.metric_watch.report(step, metrics)
+        return
+    if _default is None:
+        from failslow.config import load_config
+
+        _default = MetricWatch(load_config().checks, rank=int(os.environ.get("RANK", "0")))
+    _default.report(step, metrics)
