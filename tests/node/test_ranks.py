@@ -21,7 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from failslow.core.control.stop import EXIT_FOR_RESTART, EXIT_FOR_UPDATE, EXIT_UNRESTORABLE
+from failslow.core.control.stop import (
+    EXIT_FOR_RESTART,
+    EXIT_FOR_UPDATE,
+    EXIT_ROLLBACK,
+    EXIT_UNRESTORABLE,
+)
 from failslow.node.ranks import LocalRanks, RankGroup, RankOptions
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,7 +40,7 @@ SCRIPT = textwrap.dedent(
     rank = int(os.environ["RANK"])
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "FAILSLOW_SLOT",
              "FAILSLOW_RESTART", "FAILSLOW_HOST", "FAILSLOW_SNAPSHOT_DIR",
-             "FAILSLOW_RESHARD_FROM", "FAILSLOW_LAYOUT")
+             "FAILSLOW_RESHARD_FROM", "FAILSLOW_LAYOUT", "FAILSLOW_ROLLBACK_BEFORE")
     record = {k: os.environ.get(k) for k in names}
     record.update(pid=os.getpid(), argv=sys.argv, name=__name__, cwd=os.getcwd(),
                   preloaded="colorsys" in sys.modules)
@@ -45,7 +50,7 @@ SCRIPT = textwrap.dedent(
     os.replace(tmp, out / f"rank{rank}-{os.getpid()}.json")
     mode = os.environ.get("MODE", "ok")
     failing = int(os.environ.get("FAIL_RANK", "1"))
-    if mode in ("fail", "unrestorable"):  # end only once every peer has said who it is
+    if mode in ("fail", "unrestorable", "rollback"):  # end once every peer said who it is
         deadline = time.monotonic() + 30
         while (len(list(out.glob("rank*.json"))) < int(os.environ["WORLD_SIZE"])
                and time.monotonic() < deadline):
@@ -68,6 +73,13 @@ SCRIPT = textwrap.dedent(
     if mode == "unrestorable":  # rank 0 first, then the others
         time.sleep(0.0 if rank == 0 else 0.3)
         sys.exit(78)
+    if mode == "rollback" and rank == failing:  # its loss went NaN (failslow.report_metrics)
+        os._exit(79)
+    if mode == "rollback":  # a peer: its collective with the rank that left fails at once
+        peer = json.loads(next(out.glob(f"rank{failing}-*.json")).read_text())["pid"]
+        while os.path.exists(f"/proc/{peer}") and "Z" not in open(f"/proc/{peer}/stat").read().split(")")[1][:3]:
+            time.sleep(0.001)
+        sys.exit(1)
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if mode in ("fail", "stubborn") and rank != failing:
@@ -196,6 +208,28 @@ def test_ranks_that_cannot_restore_end_the_launch_without_a_fail_stop(tmp_path: 
         ranks.close()
     assert status == EXIT_UNRESTORABLE  # the agent ends the job on it (tests/e2e/test_failstop)
     assert not ranks.failstops and ranks.standby_slots == [3]
+
+
+def test_a_rank_asking_for_a_rollback_ends_the_launch_and_no_failing_peer_is_evicted(
+    tmp_path: Path,
+) -> None:
+    """Rank 1's metrics went bad (exit 79); rank 0, whose collective with it broke, exits 1
+    right after - in the same poll, often. Neither is a fail-stop: no slot is evicted, and
+    the next launch (with ``$FAILSLOW_ROLLBACK_BEFORE``, a per-launch variable) takes the warm
+    spares on the same slots."""
+    ranks = _ranks(nproc=3, standbys=1)
+    try:
+        for attempt in range(3):  # the peer's exit races the launcher's poll differently
+            status, _, group = _run(tmp_path, ranks, "rollback", restart=attempt)
+            assert status == EXIT_ROLLBACK, ranks.said  # type: ignore[attr-defined]
+            assert not group.failstops
+        status, records, _ = _run(tmp_path, ranks, "ok", restart=3, FAILSLOW_ROLLBACK_BEFORE="7")
+    finally:
+        ranks.close()
+    assert status == 0 and not ranks.failstops and ranks.standby_slots == [3]
+    assert [records[r]["FAILSLOW_SLOT"] for r in range(3)] == ["0", "1", "2"]
+    assert all(records[r]["FAILSLOW_ROLLBACK_BEFORE"] == "7" for r in range(3))
+    assert all(records[r]["preloaded"] for r in range(3))
 
 
 def test_the_agent_s_signal_stops_the_ranks_without_a_fail_stop(tmp_path: Path) -> None:

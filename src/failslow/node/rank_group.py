@@ -26,6 +26,7 @@ from failslow.core.control.stop import (
     EXIT_EVICTED,
     EXIT_FOR_RESTART,
     EXIT_FOR_UPDATE,
+    EXIT_ROLLBACK,
     EXIT_UNRESTORABLE,
 )
 
@@ -80,8 +81,11 @@ class FailStop:
 
 
 KILLED = 128 + signal.SIGKILL
-STOPPED = (0, EXIT_FOR_UPDATE, EXIT_FOR_RESTART, EXIT_EVICTED, EXIT_UNRESTORABLE)
+STOPPED = (0, EXIT_FOR_UPDATE, EXIT_FOR_RESTART, EXIT_EVICTED, EXIT_UNRESTORABLE, EXIT_ROLLBACK)
 """Statuses of ranks that stopped as asked or agreed (never a fail-stop)."""
+ENDS_LAUNCH = (EXIT_UNRESTORABLE, EXIT_ROLLBACK)
+"""Statuses after which no rank can go on in this launch (its state is gone, or bad): every
+rank is stopped, and no peer that fails meanwhile is a fail-stop."""
 
 
 def _status(returncode: int) -> int:
@@ -96,7 +100,8 @@ def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
 class RankGroup:
     """One launch of the node's ranks, seen by the agent as one child (``poll``, ``wait``,
     ``signal_group``). Its status: :data:`EXIT_UNRESTORABLE` when a rank could not restore its
-    state, else the first failed rank's, else :data:`EXIT_FOR_RESTART` when the ranks stopped
+    state, else :data:`EXIT_ROLLBACK` when a rank's metrics went bad, else the first failed
+    rank's, else :data:`EXIT_FOR_RESTART` when the ranks stopped
     for an S4 restart plan, else :data:`EXIT_FOR_UPDATE` when a rank stopped for an update,
     else 0."""
 
@@ -135,15 +140,17 @@ class RankGroup:
         if self._on_tick is not None:
             self._on_tick()
         now = time.monotonic()
-        statuses: dict[int, int] = {}
+        statuses = {
+            rank: _status(code)
+            for rank, (_, process) in self.ranks.items()
+            if (code := process.poll()) is not None
+        }
+        if set(statuses.values()) & set(ENDS_LAUNCH):
+            # before any peer is judged: a peer that failed because this rank left (its gloo
+            # connection reset) exited after it, so it is in ``statuses`` only if this rank is
+            self.release()
         failed: list[int] = []
-        for rank, (_, process) in self.ranks.items():
-            code = process.poll()
-            if code is None:
-                continue
-            statuses[rank] = status = _status(code)
-            if status == EXIT_UNRESTORABLE:
-                self.release()  # the state is gone: no rank can go on, none failed alone
+        for rank, status in statuses.items():
             if status == EXIT_EVICTED and rank not in self._recorded:
                 self._recorded.add(rank)  # a planned eviction: the rank moves to a standby
                 self.evictions.append(self._on_failstop(self._record(rank, status, "evicted")))
@@ -167,6 +174,8 @@ class RankGroup:
         bad = [s for s in statuses.values() if s not in STOPPED]
         if EXIT_UNRESTORABLE in statuses.values():
             self.returncode = EXIT_UNRESTORABLE  # before any fail-stop: do not restart
+        elif EXIT_ROLLBACK in statuses.values():
+            self.returncode = EXIT_ROLLBACK  # the agent climbs the ladder (node/incidents.py)
         elif self.failstops:
             self.returncode = self.failstops[0].status
         elif bad:  # the agent stopped the ranks (a signal to the launcher)

@@ -59,7 +59,7 @@ from failslow.node.rank_group import HUNG, FailStop, RankGroup, _signal_group
 
 __all__ = ["HUNG", "FailStop", "LocalRanks", "RankGroup", "RankOptions", "World"]
 
-PER_LAUNCH = frozenset({envvars.RESTART, envvars.UPDATE_ID})
+PER_LAUNCH = frozenset({envvars.RESTART, envvars.UPDATE_ID, envvars.ROLLBACK_BEFORE})
 """Variables that change at every launch: set at activation, not part of a warm process's key."""
 CODE = frozenset({envvars.CODE_DIR, envvars.CODE_VERSION})
 """What a code update changes (with the code directory's place on ``PYTHONPATH``): not part of

@@ -3,7 +3,9 @@
 Each rank counts steps (20 ms each). With ``FAILSLOW_STORE`` set it runs the real plan channel
 (:class:`PlanReceiver`): on a ``StopForUpdate`` it writes its step to ``FAILSLOW_SNAPSHOT_DIR``
 and exits 75 at the agreed boundary; a restarted rank resumes from that step. Control files in
-``JOB_CTL``: ``crash`` (consumed) makes rank 0 exit 1, ``done`` makes every rank exit 0.
+``JOB_CTL``: ``crash`` (consumed) makes rank 0 exit 1, ``done`` makes every rank exit 0, ``nan``
+(consumed; its text is a step) makes rank 0 report a NaN loss at that step as
+``failslow.report_metrics`` does under ``failslow run`` (a rollback request, exit 79).
 Every start and stop is a JSON line in ``JOB_LOG``. ``JOB_WORLD`` > 1 spawns that many ranks
 and exits as torchrun would (1 if any rank failed), except 75 when all stopped for an update.
 """
@@ -45,6 +47,7 @@ def rank_main(rank: int) -> int:
         code=code_version(),
         update_id=os.environ.get("FAILSLOW_UPDATE_ID"),
         restart=os.environ.get("FAILSLOW_RESTART"),
+        rollback_before=os.environ.get("FAILSLOW_ROLLBACK_BEFORE"),
         cwd=os.getcwd(),
     )
     receiver = None
@@ -73,6 +76,15 @@ def rank_main(rank: int) -> int:
         if (ctl / "done").exists():
             log(event="done", rank=rank, step=step)
             return 0
+        if rank == 0 and (ctl / "nan").exists():
+            from failslow.core.control.stop import EXIT_ROLLBACK, request_rollback
+
+            bad = int((ctl / "nan").read_text())
+            (ctl / "nan").unlink()
+            why = f"loss is nan at step {bad}"
+            request_rollback(os.environ["FAILSLOW_STATE_DIR"], rank, {"step": bad, "why": why})
+            log(event="nan", rank=rank, step=bad)
+            return EXIT_ROLLBACK
         if rank == 0 and (ctl / "crash").exists():
             (ctl / "crash").unlink()
             log(event="crash", rank=rank, step=step)

@@ -137,3 +137,41 @@ def test_a_failure_without_restarts_ends_the_launcher(launcher: Launcher) -> Non
     assert status == 1 and "giving up" in stderr
     with launcher.history() as history:
         assert history.get(update.id).outcome == "pending"  # for the job's next launch
+
+
+def test_a_bad_metric_climbs_the_ladder_reattempt_code_rollback_then_a_person(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """byterobust 4.1-4.2 through what a job under torchrun shows the launcher (CMD exits 1, a
+    rank left a rollback request): the first NaN relaunches from before its step, the same
+    NaN again relaunches with the latest code update rolled back, the third ends the launcher
+    for a person. None of it counts against --max-restarts (0 here)."""
+    import json
+
+    run_job = f"import runpy; runpy.run_path({str(JOB)!r}, run_name='__main__')\n"
+    v1, v2 = _code(tmp_path, "v1", run_job), _code(tmp_path, "v2", run_job)
+    launcher.start("--code-dir", str(v1), "--probation", "0.5", world=2,
+                   command=[sys.executable, "job.py"])  # fmt: skip
+    launcher.starts(2)
+    with launcher.history() as history:
+        update = history.submit(urgency="urgent", code_dir=str(v2), code_version="v2")
+    launcher.wait_for(lambda: [r for r in launcher.records() if r["code"] == "v2"])
+    time.sleep(1.0)  # past probation: the update is applied, not on trial
+    (launcher.ctl / "nan").write_text("40")
+    starts = launcher.starts(6)
+    assert [(r["code"], r["rollback_before"]) for r in starts[4:6]] == [("v2", "40")] * 2
+    (launcher.ctl / "nan").write_text("41")  # the same incident: no progress past it
+    starts = launcher.starts(8)
+    assert [(r["code"], r["rollback_before"]) for r in starts[6:8]] == [("v1", "40")] * 2
+    (launcher.ctl / "nan").write_text("40")
+    status, stderr = launcher.end()
+    assert status == 1, stderr  # CMD's status (torchrun's 1), the job stops for a person
+    assert "needs a person" in stderr and "nothing left to try" in stderr
+    rungs = [json.loads(line) for line in (launcher.state_dir / "incidents.jsonl").open()]
+    assert [(r["rung"], r["before_step"], r["incident"]["step"]) for r in rungs] == [
+        ("reattempt", 40, 40), ("roll back code", 40, 41), ("needs a person", 40, 40),
+    ]  # fmt: skip
+    assert f"update #{update.id}" in rungs[1]["why"]
+    with launcher.history() as history:
+        assert history.get(update.id).outcome == "rolled_back"
+    assert len(launcher.records()) == 8

@@ -11,7 +11,12 @@ job's update history:
 - after a relaunch with updates, CMD is on **probation**: if it fails within the window, the
   agent rolls the updates back (relaunch with the version they replaced) and records why;
 - CMD exiting 0 ends the agent; restarts after failures are bounded by ``max_restarts``; ranks
-  that cannot restore their state (:data:`EXIT_UNRESTORABLE`) end it at once.
+  that cannot restore their state (:data:`EXIT_UNRESTORABLE`) end it at once;
+- a launch that ended because a rank's metrics went bad (a rollback request, byterobust 4.1)
+  climbs the stop-time ladder (:mod:`failslow.node.incidents`): relaunch from the newest
+  snapshot before the bad step (``$FAILSLOW_ROLLBACK_BEFORE``), then with the latest code update
+  rolled back, then stop for a person. These relaunches do not count against ``max_restarts``:
+  the ladder bounds them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from failslow import envvars
@@ -33,6 +39,7 @@ from failslow.core.control.stop import (
     EXIT_UNRESTORABLE,
     StopForUpdate,
 )
+from failslow.core.planner.ladder import NEEDS_PERSON, ROLL_BACK_CODE
 from failslow.errors import FailslowError
 from failslow.node.hot_update.history import LIVE, History, Update
 from failslow.node.hot_update.version import Version
@@ -115,7 +122,14 @@ class Agent:
         self.attempts: dict[int, int] = {}  # dispatches per update
         self.incidents: collections.Counter[str] = collections.Counter()
         """CMD's failures: ``failed`` (a restart or the end), ``failed_after_update`` (rolled
-        back within probation) - the metrics exporter's ``failslow_incidents_total``."""
+        back within probation), ``metrics`` (a rank's metrics went bad) - the metrics
+        exporter's ``failslow_incidents_total``."""
+        from failslow.node.incidents import Incidents
+
+        state_dir = env.get(envvars.STATE_DIR)
+        self.ladder = Incidents(Path(state_dir) if state_dir else None, history, say=say)
+        """The stop-time ladder of the incidents the ranks report."""
+        self._rollback_before: int | None = None
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -146,6 +160,18 @@ class Agent:
                         "not restarting - the job needs a person"
                     )
                     return status
+                rung = self.ladder.after()
+                if rung is not None:
+                    self.incidents["metrics"] += 1
+                    if rung.name == NEEDS_PERSON:
+                        self._finish(batch, "applied")
+                        return status
+                    if rung.name == ROLL_BACK_CODE:
+                        version, batch, fallback = self._roll_back_code(
+                            version, batch, fallback, rung.why
+                        )
+                    self._rollback_before = rung.before_step
+                    continue
                 if status == EXIT_FOR_RESTART:  # S4: the ranks stopped at a restart plan
                     self._finish(batch, "applied")
                     self.say("relaunching every rank from memory for the S4 restart plan")
@@ -229,8 +255,24 @@ class Agent:
             )
         return version, batch, (fallback if batch else None)
 
+    def _roll_back_code(
+        self, version: Version, batch: list[Update], fallback: Version | None, why: str
+    ) -> tuple[Version, list[Update], Version | None]:
+        """The ladder's rollback rung: the updates on probation, else the latest applied one."""
+        if fallback is not None and any(u.kind == "update" for u in batch):
+            self._roll_back(batch, why)
+            return fallback, [], None
+        self._finish(batch, "applied")
+        self.history.request_rollback(note=why)
+        return self._take_pending(version, "rollback after a metric incident", None)
+
     def _launch(self, version: Version, batch: list[Update]) -> _Ended | None:
         env = version.environment(self.env)
+        if self._rollback_before is not None:  # this launch only
+            env[envvars.ROLLBACK_BEFORE] = str(self._rollback_before)
+            self._rollback_before = None
+        if self.launches == 0:
+            self.ladder.clear()
         applied = [u for u in self.history.updates() if u.outcome in LIVE and u.kind == "update"]
         env[envvars.UPDATE_ID] = str(max((u.id for u in applied), default=0))
         env[envvars.RESTART] = str(self.launches)

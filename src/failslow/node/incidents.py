@@ -1,0 +1,84 @@
+"""The launcher's side of a training incident a rank reported (byterobust 4.1-4.2).
+
+A rank whose loss or gradient norm went bad (``failslow.report_metrics``,
+:mod:`failslow.runtime.metric_watch`) leaves a rollback request in the job's state directory and
+exits; the launch ends (the other ranks are stopped, or ``torchrun`` stops them). After the
+launch, :meth:`Incidents.after` reads the requests and climbs the stop-time ladder
+(:class:`~failslow.core.planner.ladder.Ladder`): reattempt from memory, then roll back the latest
+code update, then stop for a person. Each rung is a line of ``<state dir>/incidents.jsonl``
+with the incident, the rung and why it was taken; the agent carries it out
+(:mod:`failslow.node.hot_update.agent`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from failslow.core.control.stop import take_rollback_requests
+from failslow.core.planner.ladder import Ladder, Rung
+
+LOG = "incidents.jsonl"
+
+
+class Incidents:
+    def __init__(
+        self,
+        state_dir: Path | None,
+        history: Any,
+        *,
+        ladder: Ladder | None = None,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.state_dir = state_dir
+        self.history = history
+        self.ladder = ladder or Ladder()
+        self.say = say
+
+    def clear(self) -> None:
+        """Drop requests a launch before this one left (an earlier run of the launcher)."""
+        if self.state_dir is not None:
+            take_rollback_requests(self.state_dir)
+
+    def after(self) -> Rung | None:
+        """After a launch ended with a failure: the rung for the incident its ranks reported
+        (None: no rank reported one - an ordinary failure)."""
+        if self.state_dir is None:
+            return None
+        requests = take_rollback_requests(self.state_dir)
+        if not requests:
+            return None
+        first = requests[0]
+        who = f"rank {first['rank']}: " if "rank" in first else ""
+        what = f"{who}{first.get('why', 'a bad metric')}"
+        update = self._latest_update()
+        rung = self.ladder.next(first["step"], what, code_update=update)
+        record = {
+            "wall": time.time(), "incident": first, "ranks": [r.get("rank") for r in requests],
+            "rung": rung.name, "before_step": rung.before_step, "why": rung.why,
+        }  # fmt: skip
+        with (self.state_dir / LOG).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.say(f"{rung.name}: {rung.why}")
+        return rung
+
+    def _latest_update(self) -> str | None:
+        """The latest code update that is running (applied or on probation), described."""
+        from failslow.node.hot_update.history import LIVE
+
+        live = [u for u in self.history.updates() if u.kind == "update" and u.outcome in LIVE]
+        if not live:
+            return None
+        latest = max(live, key=lambda u: (u.applied_at or 0.0, u.id))
+        return f"update #{latest.id}: {latest.describe()}"
+
+
+def read_log(state_dir: Path) -> list[dict[str, Any]]:
+    """The rungs taken so far (``incidents.jsonl``), oldest first."""
+    path = Path(state_dir) / LOG
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
