@@ -40,6 +40,7 @@ def test_bad_fault_options_are_one_line(options, message):
         (["--framework", "deepspeed", "--no-standby"], "--no-standby goes with --fault kill"),
         (["--framework", "fsdp", "--fault", "kill"], "--fault kill needs --framework deepspeed or"),
         (["--framework", "megatron", "--fault", "hang"], "--fault hang needs --framework deep"),
+        (["--framework", "fsdp", "--fault", "nan"], "--fault nan needs --framework deepspeed"),
     ],
 )
 def test_bad_strategies_are_one_line_before_anything_starts(argv, message, capsys):
@@ -70,8 +71,10 @@ def test_kill_demo_options_are_checked_in_one_line():
     for options, message in [
         ({"framework": "fsdp"}, "framework 'fsdp' is not one of ['deepspeed', 'megatron']"),
         ({"framework": "megatron", "world_size": 3}, "runs PP2 x DP2 on 4 ranks"),
-        ({"hang": (4, 100), "kill_steps": (), "victims": ()}, "the hung slot must be a rank's"),
-        ({"hang": (1, 100)}, "with no kills"),
+        ({"injected": ("hang", 4, 100), "kill_steps": (), "victims": ()},
+         "the faulty slot must be a rank's"),
+        ({"injected": ("nan", 1, 100)}, "with no kills"),
+        ({"injected": ("sdc", 1, 100), "kill_steps": (), "victims": ()}, "--fault sdc"),
     ]:
         with pytest.raises(FailslowError) as info:
             FailstopDemoOptions(**options).validate()

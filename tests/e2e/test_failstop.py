@@ -31,7 +31,7 @@ partitions, data position, RNGs) and ran the same math.
 
 Also: a ward lost together with its backup holder (over-eviction: a clear message, no restart
 burnt), and the control store (a real redis-server) killed together with a rank (the restart
-needs no control store).
+needs no control store); a hung rank named by its stack; a NaN loss rolled back (issue 18).
 """
 
 from __future__ import annotations
@@ -482,5 +482,42 @@ def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_
     assert stuck and "injected_hang" in stuck[0]["signature"], hang
     text = job.log.read_text()
     assert "rank 1 (slot 1" in text and "hung (stack aggregation named it)" in text, job.tail()
+
+    _bitwise_like_a_run_without_the_fault(tmp_path, out, sorted(out.glob("steps-rank0*.json"))[-1])
+
+
+def test_a_nan_loss_rolls_every_rank_back_to_the_last_good_snapshot_and_the_job_goes_on(
+    tmp_path: Path,
+) -> None:
+    """byterobust 4.1-4.2 (issue 18): rank 2's model gets a NaN when step 12 ends (a fault
+    plugin; the first launch only, as a transient fault). Its loss of step 13 is NaN:
+    ``failslow.report_metrics`` in the worker's loop leaves a rollback request and exits 79; the
+    launcher stops the other ranks - none is a fail-stop, no slot is evicted - and relaunches
+    every rank with ``$FAILSLOW_ROLLBACK_BEFORE=13``: they forget snapshots 13 and later (the
+    peers had already trained step 13 on rank 2's NaN gradient) and resume step 12 from memory.
+    ``--max-restarts 0``: the ladder's relaunch is not a failure restart. The job finishes with
+    bitwise the model of a run without the fault."""
+    pytest.importorskip("deepspeed", reason="needs the deepspeed extra: failslow[deepspeed]")
+    fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "nan", "slot": 2, "step": 12})}
+    proc, out = _launch(tmp_path, "chaos", 0, env_extra=fault)
+    job = Job(tmp_path, proc, out)
+    incidents = tmp_path / "chaos-state" / "incidents.jsonl"
+    job.wait(incidents.exists)
+    offset = len(job.log.read_text())
+    job.wait(lambda: "rank 0: resumed at step" in job.log.read_text()[offset:])
+    resumed = job.step()
+    job.wait(lambda: job.step() >= resumed + 6)
+    (tmp_path / "chaos-stop").touch()
+    assert proc.wait(timeout=600) == 0, job.tail()
+    [rung] = [json.loads(line) for line in incidents.open()]
+    assert (rung["rung"], rung["before_step"]) == ("reattempt", 13), rung
+    incident = rung["incident"]
+    assert (incident["rank"], incident["step"], incident["metric"], incident["kind"]) == (
+        2, 13, "loss", "nan",
+    ), incident  # fmt: skip
+    assert job.stops() == []  # nobody was evicted
+    text = job.log.read_text()
+    assert "rank 0: resumed at step 12" in text, job.tail()
+    assert "rolls back before step 13" in text and "loss is nan at step 13" in text, job.tail()
 
     _bitwise_like_a_run_without_the_fault(tmp_path, out, sorted(out.glob("steps-rank0*.json"))[-1])

@@ -44,9 +44,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
         moved = summary["slow_rank_moved"]  # restarted away onto a standby
         return 0 if moved and summary["parameters"].get("equal", True) else 1
-    if args.fault == "hang":
+    if args.fault in ("hang", "nan"):
         if args.framework != "deepspeed":
-            raise SystemExit("failslow demo: --fault hang needs --framework deepspeed")
+            raise SystemExit(f"failslow demo: --fault {args.fault} needs --framework deepspeed")
         from failslow.demo.failstop import FailstopDemoOptions, run_failstop_demo
 
         steps = args.iterations or FailstopDemoOptions.steps
@@ -56,7 +56,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 steps=steps,
                 kill_steps=(),
                 victims=(),
-                hang=(args.slow_rank % args.world_size, steps * 2 // 7),
+                injected=(args.fault, args.slow_rank % args.world_size, steps * 2 // 7),
                 out_dir=out_dir,
                 live=not args.no_live,
             )
@@ -173,7 +173,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--fault",
-        choices=("compute", "link", "kill", "hang"),
+        choices=("compute", "link", "kill", "hang", "nan"),
         default="compute",
         help="compute - the slow rank is SIGSTOP-cycled (S2); link (megatron or fsdp, root) - "
         "every rank in its own network namespace, the link between ranks 0 and 1 shaped with "
@@ -181,7 +181,9 @@ def register(sub: Any) -> None:
         "rank are SIGKILLed at 2/7 and 9/14 of the run, the job restarts from memory on warm "
         "standbys and its parameters are compared with a run without kills; hang "
         "(deepspeed) - --slow-rank's machine hangs at 2/7 of the run, the launcher finds it by "
-        "stack aggregation and restarts the job from memory without it",
+        "stack aggregation and restarts the job from memory without it; nan (deepspeed) - "
+        "--slow-rank's model gets a NaN at 2/7 of the run (once, a transient fault), its loss "
+        "goes NaN and the job rolls back to the newest snapshot before it",
     )
     p.add_argument(
         "--no-standby",

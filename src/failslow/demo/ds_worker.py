@@ -109,7 +109,7 @@ def main() -> None:
         engine.load_checkpoint(disk)
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     adapter = engine.failslow
-    fault = fault_plugin.from_env()  # tests and demos: a fault through the plugin API
+    fault = fault_plugin.from_env(engine.module)  # tests and demos: through the plugin API
     if fault is not None:
         adapter.session.pm.register(fault)
     resumed = adapter.session.resumed_step
@@ -128,13 +128,14 @@ def main() -> None:
             dist.destroy_process_group()
             return
         if batches is None:
-            engine.train_batch(loss_fn=loss_fn)
+            loss = engine.train_batch(loss_fn=loss_fn)
         else:  # the loop of DeepSpeed's tutorials: micro-batches until the engine stepped
             while engine.global_steps == step:
                 x, y = next(batches)
                 loss = loss_fn(engine(x), y)
                 engine.backward(loss)
                 engine.step()
+        failslow.report_metrics(step, loss=loss)  # beside the logging line (byterobust 4.1)
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
             write_progress(out, rank, step_end, first, step)

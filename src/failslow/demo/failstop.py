@@ -26,6 +26,12 @@ all-reduce). The launcher (``--hang-after 10``) sees no collective on any rank, 
 stack aggregation, evicts its slot onto the standby and restarts every rank from memory;
 ``summary.json`` adds ``incident``, ``rungs``, ``suspects`` and the launcher's looks.
 
+``--fault nan`` (DeepSpeed) kills nothing either: the model of ``--slow-rank``'s rank gets a NaN
+at 2/7 of the run, in the first launch only (a transient fault, through a plugin). Its loss goes
+NaN, ``failslow.report_metrics`` in the worker's loop asks for a rollback, and the launcher
+climbs the stop-time ladder: every rank restarts from the newest snapshot before the bad step
+(byterobust 4.1-4.2); ``summary.json`` adds the incident and the rungs (``incidents.jsonl``).
+
 ``--framework megatron`` runs the same with Megatron-core's GPT on TP1 x PP2 x DP2
 (:mod:`failslow.demo.megatron_worker`); with ``--no-standby`` the launcher chooses each smaller
 world's grid (odyssey's reroute or reconfigure), named in the action, and the final model is
@@ -70,9 +76,11 @@ class FailstopDemoOptions:
     on Megatron's grid in the layout odyssey chooses."""
     framework: str = "deepspeed"
     """``deepspeed`` (the ZeRO-1 job) or ``megatron`` (GPT on TP1 x PP2 x DP2)."""
-    hang: tuple[int, int] | None = None
-    """``(slot, step)``: instead of kills, the machine of that slot hangs after that step (a
-    fault plugin); the launcher finds it with ``--hang-after``, by stack aggregation."""
+    injected: tuple[str, int, int] | None = None
+    """``(kind, slot, step)``: instead of kills, a fault plugin (:mod:`.fault_plugin`) -
+    ``hang``: the machine of that slot hangs after that step, and the launcher finds it with
+    ``--hang-after``, by stack aggregation; ``nan``: that slot's model gets a NaN after that
+    step, and the job rolls back."""
     hang_after_s: float = 10.0
     out_dir: Path | None = None
     live: bool = True
@@ -91,13 +99,15 @@ class FailstopDemoOptions:
             )
         if self.framework == "megatron" and self.world_size != 4:
             raise FailslowError("demo --fault kill: the Megatron job runs PP2 x DP2 on 4 ranks")
-        if self.hang is not None and (
-            self.kill_steps or not 0 <= self.hang[0] < self.world_size
-            or not 0 < self.hang[1] < self.steps - 5
+        if self.injected is not None and (
+            self.kill_steps or self.injected[0] not in fault_plugin.KINDS
+            or not 0 <= self.injected[1] < self.world_size
+            or not 0 < self.injected[2] < self.steps - 5
         ):  # fmt: skip
             raise FailslowError(
-                f"demo --fault hang: the hung slot must be a rank's (0..{self.world_size - 1}) "
-                f"and its step within 1..{self.steps - 6}, with no kills"
+                f"demo --fault {self.injected[0]}: the faulty slot must be a rank's "
+                f"(0..{self.world_size - 1}) and its step within 1..{self.steps - 6}, with no "
+                f"kills"
             )
         if len(self.victims) != len(self.kill_steps):
             raise FailslowError("demo --fault kill: one victim rank per kill step")
@@ -175,9 +185,11 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
                 run.events.append("reference done")
                 refresh()
         stops = rank_launch.failstops(tmp / "chaos-state")
-        hangs = tmp / "chaos-state" / "hangs.jsonl"
-        if hangs.exists():
-            (out / "hangs.jsonl").write_text(hangs.read_text())
+        for name in ("hangs.jsonl", "incidents.jsonl"):
+            found = tmp / "chaos-state" / name
+            if found.exists():
+                (out / name).write_text(found.read_text())
+        stops += _rollbacks(out)
     summary = _summary(opts, run, stops, out, reference)
     _restore_sources(summary, (out / "job.log").read_text(errors="replace"))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -188,14 +200,15 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
 def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: Any) -> None:
     job_out = out / "job"
     fault = {}
-    if opts.hang is not None:
-        slot, step = opts.hang
-        fault[fault_plugin.ENV] = json.dumps({"kind": "hang", "slot": slot, "step": step})
+    kind = opts.injected[0] if opts.injected is not None else None
+    if opts.injected is not None:
+        _, slot, step = opts.injected
+        fault[fault_plugin.ENV] = json.dumps({"kind": kind, "slot": slot, "step": step})
     env = rank_launch.job_env(job_out, opts.steps, opts.framework, **fault)
     argv = rank_launch.command(
         tmp, "chaos", world_size=opts.world_size, standbys=opts.standbys,
         restarts=max(1, len(opts.kill_steps)), min_ranks=opts.min_ranks,
-        framework=opts.framework, hang_after_s=opts.hang_after_s if opts.hang else None,
+        framework=opts.framework, hang_after_s=opts.hang_after_s if kind == "hang" else None,
     )  # fmt: skip
     log_path = out / "job.log"
     with open(log_path, "w") as log:
@@ -233,13 +246,18 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
                         run.seen.setdefault(s, now)
             for line in text.splitlines()[-50:]:
                 event = line.removeprefix("failslow run: ")
-                shown = (" died (", " hung (", "hang: ")
+                shown = (" died (", " hung (", "hang: ", "reattempt: ", "roll back code: ",
+                         "needs a person: ")  # fmt: skip
                 if any(x in line for x in shown) or event.startswith("odyssey "):
                     if event not in run.events:
                         run.events.append(event)
-                if opts.hang is not None and " hung (" in line and not run.kills:
-                    last = opts.hang[1]  # the hung machine's rank is the incident's "kill"
-                    rank = int(line.split("rank ", 1)[1].split()[0])
+                seen = {"hang": " hung (", "nan": "failslow run: reattempt: rank "}.get(kind or "")
+                if seen is not None and seen in line and not run.kills:
+                    # the faulty rank is the incident's "kill"; a hung one did not end the step
+                    # after the fault's, a NaN one's peers may have
+                    last = opts.injected[2] if opts.injected is not None else run.step
+                    last = last if kind == "hang" else max(last, run.step)
+                    rank = int(re.search(r"rank (\d+)", line).group(1))  # type: ignore[union-attr]
                     run.kills.append(
                         {"rank": rank, "pid": 0, "step_done": last,
                          "at": run.seen.get(last, time.time()),
@@ -292,7 +310,9 @@ def _summary(
         after = kill.get("first_step_done")
         downtime = after - before - step_s if before is not None and after is not None else None
         slot = stop["slot"]
-        if stop["replaced_by"] is not None:
+        if "rung" in stop:  # not a fail-stop: the stop-time ladder's relaunch
+            action = stop["rung"]
+        elif stop["replaced_by"] is not None:
             action = f"onto standby slot {stop['replaced_by']} (slot {slot} evicted)"
         elif stop.get("ranks_left") is not None:
             action = f"slot {slot} dropped: {stop['ranks_left']} ranks go on (odyssey)"
@@ -315,18 +335,19 @@ def _summary(
         parameters = rank_launch.compare_parameters(
             out / "job", reference, "bitwise (a restart from a bitwise snapshot runs the same math)"
         )
-    hang = _hang_summary(out) if opts.hang is not None else {}
+    kind = opts.injected[0] if opts.injected is not None else "kill"
+    incident = {"hang": _hang_summary, "nan": _nan_summary}.get(kind)
     return {
-        **hang,
+        **(incident(out) if incident is not None else {}),
         "framework": opts.framework,
-        "fault": "hang" if opts.hang is not None else "kill",
+        "fault": kind,
         "world_size": opts.world_size,
         "steps": opts.steps,
         "normal_step_s": step_s,
         "restarts": restarts,
         "lost_steps": sum(r["lost_steps"] or 0 for r in restarts),
         "downtime_s": sum(r["downtime_s"] or 0.0 for r in restarts),
-        "failstops": stops,
+        "failstops": [s for s in stops if "rung" not in s],
         "parameters": parameters,
     }
 
@@ -348,6 +369,36 @@ def _hang_summary(out: Path) -> dict[str, Any]:
     }
 
 
+def _rollbacks(out: Path) -> list[dict[str, Any]]:
+    """The launcher's relaunches for the incidents ranks reported (``incidents.jsonl``), each
+    in the shape of a fail-stop record (no slot evicted) with its ``rung``."""
+    from failslow.node.incidents import read_log
+
+    return [
+        {"rank": r["incident"].get("rank"), "slot": r["incident"].get("rank"), "wall": r["wall"],
+         "replaced_by": None, "ranks_left": None,
+         "rung": f"{r['rung']}: every rank from before step {r['before_step']}"}
+        for r in read_log(out)
+    ]  # fmt: skip
+
+
+def _nan_summary(out: Path) -> dict[str, Any]:
+    """The NaN's incident and the ladder's rungs (the launcher's ``incidents.jsonl``, copied
+    into the run directory); a rollback names no suspect machine."""
+    from failslow.node.incidents import read_log
+
+    rungs = read_log(out)
+    first = rungs[0]["incident"] if rungs else {}
+    return {
+        "incident": {"kind": first.get("kind", "nan"), "rank": first.get("rank"),
+                     "step": first.get("step"), "metric": first.get("metric"),
+                     "why": first.get("why")},
+        "rungs": [f"{first.get('metric', 'loss')} checked on every rank (report_metrics)"]
+        + [f"{r['rung']}: {r['why']}" for r in rungs],
+        "suspects": None,
+    }  # fmt: skip
+
+
 def _restore_sources(summary: dict[str, Any], log: str) -> None:
     """Where the killed rank's state came from at each restart (the ranks' restore lines, one
     per rank and launch): ``holder's backup`` when its slot was evicted with its memory; and
@@ -367,12 +418,15 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    hang = summary["fault"] == "hang"
+    hang, nan = summary["fault"] == "hang", summary["fault"] == "nan"
     title = "fail-stops: killed, seen, every rank restarted from memory"
     if hang:
         title = "a machine hangs: found by its stacks, every rank restarted from memory"
+    if nan:
+        title = "a NaN loss: every rank rolled back to the newest snapshot before it"
+    after = "hung after step" if hang else "last step done" if nan else "killed after step"
     table = Table(title=title)
-    for col in ("rank", "hung after step" if hang else "killed after step", "seen", "resumed at",
+    for col in ("rank", after, "seen", "resumed at",
                 "lost steps", "downtime", "warm", "restarted", "its state from"):  # fmt: skip
         table.add_column(col)
     for r in summary["restarts"]:
@@ -388,6 +442,10 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
         suspects = summary["suspects"]
         named = f"ranks {suspects['ranks']} ({suspects['kind']})" if suspects else "nobody"
         console.print(f"rungs: {' -> '.join(summary['rungs'])}; stack aggregation named {named}")
+    if nan:
+        console.print(f"incident: {summary['incident']['why']}")
+        for rung in summary["rungs"]:
+            console.print(f"  rung: {rung}")
     p = summary["parameters"]
     if p["compared"]:
         if "bitwise" in p["tolerance"]:
