@@ -47,6 +47,13 @@ downtime; ``lost`` is how many steps were done twice).
   memory. "kill -> seen" is then the last step's end to the eviction (the 10 s, the
   aggregation's time in brackets); the downtime includes the 10 s.
 
+- **a NaN loss** (``--ways nan``; the warm standby's launcher with ``--slots-as-hosts``): no
+  kill - rank 1's model gets a NaN after step 50 (the fault plugin, first launch only); its loss
+  of step 51 is NaN, ``failslow.report_metrics`` asks for a rollback, and the launcher restarts
+  every rank from the newest snapshot before step 51 (the ladder's reattempt, byterobust 4.2).
+  "kill -> seen" is step 50's end to the rollback request; the downtime is the gap between the
+  last step done before the request and the first step done after the relaunch, less a step.
+
 - **Megatron: reroute vs reconfigure** (``--ways reroute,reconfigure``; the GPT job,
   ``failslow.demo.megatron_worker``, TP1 x PP2 x DP2, hidden 256, 8 micro-batches of 8 per step,
   Adam; ``--standbys 0 --min-ranks 2 --slots-as-hosts``): rank 1 (stage 0 of replica 1) is
@@ -124,20 +131,22 @@ def _kill_and_measure(
     steps: int = STEPS,
     planned: bool = False,
     job_env: dict[str, str] | None = None,
-    hang_at: int | None = None,
+    fault: str | None = None,
 ) -> dict[str, Any]:
     """``planned``: an S4 restart plan evicts the victim's host instead of a kill;
-    ``job_env``: the worker's settings over the DeepSpeed job's; ``hang_at``: no kill - the
-    victim's machine hangs after that step (the fault plugin) and the launcher finds it."""
+    ``job_env``: the worker's settings over the DeepSpeed job's; ``fault``: no kill - after
+    step ``HANG_AT`` the victim's machine hangs (``hang``: the launcher finds it), or its model
+    gets a NaN (``nan``: the job rolls back), through the fault plugin."""
+    hang_at = HANG_AT if fault is not None else None
     out = tmp / name
     out.mkdir()
     settings = {
         "FAILSLOW_DEMO_WIDTH": str(width), "FAILSLOW_DEMO_MICRO_BATCH_SIZE": "32",
         "FAILSLOW_DEMO_CONFIG": json.dumps(SETTINGS), **(job_env or {}),
     }  # fmt: skip
-    if hang_at is not None:
-        fault = {"kind": "hang", "slot": VICTIM, "step": hang_at}
-        settings["FAILSLOW_DEMO_FAULT"] = json.dumps(fault)
+    if fault is not None:
+        spec = {"kind": fault, "slot": VICTIM, "step": hang_at}
+        settings["FAILSLOW_DEMO_FAULT"] = json.dumps(spec)
     env = launch_env(out, steps, **settings)
     rings, state = tmp / f"{name}-rings", tmp / f"{name}-state"
     shm = Path(tempfile.mkdtemp(prefix="failslow-fsbench-", dir="/dev/shm"))
@@ -174,7 +183,7 @@ def _kill_and_measure(
             poll()
         killed_at = time.time()
         if hang_at is not None:
-            pass  # the machine hangs by itself
+            pass  # the machine hangs, or the model goes NaN, by itself
         elif planned:  # sent from a thread: the steps go on being timed while it is agreed
             pool = concurrent.futures.ThreadPoolExecutor(1)
             plan = pool.submit(_evict, tmp / f"{name}.log", token)
@@ -194,11 +203,17 @@ def _kill_and_measure(
         shutil.rmtree(shm, ignore_errors=True)
     records = [json.loads(p.read_text()) for p in out.glob("steps-rank0*.json")]
     record = max(records, key=lambda r: r["first_step"])  # the launch after the restart
+    extra: dict[str, Any] = {}
     if plan is not None:  # every rank stopped at the plan's step
         last = plan.result() - 1
-    elif hang_at is not None:  # the steps through hang_at ended, the next never did
+    elif fault == "hang":  # the steps through hang_at ended, the next never did
         last = hang_at
         killed_at = seen[last]
+    elif fault == "nan":  # rank 0 may have ended the step whose loss was NaN on the victim
+        [rung] = [json.loads(line) for line in (state / "incidents.jsonl").read_text().splitlines()]
+        killed_at = seen[hang_at]
+        last = max(s for s, t in seen.items() if t <= rung["wall"])
+        extra = {"detected_s": rung["wall"] - killed_at, "rung": rung["rung"]}
     else:
         last = max(s for s, t in seen.items() if t <= killed_at)
     first_done_after = record["step_end"][1]
@@ -210,6 +225,7 @@ def _kill_and_measure(
         "step_s": step_s, "gap_s": gap, "downtime": gap - step_s,
         "lost": last + 1 - record["first_step"], "resumed": record["first_step"],
         "step_after_s": statistics.median(b - a for a, b in itertools.pairwise(after)),
+        **extra,
     }  # fmt: skip
     text = (tmp / f"{name}.log").read_text()
     chosen = re.search(
@@ -233,7 +249,7 @@ def _kill_and_measure(
         if named:
             result["aggregation_s"] = named[0]["aggregation_s"]
     stops = state / "failstops.jsonl"
-    if stops.exists() and not planned:
+    if stops.exists() and not planned and fault != "nan":
         result["detected_s"] = json.loads(stops.read_text().splitlines()[0])["wall"] - killed_at
     return result
 
@@ -248,7 +264,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
-        "--ways", default="warm,cold,s4,shrink,hang,reroute,reconfigure", help="comma-separated"
+        "--ways", default="warm,cold,s4,shrink,hang,nan,reroute,reconfigure",
+        help="comma-separated",
     )
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
     parser.add_argument("--no-fresh", action="store_true", help="skip the fresh launch")
@@ -286,6 +303,10 @@ def main() -> None:
             "--slots-as-hosts", "--spare-delay", "2", "--hang-after", str(HANG_AFTER),
             "--", "-m", "failslow.demo.ds_worker",
         ]),
+        "nan": ("a NaN loss: every rank rolled back (memory)", [
+            "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
+            "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
+        ]),
         "reroute": ("Megatron PP2xDP2, no standby: reroute", [
             "--max-stage-layers", "2", *megatron
         ], gpt),
@@ -304,7 +325,7 @@ def main() -> None:
                 results[name] = _kill_and_measure(
                     Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
                     job_env=job_env[0] if job_env else None,
-                    hang_at=HANG_AT if key == "hang" else None,
+                    fault=key if key in ("hang", "nan") else None,
                 )  # fmt: skip
         if not args.no_fresh:
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
@@ -320,6 +341,8 @@ def main() -> None:
             seen = f"{r['detected_s'] * 1000:.0f} ms" if "detected_s" in r else "-"
             if "aggregation_s" in r:  # a hang is seen --hang-after later, by its stacks
                 seen = f"{r['detected_s']:.1f} s (stacks {r['aggregation_s'] * 1000:.0f} ms)"
+            if "rung" in r:  # a NaN: from the poisoned step's end to the rollback request
+                seen = f"{r['detected_s'] * 1000:.0f} ms ({r['rung']})"
             table.add_row(
                 str(i + 1), name, seen, str(r["resumed"]), str(r["lost"]),
                 f"{r['step_s']:.2f} s", f"{r['gap_s']:.1f} s", f"{r['downtime']:.1f} s",

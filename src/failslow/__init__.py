@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pluggy
 
+from failslow.errors import MetricIncidentError
+
 __version__ = "0.1.0"
 
 hookimpl = pluggy.HookimplMarker("failslow")
@@ -20,11 +22,11 @@ def report_metrics(step: int, /, **metrics: object) -> None:
     ``wandb.log`` dict). A loss or gradient norm that is NaN, infinite, or 5x its recent level
     is an incident (byterobust 4.1): under ``failslow run`` with in-memory snapshots the job
     rolls back to the newest snapshot before ``step``; otherwise
-    :class:`~failslow.runtime.metric_watch.MetricIncidentError` stops the script. Other
+    :class:`MetricIncidentError` stops the script. Other
     metrics are ignored. Cheap: no collective, no I/O."""
     from failslow.runtime.metric_watch import report
 
     report(step, metrics)
 
 
-__all__ = ["__version__", "hookimpl", "report_metrics"]
+__all__ = ["MetricIncidentError", "__version__", "hookimpl", "report_metrics"]

@@ -17,6 +17,11 @@ class ConfigError(FailslowError, ValueError):
     """A setting with an unknown key or an invalid value."""
 
 
+class MetricIncidentError(FailslowError):
+    """A watched training metric went bad (``failslow.report_metrics``) and nothing can roll
+    the job back (no ``failslow run``, or no in-memory snapshots)."""
+
+
 class TraceFormatError(FailslowError, ValueError):
     """A trace file that cannot be parsed; names the file and, where known, the line."""
 

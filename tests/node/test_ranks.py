@@ -77,7 +77,12 @@ SCRIPT = textwrap.dedent(
         os._exit(79)
     if mode == "rollback":  # a peer: its collective with the rank that left fails at once
         peer = json.loads(next(out.glob(f"rank{failing}-*.json")).read_text())["pid"]
-        while os.path.exists(f"/proc/{peer}") and "Z" not in open(f"/proc/{peer}/stat").read().split(")")[1][:3]:
+        def gone():
+            try:
+                return open(f"/proc/{peer}/stat").read().rsplit(") ", 1)[1][0] == "Z"
+            except OSError:
+                return True
+        while not gone():
             time.sleep(0.001)
         sys.exit(1)
     if mode == "stubborn":

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import failslow
+from failslow import MetricIncidentError
 from failslow.runtime import metric_watch
-from failslow.runtime.metric_watch import MetricIncidentError
 from failslow.runtime.session import Session, current
 
 
@@ -49,7 +49,7 @@ def test_the_jump_rule_follows_the_checks_settings(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("FAILSLOW__CHECKS__JUMP", "2")
     for step in range(8):
         failslow.report_metrics(step, loss=1.0)
-    with pytest.raises(MetricIncidentError, match="2.5x its recent level"):
+    with pytest.raises(MetricIncidentError, match=r"2\.5x its recent level"):
         failslow.report_metrics(8, loss=2.5)
 
 
@@ -63,7 +63,7 @@ def test_a_session_checks_with_its_own_settings_and_without_snapshots_cannot_rol
         assert current() is session
         for step in range(2):
             failslow.report_metrics(step, loss=1.0)
-        with pytest.raises(MetricIncidentError, match="3.0x its recent level"):
+        with pytest.raises(MetricIncidentError, match=r"3\.0x its recent level"):
             failslow.report_metrics(2, loss=3.0)
         assert not (tmp_path / "rollback-requests").exists()  # nothing could resume it
     finally:
@@ -120,8 +120,11 @@ def test_a_rank_that_can_roll_back_leaves_its_request_and_exits_79(tmp_path: Pat
         print("not reached")
         """
     )
-    env = {"FAILSLOW_STATE_DIR": str(tmp_path / "state"),
-           "FAILSLOW_SNAPSHOT_DIR": str(tmp_path / "snapshots"), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    env = {
+        "FAILSLOW_STATE_DIR": str(tmp_path / "state"),
+        "FAILSLOW_SNAPSHOT_DIR": str(tmp_path / "snapshots"),
+        "PATH": "/usr/bin:/bin",
+    }
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 79, done.stderr
@@ -135,7 +138,8 @@ def test_a_rank_that_can_roll_back_leaves_its_request_and_exits_79(tmp_path: Pat
 
     # the relaunch: snapshot 3 (taken before the NaN was seen) is forgotten, 2 is resumed;
     # rolling back before the oldest snapshot kept is an error, never a fresh start
-    for before, said in (("3", "resumed 2"), ("3", "resumed 2"), ("1", "no snapshot before step 1")):
+    relaunches = (("3", "resumed 2"), ("3", "resumed 2"), ("1", "no snapshot before step 1"))
+    for before, said in relaunches:
         again = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                env={**env, "FAILSLOW_ROLLBACK_BEFORE": before}, timeout=120)
         assert said in again.stdout, again.stdout + again.stderr

@@ -14,7 +14,8 @@ Every rank that calls it applies the rule of :class:`~failslow.core.diagnosis.me
   with :data:`~failslow.core.control.stop.EXIT_ROLLBACK` - nothing of this step is committed; the
   launcher stops the other ranks and climbs the stop-time ladder (byterobust 4.2): every rank
   restarts from the newest snapshot before the bad step (``$FAILSLOW_ROLLBACK_BEFORE``);
-- otherwise nothing can roll the job back: :class:`MetricIncidentError` names what went wrong,
+- otherwise nothing can roll the job back: :class:`~failslow.errors.MetricIncidentError` names
+  what went wrong,
   so the script stops rather than train on.
 
 Per call: O(window) over the watched metrics, no collective, no store.
@@ -30,13 +31,11 @@ from typing import Any, NoReturn
 
 from failslow import envvars
 from failslow.core.diagnosis.metrics import ChecksConfig, MetricCheck, MetricIncident, watched
-from failslow.errors import FailslowError
+from failslow.errors import FailslowError, MetricIncidentError
 
 log = logging.getLogger(__name__)
 
-
-class MetricIncidentError(FailslowError):
-    """A watched training metric went bad and nothing can roll the job back."""
+__all__ = ["MetricIncidentError", "MetricWatch", "report"]
 
 
 class MetricWatch:
