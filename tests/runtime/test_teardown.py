@@ -60,3 +60,30 @@ def test_a_script_that_forgets_to_destroy_its_group_exits_cleanly(tmp_path) -> N
         notes = [line for line in result.stderr.splitlines() if "destroyed it" in line]
         assert len(notes) == 1, result.stderr[-2000:]
         assert "terminate called" not in result.stderr
+
+
+@pytest.mark.parametrize(("raise_", "recorded"), [("TypeError('x')", True),
+                                                  ("SystemExit(3)", False)])  # fmt: skip
+def test_an_uncaught_exception_is_recorded_for_the_launcher(tmp_path, raise_, recorded) -> None:
+    """Under ``failslow run`` (``$FAILSLOW_STATE_DIR``) the runtime's exception hook records the
+    exception with its frames (runtime/crash_record.py), then Python prints it as usual; an
+    exit is not an exception."""
+    import json
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        "from failslow.runtime import teardown\nteardown.install()\n"
+        f"def forward():\n    raise {raise_}\nforward()\n"
+    )
+    env = {"FAILSLOW_STATE_DIR": str(tmp_path / "state"), "RANK": "2", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    records = list((tmp_path / "state" / "exceptions").glob("pid*.json"))
+    if not recorded:
+        assert done.returncode == 3 and records == []
+        return
+    assert done.returncode == 1 and "TypeError: x" in done.stderr  # still printed
+    [path] = records
+    record = json.loads(path.read_text())
+    assert (record["rank"], record["type"], record["message"]) == (2, "TypeError", "x")
+    assert record["frames"][-1] == [str(script), 4, "forward"]

@@ -1,5 +1,8 @@
 """The launcher's side of a training incident a rank reported (byterobust 4.1-4.2).
 
+Two kinds: a rank whose metrics went bad, and a rank that died of an exception traceable to a
+code update.
+
 A rank whose loss or gradient norm went bad (``failslow.report_metrics``,
 :mod:`failslow.runtime.metric_watch`) leaves a rollback request in the job's state directory and
 exits; the launch ends (the other ranks are stopped, or ``torchrun`` stops them). After the
@@ -8,6 +11,11 @@ launch, :meth:`Incidents.after` reads the requests and climbs the stop-time ladd
 code update, then stop for a person. Each rung is a line of ``<state dir>/incidents.jsonl``
 with the incident, the rung and why it was taken; the agent carries it out
 (:mod:`failslow.node.hot_update.agent`).
+
+A rank that died of an uncaught exception left its record (:mod:`failslow.runtime.crash_record`);
+:meth:`Incidents.blame` finds the newest running code update one of its frames is in a file of
+(:mod:`failslow.node.hot_update.blame`) - that update is rolled back at once, on probation or not
+(4.1: "user-space errors ... traceable to specific code modules ... trigger a code rollback").
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from failslow.core.control.stop import take_rollback_requests
-from failslow.core.planner.ladder import Ladder, Rung
+from failslow.core.planner.ladder import ROLL_BACK_CODE, Ladder, Rung
+from failslow.runtime import crash_record
 
 LOG = "incidents.jsonl"
 
@@ -39,9 +48,11 @@ class Incidents:
         self.say = say
 
     def clear(self) -> None:
-        """Drop requests a launch before this one left (an earlier run of the launcher)."""
+        """Drop requests and exception records a launch before this one left (an earlier run
+        of the launcher)."""
         if self.state_dir is not None:
             take_rollback_requests(self.state_dir)
+            crash_record.take(self.state_dir)
 
     def after(self) -> Rung | None:
         """After a launch ended with a failure: the rung for the incident its ranks reported
@@ -60,10 +71,47 @@ class Incidents:
             "wall": time.time(), "incident": first, "ranks": [r.get("rank") for r in requests],
             "rung": rung.name, "before_step": rung.before_step, "why": rung.why,
         }  # fmt: skip
-        with (self.state_dir / LOG).open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._log(record)
         self.say(f"{rung.name}: {rung.why}")
         return rung
+
+    def blame(self) -> tuple[Any, str] | None:
+        """After a launch ended with a failure: the newest running code update an exception
+        of its ranks is traceable to, and why (None: none is - an ordinary failure). Each
+        blame is a line of ``incidents.jsonl`` with the rung ``roll back code``."""
+        if self.state_dir is None:
+            return None
+        records = crash_record.take(self.state_dir)
+        if not records:
+            return None
+        from failslow.node.hot_update.blame import blame, changed_files
+        from failslow.node.hot_update.history import LIVE
+
+        live = [u for u in self.history.updates() if u.kind == "update" and u.outcome in LIVE]
+        for update in sorted(live, key=lambda u: (u.applied_at or 0.0, u.id), reverse=True):
+            if update.version is None:
+                continue
+            found = blame(records, changed_files(update.previous, update.version),
+                          update.version.code_dir)  # fmt: skip
+            if found is None:
+                continue
+            why = (
+                f"{found.describe(f'update #{update.id}', update.version.code_dir)}: roll the "
+                f"update back and restart (byterobust 4.1)"
+            )
+            incident = {**found.record, "kind": "exception",
+                        "where": f"{found.file}:{found.line}"}  # fmt: skip
+            self._log({"wall": time.time(), "incident": incident,
+                       "ranks": [found.record.get("rank")], "rung": ROLL_BACK_CODE,
+                       "before_step": None, "why": why})  # fmt: skip
+            self.say(f"{ROLL_BACK_CODE}: {why}")
+            return update, why
+        return None
+
+    def _log(self, record: dict[str, Any]) -> None:
+        assert self.state_dir is not None
+        with (self.state_dir / LOG).open("a") as f:
+            f.write(json.dumps(record) + "\n")
 
     def _latest_update(self) -> str | None:
         """The latest code update that is running (applied or on probation), described."""

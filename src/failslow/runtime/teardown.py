@@ -51,6 +51,9 @@ def install() -> None:
     def note_crash(*args: Any) -> None:
         global _crashed
         _crashed = True
+        from failslow.runtime import crash_record
+
+        crash_record.record(*args)  # for the launcher: a code update it is traceable to
         previous(*args)
 
     sys.excepthook = note_crash

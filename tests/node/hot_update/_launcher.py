@@ -49,8 +49,15 @@ class Launcher:
         self.stderr = ""
 
     def start(
-        self, *run_args: str, command: list[str] | None = None, world: int = 1, **env: str
+        self,
+        *run_args: str,
+        command: list[str] | None = None,
+        world: int = 1,
+        hook: bool = False,
+        **env: str,
     ) -> Launcher:
+        """``hook``: the Python hook on (failslow's runtime starts in a process that imports
+        torch, as in a rank)."""
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -58,7 +65,7 @@ class Launcher:
                 "failslow.cli",
                 "run",
                 "--no-shim",
-                "--no-python-hook",
+                *([] if hook else ["--no-python-hook"]),
                 "--ring-dir",
                 str(self.state_dir),
                 "--snapshot-dir",

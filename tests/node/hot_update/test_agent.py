@@ -4,6 +4,7 @@ updates, the lazy window, automatic rollback within probation, and the crash-loo
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -175,3 +176,60 @@ def test_a_bad_metric_climbs_the_ladder_reattempt_code_rollback_then_a_person(
     with launcher.history() as history:
         assert history.get(update.id).outcome == "rolled_back"
     assert len(launcher.records()) == 8
+
+
+def test_an_exception_in_a_file_the_update_changed_rolls_it_back_after_probation(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """byterobust 4.1: a rank's TypeError in ``model.py``, which update #N changed, rolls #N
+    back at once - long after its probation; a ValueError in ``helpers.py``, which it did not
+    change, is an ordinary failure: the same code restarts. The rank's runtime (started with
+    torch, the Python hook on) records its exception; the agent reads it."""
+    import json
+
+    job = textwrap.dedent(
+        f"""
+        import os, pathlib, runpy
+        import torch  # a rank imports its framework: failslow's runtime starts with it
+        import helpers, model
+        ctl = pathlib.Path(os.environ["JOB_CTL"])
+        for name, call in (("oops", helpers.boom), ("typo", model.forward)):
+            if (ctl / name).exists():
+                (ctl / name).unlink()
+                call()
+        runpy.run_path({str(JOB)!r}, run_name="__main__")
+        """
+    )
+    helpers = "def boom():\n    raise ValueError('a bad batch')\n"
+    v1 = _code(tmp_path, "v1", job)
+    v2 = _code(tmp_path, "v2", job)
+    for code, model in ((v1, "def forward():\n    return 1\n"),
+                        (v2, "def forward():\n    return 1 + '1'\n")):  # fmt: skip
+        (code / "helpers.py").write_text(helpers)
+        (code / "model.py").write_text(model)
+    launcher.start("--code-dir", str(v1), "--probation", "0.5", "--max-restarts", "3",
+                   hook=True, command=[sys.executable, "job.py"])  # fmt: skip
+    launcher.starts(1, timeout=60)
+    with launcher.history() as history:
+        update = history.submit(urgency="urgent", code_dir=str(v2), code_version="v2")
+    launcher.wait_for(lambda: [r for r in launcher.records() if r["code"] == "v2"], 60)
+    time.sleep(1.0)  # past probation
+    (launcher.ctl / "oops").touch()
+    (launcher.ctl / "crash").touch()  # rank 0 exits 1; the restart meets the ValueError
+    starts = launcher.starts(3, timeout=60)
+    assert starts[2]["code"] == "v2"  # not traceable to the update: the same code again
+    (launcher.ctl / "typo").touch()
+    (launcher.ctl / "crash").touch()
+    starts = launcher.starts(4, timeout=60)
+    assert starts[3]["code"] == "v1"
+    rungs = [json.loads(line) for line in (launcher.state_dir / "incidents.jsonl").open()]
+    assert [(r["rung"], r["incident"]["type"]) for r in rungs] == [("roll back code", "TypeError")]
+    assert rungs[0]["incident"]["where"].endswith("model.py:2")
+    assert f"in a file update #{update.id} changed" in rungs[0]["why"]
+    with launcher.history() as history:
+        assert history.get(update.id).outcome == "rolled_back"
+    status, stderr = launcher.finish()
+    assert status == 0, stderr
+    # crash, ValueError, crash: three failure restarts; the rollback is not one
+    assert "restart 3 of 3" in stderr and "giving up" not in stderr, stderr
+    assert "(rollback: an exception in the update's changes)" in stderr

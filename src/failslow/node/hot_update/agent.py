@@ -16,7 +16,10 @@ job's update history:
   climbs the stop-time ladder (:mod:`failslow.node.incidents`): relaunch from the newest
   snapshot before the bad step (``$FAILSLOW_ROLLBACK_BEFORE``), then with the latest code update
   rolled back, then stop for a person. These relaunches do not count against ``max_restarts``:
-  the ladder bounds them.
+  the ladder bounds them;
+- a launch that failed with an exception traceable to a running code update (a frame in a file
+  it changed; :mod:`failslow.node.hot_update.blame`) rolls that update back at once, on
+  probation or not (byterobust 4.1).
 """
 
 from __future__ import annotations
@@ -122,8 +125,9 @@ class Agent:
         self.attempts: dict[int, int] = {}  # dispatches per update
         self.incidents: collections.Counter[str] = collections.Counter()
         """CMD's failures: ``failed`` (a restart or the end), ``failed_after_update`` (rolled
-        back within probation), ``metrics`` (a rank's metrics went bad) - the metrics
-        exporter's ``failslow_incidents_total``."""
+        back within probation), ``metrics`` (a rank's metrics went bad), ``code`` (an
+        exception traceable to an update, rolled back) - the metrics exporter's
+        ``failslow_incidents_total``."""
         from failslow.node.incidents import Incidents
 
         state_dir = env.get(envvars.STATE_DIR)
@@ -168,14 +172,23 @@ class Agent:
                         return status
                     if rung.name == ROLL_BACK_CODE:
                         version, batch, fallback = self._roll_back_code(
-                            version, batch, fallback, rung.why
-                        )
+                            version, batch, fallback, rung.why,
+                            trigger="rollback: the stop-time ladder",
+                        )  # fmt: skip
                     self._rollback_before = rung.before_step
                     continue
                 if status == EXIT_FOR_RESTART:  # S4: the ranks stopped at a restart plan
                     self._finish(batch, "applied")
                     self.say("relaunching every rank from memory for the S4 restart plan")
                     version, batch, fallback = self._take_pending(version, "S4 restart", None)
+                    continue
+                blamed = self.ladder.blame()  # an exception in an update's changes
+                if blamed is not None:
+                    self.incidents["code"] += 1
+                    version, batch, fallback = self._roll_back_code(
+                        version, batch, fallback, blamed[1], target=blamed[0].id,
+                        trigger="rollback: an exception in the update's changes",
+                    )  # fmt: skip
                     continue
                 stop = ended.stop
                 if (stop is not None and stop.requested) or status == EXIT_FOR_UPDATE:
@@ -256,15 +269,23 @@ class Agent:
         return version, batch, (fallback if batch else None)
 
     def _roll_back_code(
-        self, version: Version, batch: list[Update], fallback: Version | None, why: str
+        self,
+        version: Version,
+        batch: list[Update],
+        fallback: Version | None,
+        why: str,
+        target: int | None = None,
+        trigger: str = "rollback",
     ) -> tuple[Version, list[Update], Version | None]:
-        """The ladder's rollback rung: the updates on probation, else the latest applied one."""
-        if fallback is not None and any(u.kind == "update" for u in batch):
+        """Roll back ``target`` (default: the latest applied update) and every update after
+        it: the batch on probation when it holds ``target``, else through the history."""
+        ids = [u.id for u in batch if u.kind == "update"]
+        if fallback is not None and ids and (target is None or target in ids):
             self._roll_back(batch, why)
             return fallback, [], None
         self._finish(batch, "applied")
-        self.history.request_rollback(note=why)
-        return self._take_pending(version, "rollback after a metric incident", None)
+        self.history.request_rollback(target, note=why)
+        return self._take_pending(version, trigger, None)
 
     def _launch(self, version: Version, batch: list[Update]) -> _Ended | None:
         env = version.environment(self.env)

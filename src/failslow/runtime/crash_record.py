@@ -1,0 +1,66 @@
+"""A rank's uncaught exception, recorded for the launcher (byterobust 4.1: "user-space errors
+... traceable to specific code modules from logs and exit codes").
+
+Under ``failslow run`` (``$FAILSLOW_STATE_DIR`` set) the runtime's exception hook
+(:mod:`.teardown`) writes one JSON file per process that ends with an uncaught exception:
+``<state dir>/exceptions/pid<P>.json`` with the rank, the exception's type and message, and
+its frames (file, line, function; outermost first). The node agent reads them after a failure
+and rolls back a code update the exception is traceable to
+(:mod:`failslow.node.hot_update.blame`). Never raises: a record that cannot be written is lost,
+the exception is still printed as Python prints it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from failslow import envvars
+
+EXCEPTIONS = "exceptions"
+"""The directory of the records, in the job's state directory."""
+MAX_FRAMES = 64
+
+
+def record(
+    kind: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> Path | None:
+    """Write this process's record (see the module doc); its path, or None."""
+    state_dir = os.environ.get(envvars.STATE_DIR)
+    if not state_dir or issubclass(kind, KeyboardInterrupt | SystemExit):
+        return None
+    with contextlib.suppress(Exception):
+        frames = [[f.filename, f.lineno or 0, f.name] for f in traceback.extract_tb(tb)]
+        rank = os.environ.get("RANK")
+        body: dict[str, Any] = {
+            "rank": int(rank) if rank and rank.isdigit() else None,
+            "pid": os.getpid(),
+            "wall": time.time(),
+            "type": kind.__qualname__,
+            "message": str(exc)[:1000],
+            "frames": frames[-MAX_FRAMES:],
+        }
+        directory = Path(state_dir) / EXCEPTIONS
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"pid{os.getpid()}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(body))
+        os.replace(tmp, path)
+        return path
+    return None
+
+
+def take(state_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every record in ``state_dir``, removed as read (unreadable ones are skipped)."""
+    found = []
+    for path in sorted((Path(state_dir) / EXCEPTIONS).glob("pid*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            found.append(json.loads(path.read_text()))
+        path.unlink(missing_ok=True)
+    return found
