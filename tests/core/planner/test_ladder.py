@@ -5,7 +5,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from failslow.core.planner.ladder import NEEDS_PERSON, REATTEMPT, ROLL_BACK_CODE, Ladder
+from failslow.core.planner.ladder import (
+    NEEDS_PERSON,
+    REATTEMPT,
+    REPLAY,
+    ROLL_BACK_CODE,
+    Ladder,
+)
 
 
 def test_a_repeated_incident_climbs_reattempt_then_code_rollback_then_a_person() -> None:
@@ -37,23 +43,33 @@ def test_an_incident_well_past_the_last_one_starts_at_the_bottom_again() -> None
     assert ladder.taken[0].before_step == 43
 
 
+def test_a_launcher_that_can_replay_tries_it_before_a_person() -> None:
+    ladder = Ladder(reattempts=1)
+    names = [ladder.next(30, "loss 9.1 is 7.0x", replay=True).name for _ in range(4)]
+    assert names == [REATTEMPT, REPLAY, NEEDS_PERSON, NEEDS_PERSON]
+    assert "silent data corruption" in ladder.taken[1].why and "step 30" in ladder.taken[1].why
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     steps=st.lists(st.integers(0, 200), min_size=1, max_size=30),
     reattempts=st.integers(0, 3),
     code=st.booleans(),
+    replay=st.booleans(),
 )
-def test_property_the_ladder_never_loops(steps: list[int], reattempts: int, code: bool) -> None:
+def test_property_the_ladder_never_loops(
+    steps: list[int], reattempts: int, code: bool, replay: bool
+) -> None:
     """Within one incident the rungs only go up, at most reattempts + 1 + 1 of them end
     anywhere but a person, and every rung restarts no later than the first bad step."""
     ladder = Ladder(reattempts=reattempts, repeat_within=16)
-    order = {REATTEMPT: 0, ROLL_BACK_CODE: 1, NEEDS_PERSON: 2}
+    order = {REATTEMPT: 0, ROLL_BACK_CODE: 1, REPLAY: 2, NEEDS_PERSON: 3}
     for step in steps:
-        rung = ladder.next(step, "nan", code_update="update #1" if code else None)
+        rung = ladder.next(step, "nan", code_update="update #1" if code else None, replay=replay)
         taken = ladder.taken
         assert rung is taken[-1]
         assert [order[r.name] for r in taken] == sorted(order[r.name] for r in taken)
-        assert sum(r.name != NEEDS_PERSON for r in taken) <= reattempts + int(code)
+        assert sum(r.name != NEEDS_PERSON for r in taken) <= reattempts + int(code) + int(replay)
         assert rung.before_step <= step and rung.before_step == min(
             [step, *(r.before_step for r in taken)]
         )

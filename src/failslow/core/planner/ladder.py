@@ -3,7 +3,9 @@
 When training crashes or its metrics go bad (a NaN loss, a 5x jump; :mod:`..diagnosis.metrics`)
 and no machine is named, byterobust climbs: *reattempt* - restart in place from the last good
 checkpoint, for transient faults - then *roll back* the latest code update - "recent updates of
-user code are highly risky" - and, past those, replay or a person. :class:`Ladder` is that climb
+user code are highly risky" - then *replay* the bad step on groups of machines to find one that
+silently corrupts it (dual-phase replay, :mod:`..diagnosis.replay`), and past those, a person.
+:class:`Ladder` is that climb
 for one job, pure: each incident gets the next rung, and an incident that comes back before the
 job got ``repeat_within`` steps past the previous one is the same incident, one rung higher. A
 job that trained well past it starts at the bottom again.
@@ -19,13 +21,14 @@ from dataclasses import dataclass, field
 
 REATTEMPT = "reattempt"
 ROLL_BACK_CODE = "roll back code"
+REPLAY = "replay"
 NEEDS_PERSON = "needs a person"
 
 
 @dataclass(frozen=True, slots=True)
 class Rung:
     name: str
-    """:data:`REATTEMPT`, :data:`ROLL_BACK_CODE` or :data:`NEEDS_PERSON`."""
+    """:data:`REATTEMPT`, :data:`ROLL_BACK_CODE`, :data:`REPLAY` or :data:`NEEDS_PERSON`."""
     before_step: int
     """Restart from the newest snapshot before this step (the first bad step seen)."""
     why: str
@@ -41,9 +44,12 @@ class Ladder:
     """The rungs of the current incident, in order."""
     _last_step: int | None = None
 
-    def next(self, step: int, what: str, *, code_update: str | None = None) -> Rung:
+    def next(
+        self, step: int, what: str, *, code_update: str | None = None, replay: bool = False
+    ) -> Rung:
         """The rung for an incident at ``step`` (``what`` says what went wrong);
-        ``code_update`` names the latest code update that can be rolled back (None: none)."""
+        ``code_update`` names the latest code update that can be rolled back (None: none);
+        ``replay``: the launcher can replay the step on groups of machines."""
         if self._last_step is None or step > self._last_step + self.repeat_within:
             self.taken = []
         self._last_step = step
@@ -63,6 +69,13 @@ class Ladder:
                 f"roll it back and restart from the newest snapshot before step {before}"
             )
             rung = Rung(ROLL_BACK_CODE, before, why)
+        elif replay and REPLAY not in tried:
+            why = (
+                f"{again}: an unknown fault, a silent data corruption most likely - replay "
+                f"step {before} on groups of machines (dual-phase) and evict the one that "
+                f"corrupts it"
+            )
+            rung = Rung(REPLAY, before, why)
         else:
             left = (
                 ""
