@@ -48,6 +48,11 @@ ROLLBACK_BEFORE = "FAILSLOW_ROLLBACK_BEFORE"
 """Set by ``failslow run`` for the launch after a rank's metrics went bad (a NaN loss; byterobust
 4.1-4.2): every rank forgets its snapshots and the backups it holds of this step or later, and
 resumes from the newest one before it."""
+REPLAY = "FAILSLOW_REPLAY"
+"""Set by ``failslow run`` for a replay group of the stop-time ladder (byterobust 4.2, dual-phase
+replay): JSON ``{"name", "until", "level", "jump"}``. The group's ranks resume the job's
+snapshot before ``until`` (``$FAILSLOW_RESHARD_FROM``), train to it, and at
+``failslow.report_metrics(until, ...)`` write whether the incident came back and exit."""
 JOB_TOKEN = "FAILSLOW_JOB_TOKEN"
 """The job's shared secret: ranks act only on pause requests and plans that carry it."""
 CONFIG_PREFIX = "FAILSLOW__"

@@ -100,3 +100,19 @@ def test_property_an_incident_is_exactly_a_value_at_least_jump_times_the_median_
         if incident is not None:
             return
         seen.append(value)
+
+
+def test_the_history_a_snapshot_keeps_lets_a_restarted_rank_see_the_same_jump() -> None:
+    """A rank restarted from memory takes up the recent values kept in its snapshot: a jump
+    right after the restart is seen against the job's level, not missed for the warmup."""
+    check = MetricCheck(jump=5.0, window=4, warmup=3)
+    for step, value in enumerate([0.03, 0.029, 0.031, 0.03, 0.028]):
+        assert check.observe(step, {"grad_norm": value, "lr": 1.0}) is None
+    kept = check.history()
+    assert kept == {"grad_norm": [0.029, 0.031, 0.03, 0.028]}  # the last window of it
+    restarted = MetricCheck(jump=5.0, window=4, warmup=3)
+    assert restarted.observe(5, {"grad_norm": 47.1}) is None  # from scratch: warming up
+    restarted = MetricCheck(jump=5.0, window=4, warmup=3)
+    restarted.load(kept)
+    incident = restarted.observe(5, {"grad_norm": 47.1})
+    assert incident is not None and incident.level == pytest.approx(0.0295)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import mmap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,11 +71,15 @@ def restore_resharded(
     directory: Path | str,
     group: Any = None,
     chunk_bytes: int = 4 << 20,
+    readable: Mapping[int, Path | str] | None = None,
+    before_step: int | None = None,
 ) -> Resharded:
     """Every old rank's state of the newest step all of them can be obtained at (collective
     over the new world; see the module). ``old_holders`` is the backup placement of the old
     world (its length is the old world size); ``old_rank`` is the rank this process's node
-    memory belonged to (None: a node that kept nothing)."""
+    memory belonged to (None: a node that kept nothing). ``readable``: other old ranks whose
+    own snapshots this process can read, and where (a replay, in which every old machine is
+    alive); ``before_step``: only steps before it (the step a replay reproduces)."""
     import torch
     import torch.distributed as dist
 
@@ -90,7 +94,12 @@ def restore_resharded(
             kept = _inventory([backup_path(directory, w, k) for k in range(SLOTS)])
             for step, view in kept.items():
                 mine[w].setdefault(step, view)
-    own = {old_rank} if old_rank is not None else set()
+    for j, where in (readable or {}).items():
+        if j != old_rank:
+            mine[j] = {**mine.get(j, {}), **_inventory(local_snapshot_paths(Path(where), j))}
+    if before_step is not None:
+        mine = {j: {s: v for s, v in steps.items() if s < before_step} for j, steps in mine.items()}
+    own = ({old_rank} if old_rank is not None else set()) | set(readable or {})
     bad: set[tuple[int, int]] = set()  # (old rank, step) copies of this rank found broken
 
     for attempt in range(1, 2 * SLOTS + 3):

@@ -83,3 +83,32 @@ def take_rollback_requests(state_dir: str | os.PathLike[str]) -> list[dict[str, 
         found.append(request)
         path.unlink(missing_ok=True)
     return sorted(found, key=lambda r: r["step"])
+
+
+REPLAYS = "replays"
+"""The directory, in the job's state directory, of the replay groups' results."""
+
+
+def write_replay_result(
+    state_dir: str | os.PathLike[str], name: str, rank: int, result: dict[str, Any]
+) -> Path:
+    """A replay group's rank's result (``reproduced``: the incident came back), written whole."""
+    directory = Path(state_dir) / REPLAYS
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}-rank{rank}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**result, "name": name, "rank": rank}))
+    os.replace(tmp, path)
+    return path
+
+
+def take_replay_results(state_dir: str | os.PathLike[str], name: str) -> list[dict[str, Any]]:
+    """Replay group ``name``'s results, removed as read (unreadable ones are skipped)."""
+    found = []
+    for path in sorted((Path(state_dir) / REPLAYS).glob(f"{name}-rank*.json")):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass
+        path.unlink(missing_ok=True)
+    return found

@@ -20,7 +20,7 @@ import collections
 import math
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 NAN, INF, JUMP = "nan", "inf", "jump"
@@ -87,6 +87,18 @@ class MetricCheck:
         self.window = window
         self.warmup = warmup
         self._recent: dict[str, collections.deque[float]] = {}
+
+    def history(self) -> dict[str, list[float]]:
+        """The recent values of every watched metric (kept in the rank's snapshots: a
+        restarted rank checks against the level the job had, not from scratch)."""
+        return {name: list(values) for name, values in self._recent.items()}
+
+    def load(self, history: Mapping[str, Sequence[float]]) -> None:
+        """Take up :meth:`history` as it was (the values of a resumed snapshot)."""
+        self._recent = {
+            str(name): collections.deque((float(v) for v in values), maxlen=self.window)
+            for name, values in history.items()
+        }
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> MetricIncident | None:
         """Check one step's metrics (any of them; unwatched names are ignored); the first
