@@ -18,12 +18,17 @@ Every rank that calls it applies the rule of :class:`~failslow.core.diagnosis.me
   what went wrong,
   so the script stops rather than train on.
 
+In a replay group of the stop-time ladder (``$FAILSLOW_REPLAY``; byterobust 4.2, dual-phase
+replay) the check waits for the replayed step: there the rank records whether the incident came
+back - a NaN or Inf, or a value ``jump`` times the level the job had before it - and exits.
+
 Per call: O(window) over the watched metrics, no collective, no store.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -46,9 +51,13 @@ class MetricWatch:
         self.rank = rank
         self._can_roll_back = can_roll_back or (lambda: False)
         self.incident: MetricIncident | None = None
+        self.replay = replay_spec()
 
     def report(self, step: int, metrics: Mapping[str, Any]) -> None:
         values = {name: _number(name, v) for name, v in metrics.items() if watched(name)}
+        if self.replay is not None:
+            self._replayed(int(step), values)
+            return
         incident = self.check.observe(int(step), values)
         if incident is None:
             return
@@ -73,6 +82,51 @@ class MetricWatch:
         sys.stderr.flush()
         # no teardown: this step's state is not to be committed, and peers wait in collectives
         os._exit(EXIT_ROLLBACK)
+
+    def _replayed(self, step: int, values: dict[str, float]) -> None:
+        """A replay group's rank: at the replayed step, record whether the incident came back
+        and exit (see the module doc)."""
+        spec = self.replay
+        assert spec is not None
+        if step < int(spec["until"]):
+            return
+        level, jump = spec.get("level") or {}, float(spec.get("jump") or 0.0)
+        bad = [
+            name for name, v in values.items()
+            if not math.isfinite(v) or (jump and level.get(name, 0) > 0 and v >= jump * level[name])
+        ]  # fmt: skip
+        state_dir = os.environ.get(envvars.STATE_DIR)
+        if state_dir:
+            from failslow.core.control.stop import write_replay_result
+
+            write_replay_result(state_dir, str(spec["name"]), self.rank, {
+                "step": step, "reproduced": bool(bad), "metrics": bad or sorted(values),
+                "values": {n: v if math.isfinite(v) else str(v) for n, v in values.items()},
+            })  # fmt: skip
+        log.warning(
+            "failslow: replay %s, rank %d, step %d: %s", spec["name"], self.rank, step,
+            f"the incident came back ({', '.join(bad)})" if bad else "clean",
+        )  # fmt: skip
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def replay_spec() -> dict[str, Any] | None:
+    """``$FAILSLOW_REPLAY`` (see :mod:`failslow.envvars`), else None."""
+    import json
+
+    text = os.environ.get(envvars.REPLAY)
+    if not text:
+        return None
+    try:
+        spec = json.loads(text)
+        int(spec["until"]), str(spec["name"])
+    except (ValueError, KeyError, TypeError):
+        raise FailslowError(
+            f"${envvars.REPLAY}: expected {{'name', 'until', ...}}, got {text}"
+        ) from None
+    return dict(spec)
 
 
 def _number(name: str, value: Any) -> float:

@@ -126,6 +126,7 @@ class Session:
                     capabilities=lambda: self.capabilities,
                     wait_timeout_s=self.config.planner.plan_timeout_s,
                     profile=self.profile.summary,
+                    metrics=(self.metric_watch.check.history, self.metric_watch.check.load),
                 ).start()
             self._start_capture_and_store()
         self.pm.hook.failslow_session_start(

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 PROFILE = "failslow_step_profile"
 """The key of the rank's step profile in its snapshots (removed before an adapter sees them)."""
+METRICS = "failslow_metric_history"
+"""The key of the rank's recent training metrics in its snapshots (``failslow.report_metrics``;
+removed before an adapter sees them): a resumed rank checks against the level the job had."""
 
 
 class SnapshotService:
@@ -50,7 +53,12 @@ class SnapshotService:
         capabilities: Callable[[], Capabilities],
         wait_timeout_s: float,
         profile: Callable[[], dict[str, Any] | None] | None = None,
+        metrics: tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], None]]
+        | None = None,
     ) -> None:
+        self._metrics = metrics
+        """The metric check's history: how to read it for a snapshot, and how to take up a
+        resumed one."""
         self._profile = profile
         """The rank's step profile, kept in each snapshot: a smaller world that resumes it
         estimates its own step from the old world's (odyssey Eq. 12-13)."""
@@ -163,6 +171,7 @@ class SnapshotService:
             source_kind = "local"
         if isinstance(state, dict):
             state.pop(PROFILE, None)
+            self._resume_metrics(state.pop(METRICS, None))
         if not self.hooks.failslow_restore_state(state=state, step=step):
             raise Unsupported("snapshots", "no plugin restored the snapshot")
         self.resumed_step = step
@@ -170,6 +179,10 @@ class SnapshotService:
         why = "" if before is None else f" (rolled back: step {before} or later may be bad)"
         log.warning("failslow: rank %d resumed from %s of step %d%s", self.rank, where, step, why)
         return step
+
+    def _resume_metrics(self, history: Any) -> None:
+        if self._metrics is not None and isinstance(history, dict):
+            self._metrics[1](history)
 
     def _forget_from(self, step: int) -> None:
         """A rollback: this rank's snapshots of ``step`` or later, and the backups it holds for
@@ -211,6 +224,8 @@ class SnapshotService:
                     old_rank=old_rank,
                     old_holders=holders,
                     directory=directory,
+                    readable={int(j): d for j, d in (source.get("readable") or {}).items()},
+                    before_step=source.get("before"),
                 )
             except RestoreError as exc:
                 errors.append(f"the {len(holders)}-rank world: {exc}")
@@ -220,6 +235,9 @@ class SnapshotService:
             self._cannot_resume("; ".join(errors), Path(sources[0]["directory"]).parent)
         states = found.states()
         profiles = [s.pop(PROFILE, None) if isinstance(s, dict) else None for s in states]
+        histories = [s.pop(METRICS, None) if isinstance(s, dict) else None for s in states]
+        mine = old_rank if isinstance(old_rank, int) and 0 <= old_rank < len(states) else 0
+        self._resume_metrics(histories[mine])
         try:
             restored = self.hooks.failslow_restore_resharded(
                 states=states, step=found.step, old_rank=old_rank
@@ -342,6 +360,8 @@ class SnapshotService:
         profile = self._profile() if self._profile is not None else None
         if profile is not None and isinstance(state, dict):
             state = {**state, PROFILE: profile}
+        if self._metrics is not None and isinstance(state, dict):
+            state = {**state, METRICS: self._metrics[0]()}
         self.snapshots.start(state, step)
         self.last_snapshot = step
         if self.directory is not None:  # for the launcher, should ranks be lost (odyssey)
