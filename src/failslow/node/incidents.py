@@ -46,6 +46,8 @@ class Incidents:
         self.history = history
         self.ladder = ladder or Ladder()
         self.say = say
+        self.incident: dict[str, Any] = {}
+        """The last incident the ranks reported (its first request)."""
 
     def clear(self) -> None:
         """Drop requests and exception records a launch before this one left (an earlier run
@@ -54,19 +56,20 @@ class Incidents:
             take_rollback_requests(self.state_dir)
             crash_record.take(self.state_dir)
 
-    def after(self) -> Rung | None:
+    def after(self, *, replay: bool = False) -> Rung | None:
         """After a launch ended with a failure: the rung for the incident its ranks reported
-        (None: no rank reported one - an ordinary failure)."""
+        (None: no rank reported one - an ordinary failure); ``replay``: the launcher can
+        replay the step on groups of its ranks."""
         if self.state_dir is None:
             return None
         requests = take_rollback_requests(self.state_dir)
         if not requests:
             return None
-        first = requests[0]
+        first = self.incident = requests[0]
         who = f"rank {first['rank']}: " if "rank" in first else ""
         what = f"{who}{first.get('why', 'a bad metric')}"
         update = self._latest_update()
-        rung = self.ladder.next(first["step"], what, code_update=update)
+        rung = self.ladder.next(first["step"], what, code_update=update, replay=replay)
         record = {
             "wall": time.time(), "incident": first, "ranks": [r.get("rank") for r in requests],
             "rung": rung.name, "before_step": rung.before_step, "why": rung.why,
@@ -74,6 +77,15 @@ class Incidents:
         self._log(record)
         self.say(f"{rung.name}: {rung.why}")
         return rung
+
+    def replayed(self, outcome: Any) -> None:
+        """Log what the replay rung found (:class:`failslow.node.replay.ReplayOutcome`)."""
+        names = outcome.suspects
+        done = f"evict machine(s) {names}" if names else "nobody named: the job needs a person"
+        self._log({"wall": time.time(), "incident": self.incident, "rung": "replay result",
+                   "before_step": self.ladder.taken[-1].before_step if self.ladder.taken else None,
+                   "why": f"{outcome.why} - {done}", "replay": outcome.to_dict()})  # fmt: skip
+        self.say(f"replay: {outcome.why} ({outcome.seconds:.1f} s) - {done}")
 
     def blame(self) -> tuple[Any, str] | None:
         """After a launch ended with a failure: the newest running code update an exception

@@ -357,6 +357,8 @@ def run(options: RunOptions) -> int:
     )
     if ranks is not None:
         ranks.listeners.append(lambda _: agent.incidents.update(["failstop"]))
+        if launch.snapshot_dir is not None:
+            agent.replay = _replayer(ranks, state_dir, say)
     try:
         if metrics is not None:
             _node_metrics(metrics[0], control, launch, state_dir, agent)
@@ -378,6 +380,24 @@ def run(options: RunOptions) -> int:
         f"(failslow export {launch.ring_dir}; failslow report {launch.ring_dir})"
     )
     return status
+
+
+def _replayer(ranks: Any, state_dir: Path, say: Any) -> Any:
+    """The agent's replay rung on this node's ranks (:mod:`failslow.node.replay`): the
+    machines it names are evicted (standby, ``--min-ranks`` drop, or in place)."""
+    from failslow.config import load_config
+    from failslow.node import replay
+
+    def run(version: Any, env: dict[str, str], until: int, incident: dict[str, Any]) -> Any:
+        outcome = replay.run(
+            ranks, list(version.command), env, version.code_dir, until=until,
+            incident=incident, state_dir=state_dir, jump=load_config().checks.jump, say=say,
+        )  # fmt: skip
+        for rank in sorted(outcome.suspects):
+            ranks.evict(rank, "replay")
+        return outcome
+
+    return run
 
 
 def _publish_standbys(store: Any, ranks: Any) -> None:

@@ -50,8 +50,9 @@ class FailStop:
     replaced_by: int | None = None
     """The standby slot the rank moves to (None: restarts on its own slot)."""
     cause: str = "died"
-    """``died`` (a fail-stop), ``evicted`` (an S4 restart plan named its host) or ``hung``
-    (the job hung and stack aggregation named its group, :mod:`failslow.node.hang`)."""
+    """``died`` (a fail-stop), ``evicted`` (an S4 restart plan named its host), ``hung``
+    (the job hung and stack aggregation named its group, :mod:`failslow.node.hang`) or
+    ``replay`` (dual-phase replay named its machine, :mod:`failslow.node.replay`)."""
     ranks_left: int | None = None
     """No standby left and ``--min-ranks`` allows it: the slot is dropped and the job goes on
     with this many ranks (None: not dropped)."""
@@ -65,7 +66,10 @@ class FailStop:
             )
             return f"S4: rank {self.rank} (slot {self.slot}) evicted by the restart plan; {where}"
         how = f"signal {self.status - 128}" if self.status > 128 else f"status {self.status}"
-        what = "hung (stack aggregation named it)" if self.cause == "hung" else f"died ({how})"
+        what = {"hung": "hung (stack aggregation named it)",
+                "replay": "corrupts its steps (dual-phase replay named it)"}.get(
+            self.cause, f"died ({how})"
+        )  # fmt: skip
         if self.replaced_by is not None:
             where = (
                 f"slot {self.slot} evicted, standby slot {self.replaced_by} takes rank {self.rank}"

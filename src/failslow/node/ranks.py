@@ -194,7 +194,6 @@ class LocalRanks:
     def spawn(self, command: list[str], env: dict[str, str], cwd: str | None) -> RankGroup:
         """Start the ranks of one launch: ``command`` is what follows ``python`` (``script.py
         args`` or ``-m module args``)."""
-        from failslow.node.control import host_store
 
         if not command:
             raise FailslowError("no script to run: failslow run --nproc-per-node N -- SCRIPT ...")
@@ -202,42 +201,8 @@ class LocalRanks:
         base = env.get(envvars.SNAPSHOT_DIR)
         self._snapshot_base = Path(base) if base else None
         world, sources = self._world()
-        store = host_store()  # a fresh rendezvous per launch: no stale keys from the last one
-        port = int(store.url.rsplit(":", 1)[1].split("?")[0])
-        n = len(self.slots)
-        ranks: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
-        try:
-            for rank in range(n):
-                warm = self._take(key, env)
-                rank_env = {
-                    **env,
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(n),
-                    "LOCAL_WORLD_SIZE": str(n),
-                    "GROUP_RANK": "0",
-                    "ROLE_RANK": str(rank),
-                    "ROLE_WORLD_SIZE": str(n),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                    "TORCHELASTIC_USE_AGENT_STORE": "True",
-                    "TORCHELASTIC_RESTART_COUNT": str(self.launches),
-                    envvars.SLOT: str(self.slots[rank]),
-                }
-                rank_env.update(self._memory(world, sources, self.slots[rank]))
-                message = {"env": rank_env, "cwd": cwd or os.getcwd(), "argv": list(command)}
-                try:
-                    warm.sock.sendall(json.dumps(message).encode() + b"\n")
-                except OSError as exc:
-                    why = f"its warm process is gone ({exc})"
-                    raise FailslowError(f"cannot start rank {rank}: {why}") from None
-                warm.close()
-                ranks[rank] = (self.slots[rank], warm.process)
-        except BaseException:
-            for _, process in ranks.values():
-                _signal_group(process, signal.SIGKILL)
-                process.wait()
-            raise
+        memory = [self._memory(world, sources, slot) for slot in self.slots]
+        store, ranks = self._start_ranks(key, command, env, cwd, list(self.slots), memory)
         group = RankGroup(
             ranks,
             launch=self.launches,
@@ -255,6 +220,98 @@ class LocalRanks:
         if self.options.warm:
             self._refill = (key, env, time.monotonic() + self.options.refill_delay_s)
         return group
+
+    def spawn_replay(
+        self, command: list[str], env: dict[str, str], cwd: str | None, name: str,
+        ranks: list[int], replay: dict[str, Any],
+    ) -> RankGroup:  # fmt: skip
+        """Start a replay group of the stop-time ladder (byterobust 4.2): the current world's
+        ``ranks`` (machines), on their slots, as a world of their own that resumes the
+        world's snapshot before ``replay["until"]`` - every old rank's state read where it
+        is kept (every machine is alive during a replay) - and trains to it
+        (``$FAILSLOW_REPLAY``; its ranks write their results in the state directory). No
+        slot changes, no control store, nothing is written to the world's snapshots."""
+        world = self.worlds[-1]
+        slots = [world.slots[r] for r in ranks]
+        base = self._snapshot_base
+        replay_world = World(None if base is None else base / f"replay-{name}", slots)
+        readable = {
+            str(j): str(d) for j, slot in enumerate(world.slots)
+            if (d := self._dir(world, slot)) is not None
+        }  # fmt: skip
+        memory = []
+        for r, slot in zip(ranks, slots, strict=True):
+            own = self._memory(replay_world, [], slot)
+            source = {"directory": readable.get(str(r)), "rank": r, "readable": readable,
+                      "before": int(replay["until"])}  # fmt: skip
+            own[envvars.RESHARD_FROM] = json.dumps([source])
+            own[envvars.REPLAY] = json.dumps({**replay, "name": name})
+            memory.append(own)
+        replay_env = {k: v for k, v in env.items() if k != envvars.STORE}
+        store, started = self._start_ranks(self._key(env), command, replay_env, cwd, slots, memory)
+        return RankGroup(
+            started, launch=self.launches, on_failstop=lambda stop: stop,
+            kill_grace_s=self.options.kill_grace_s, store=store,
+        )  # fmt: skip
+
+    def forget_replay(self, name: str) -> None:
+        """Remove replay group ``name``'s own snapshots (of no use once it ended)."""
+        if self._snapshot_base is not None:
+            shutil.rmtree(self._snapshot_base / f"replay-{name}", ignore_errors=True)
+
+    def evict(self, rank: int, cause: str) -> FailStop:
+        """Evict the current world's ``rank`` (its slot) as a fail-stop would be, for ``cause``
+        (``replay``: dual-phase replay named its machine): onto a standby while one is left,
+        dropped with ``--min-ranks``, else it restarts in place."""
+        slot = self.slots[rank]
+        record = FailStop(rank=rank, slot=slot, pid=0, status=0, launch=self.launches - 1,
+                          wall=time.time(), cause=cause)  # fmt: skip
+        return self._failstop(record)
+
+    def _start_ranks(
+        self, key: str, command: list[str], env: dict[str, str], cwd: str | None,
+        slots: list[int], memory: list[dict[str, str]],
+    ) -> tuple[Any, dict[int, tuple[int, subprocess.Popen[bytes]]]]:  # fmt: skip
+        """One rank per slot, from warm processes, with a fresh rendezvous store."""
+        from failslow.node.control import host_store
+
+        store = host_store()  # a fresh rendezvous per launch: no stale keys from the last one
+        port = int(store.url.rsplit(":", 1)[1].split("?")[0])
+        n = len(slots)
+        ranks: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+        try:
+            for rank in range(n):
+                warm = self._take(key, env)
+                rank_env = {
+                    **env,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(n),
+                    "LOCAL_WORLD_SIZE": str(n),
+                    "GROUP_RANK": "0",
+                    "ROLE_RANK": str(rank),
+                    "ROLE_WORLD_SIZE": str(n),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "TORCHELASTIC_USE_AGENT_STORE": "True",
+                    "TORCHELASTIC_RESTART_COUNT": str(self.launches),
+                    envvars.SLOT: str(slots[rank]),
+                }
+                rank_env.update(memory[rank])
+                message = {"env": rank_env, "cwd": cwd or os.getcwd(), "argv": list(command)}
+                try:
+                    warm.sock.sendall(json.dumps(message).encode() + b"\n")
+                except OSError as exc:
+                    why = f"its warm process is gone ({exc})"
+                    raise FailslowError(f"cannot start rank {rank}: {why}") from None
+                warm.close()
+                ranks[rank] = (slots[rank], warm.process)
+        except BaseException:
+            for _, process in ranks.values():
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
+            raise
+        return store, ranks
 
     def _watch_hangs(self, env: dict[str, str]) -> None:
         """Watch this launch's rings for a hang (``hang_after_s``; needs the ring directory)."""
@@ -420,7 +477,7 @@ class LocalRanks:
             self.evicted.append(record.slot)
             self.slots[record.rank] = replaced_by
             gone = True
-        elif record.cause in ("died", "hung") and self._may_drop():
+        elif record.cause in ("died", "hung", "replay") and self._may_drop():
             self._dropping.append(record.slot)
             self.evicted.append(record.slot)
             ranks_left = len(self.slots) - len(self._dropping)

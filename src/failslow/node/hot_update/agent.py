@@ -42,7 +42,7 @@ from failslow.core.control.stop import (
     EXIT_UNRESTORABLE,
     StopForUpdate,
 )
-from failslow.core.planner.ladder import NEEDS_PERSON, ROLL_BACK_CODE
+from failslow.core.planner.ladder import NEEDS_PERSON, REPLAY, ROLL_BACK_CODE
 from failslow.errors import FailslowError
 from failslow.node.hot_update.history import LIVE, History, Update
 from failslow.node.hot_update.version import Version
@@ -134,6 +134,10 @@ class Agent:
         self.ladder = Incidents(Path(state_dir) if state_dir else None, history, say=say)
         """The stop-time ladder of the incidents the ranks report."""
         self._rollback_before: int | None = None
+        self.replay: Callable[[Version, dict[str, str], int, dict[str, Any]], Any] | None = None
+        """Dual-phase replay on the node's ranks (``failslow run --nproc-per-node``; set by
+        the launcher): ``(version, env, until, incident)`` -> the outcome, its suspects already
+        evicted. None: the ladder has no replay rung."""
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -164,9 +168,12 @@ class Agent:
                         "not restarting - the job needs a person"
                     )
                     return status
-                rung = self.ladder.after()
+                rung = self.ladder.after(replay=self.replay is not None)
                 if rung is not None:
                     self.incidents["metrics"] += 1
+                    if rung.name == REPLAY and not self._replay(version, rung.before_step):
+                        self._finish(batch, "applied")
+                        return status
                     if rung.name == NEEDS_PERSON:
                         self._finish(batch, "applied")
                         return status
@@ -267,6 +274,15 @@ class Agent:
                 + "; ".join(u.describe() for u in batch)
             )
         return version, batch, (fallback if batch else None)
+
+    def _replay(self, version: Version, until: int) -> bool:
+        """The ladder's replay rung: whether it named (and evicted) a machine."""
+        assert self.replay is not None
+        env = version.environment(self.env)
+        env[envvars.RESTART] = str(self.launches)
+        outcome = self.replay(version, env, until, self.ladder.incident)
+        self.ladder.replayed(outcome)
+        return bool(outcome.suspects)
 
     def _roll_back_code(
         self,
