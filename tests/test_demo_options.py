@@ -41,6 +41,7 @@ def test_bad_fault_options_are_one_line(options, message):
         (["--framework", "fsdp", "--fault", "kill"], "--fault kill needs --framework deepspeed or"),
         (["--framework", "megatron", "--fault", "hang"], "--fault hang needs --framework deep"),
         (["--framework", "fsdp", "--fault", "nan"], "--fault nan needs --framework deepspeed"),
+        (["--framework", "megatron", "--fault", "sdc"], "--fault sdc needs --framework deeps"),
     ],
 )
 def test_bad_strategies_are_one_line_before_anything_starts(argv, message, capsys):
@@ -74,7 +75,7 @@ def test_kill_demo_options_are_checked_in_one_line():
         ({"injected": ("hang", 4, 100), "kill_steps": (), "victims": ()},
          "the faulty slot must be a rank's"),
         ({"injected": ("nan", 1, 100)}, "with no kills"),
-        ({"injected": ("sdc", 1, 100), "kill_steps": (), "victims": ()}, "--fault sdc"),
+        ({"injected": ("bitflip", 1, 100), "kill_steps": (), "victims": ()}, "--fault bitflip"),
     ]:
         with pytest.raises(FailslowError) as info:
             FailstopDemoOptions(**options).validate()

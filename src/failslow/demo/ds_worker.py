@@ -109,7 +109,8 @@ def main() -> None:
         engine.load_checkpoint(disk)
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     adapter = engine.failslow
-    fault = fault_plugin.from_env(engine.module)  # tests and demos: through the plugin API
+    # tests and demos: a fault through the plugin API
+    fault = fault_plugin.from_env(engine.module, lambda: engine.global_steps)
     if fault is not None:
         adapter.session.pm.register(fault)
     resumed = adapter.session.resumed_step
@@ -135,7 +136,8 @@ def main() -> None:
                 loss = loss_fn(engine(x), y)
                 engine.backward(loss)
                 engine.step()
-        failslow.report_metrics(step, loss=loss)  # beside the logging line (byterobust 4.1)
+        norm = engine.get_global_grad_norm()  # beside the logging line (byterobust 4.1)
+        failslow.report_metrics(step, loss=loss, **({} if norm is None else {"grad_norm": norm}))
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
             write_progress(out, rank, step_end, first, step)

@@ -32,6 +32,13 @@ NaN, ``failslow.report_metrics`` in the worker's loop asks for a rollback, and t
 climbs the stop-time ladder: every rank restarts from the newest snapshot before the bad step
 (byterobust 4.1-4.2); ``summary.json`` adds the incident and the rungs (``incidents.jsonl``).
 
+``--fault sdc`` (DeepSpeed): from 2/7 of the run on, ``--slow-rank``'s machine computes one
+gradient 10,000x too large, in every launch (a faulty GPU). The gradient norm every rank reports
+jumps; a reattempt from memory does not clear it, there is no code update to roll back, so the
+launcher replays the step on groups of machines (dual-phase replay, byterobust Alg. 1), evicts
+the machine both phases name onto the standby and restarts from memory; ``summary.json`` adds
+the replay's groups and verdicts and the ``suspects``.
+
 ``--framework megatron`` runs the same with Megatron-core's GPT on TP1 x PP2 x DP2
 (:mod:`failslow.demo.megatron_worker`); with ``--no-standby`` the launcher chooses each smaller
 world's grid (odyssey's reroute or reconfigure), named in the action, and the final model is
@@ -247,16 +254,17 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
             for line in text.splitlines()[-50:]:
                 event = line.removeprefix("failslow run: ")
                 shown = (" died (", " hung (", "hang: ", "reattempt: ", "roll back code: ",
-                         "needs a person: ")  # fmt: skip
+                         "needs a person: ", "replay (", "replay: ")  # fmt: skip
                 if any(x in line for x in shown) or event.startswith("odyssey "):
                     if event not in run.events:
                         run.events.append(event)
-                seen = {"hang": " hung (", "nan": "failslow run: reattempt: rank "}.get(kind or "")
+                seen = {"hang": " hung (", "nan": "failslow run: reattempt: rank ",
+                        "sdc": " corrupts its steps ("}.get(kind or "")  # fmt: skip
                 if seen is not None and seen in line and not run.kills:
                     # the faulty rank is the incident's "kill"; a hung one did not end the step
                     # after the fault's, a NaN one's peers may have
                     last = opts.injected[2] if opts.injected is not None else run.step
-                    last = last if kind == "hang" else max(last, run.step)
+                    last = last if kind != "nan" else max(last, run.step)
                     rank = int(re.search(r"rank (\d+)", line).group(1))  # type: ignore[union-attr]
                     run.kills.append(
                         {"rank": rank, "pid": 0, "step_done": last,
@@ -336,7 +344,7 @@ def _summary(
             out / "job", reference, "bitwise (a restart from a bitwise snapshot runs the same math)"
         )
     kind = opts.injected[0] if opts.injected is not None else "kill"
-    incident = {"hang": _hang_summary, "nan": _nan_summary}.get(kind)
+    incident = {"hang": _hang_summary, "nan": _nan_summary, "sdc": _sdc_summary}.get(kind)
     return {
         **(incident(out) if incident is not None else {}),
         "framework": opts.framework,
@@ -399,6 +407,20 @@ def _nan_summary(out: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _sdc_summary(out: Path) -> dict[str, Any]:
+    """The corruption's incident, the ladder's rungs and the replay's verdicts (the launcher's
+    ``incidents.jsonl``, copied into the run directory)."""
+    from failslow.node.incidents import read_log
+
+    lines = read_log(out)
+    summary = _nan_summary(out)
+    replays = [line["replay"] for line in lines if "replay" in line]
+    if replays:
+        summary["suspects"] = {"ranks": replays[-1]["suspects"], "kind": "dual-phase replay"}
+        summary["replay"] = replays[-1]
+    return summary
+
+
 def _restore_sources(summary: dict[str, Any], log: str) -> None:
     """Where the killed rank's state came from at each restart (the ranks' restore lines, one
     per rank and launch): ``holder's backup`` when its slot was evicted with its memory; and
@@ -418,13 +440,17 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    hang, nan = summary["fault"] == "hang", summary["fault"] == "nan"
+    hang, nan, sdc = (summary["fault"] == f for f in ("hang", "nan", "sdc"))
     title = "fail-stops: killed, seen, every rank restarted from memory"
     if hang:
         title = "a machine hangs: found by its stacks, every rank restarted from memory"
     if nan:
         title = "a NaN loss: every rank rolled back to the newest snapshot before it"
-    after = "hung after step" if hang else "last step done" if nan else "killed after step"
+    if sdc:
+        title = "a silent corruption: named by dual-phase replay, evicted, restarted from memory"
+    after = {"hang": "hung after step", "nan": "last step done", "sdc": "corrupt from step"}.get(
+        summary["fault"], "killed after step"
+    )
     table = Table(title=title)
     for col in ("rank", after, "seen", "resumed at",
                 "lost steps", "downtime", "warm", "restarted", "its state from"):  # fmt: skip
@@ -442,10 +468,17 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
         suspects = summary["suspects"]
         named = f"ranks {suspects['ranks']} ({suspects['kind']})" if suspects else "nobody"
         console.print(f"rungs: {' -> '.join(summary['rungs'])}; stack aggregation named {named}")
-    if nan:
+    if nan or sdc:
         console.print(f"incident: {summary['incident']['why']}")
         for rung in summary["rungs"]:
             console.print(f"  rung: {rung}")
+    if sdc and summary.get("replay"):
+        for phase in summary["replay"]["phases"]:
+            verdicts = ", ".join(
+                f"{g['members']} {'FAULTY' if g['reproduced'] else 'clean'}"
+                for g in phase["groups"]
+            )
+            console.print(f"  replay ({phase['phase']}): {verdicts}")
     p = summary["parameters"]
     if p["compared"]:
         if "bitwise" in p["tolerance"]:

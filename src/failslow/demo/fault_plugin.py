@@ -15,6 +15,11 @@ The demo workers register :func:`from_env` on their session's plugin manager whe
   the first launch only (a transient fault: the job's rollback replays step ``N + 1`` cleanly).
   Its loss of step ``N + 1`` is NaN, and so, through the gradient all-reduce, is every rank's
   model after it.
+- ``{"kind": "sdc", "slot": S, "step": N}``: from step ``N`` on, in every launch, the machine of
+  slot ``S`` computes the gradient of the model's first parameter 10,000 times too large
+  (:func:`corrupt`) - silent data corruption in a backward matmul, persistent as a faulty GPU's:
+  the all-reduce hands it to every replica, and every rank's loss jumps a step later. A
+  reattempt from memory replays it; dual-phase replay finds the machine.
 """
 
 from __future__ import annotations
@@ -45,7 +50,17 @@ def poison(model: Any) -> None:
         next(iter(model.parameters())).view(-1)[0] = float("nan")
 
 
-KINDS = ("hang", "nan")
+SDC_FACTOR = 1e4
+
+
+def corrupt(model: Any, active: Any) -> None:
+    """While ``active()``, the gradient of ``model``'s first parameter comes out scaled by
+    :data:`SDC_FACTOR` (a tensor hook: the corruption happens where the gradient is made)."""
+    parameter = next(iter(model.parameters()))
+    parameter.register_hook(lambda grad: grad * SDC_FACTOR if active() else grad)
+
+
+KINDS = ("hang", "nan", "sdc")
 
 
 @dataclass
@@ -54,7 +69,13 @@ class InjectedFault:
     slot: int
     step: int
     model: Any = None
-    """The module ``nan`` poisons."""
+    """The module ``nan`` poisons and ``sdc`` corrupts."""
+    current_step: Any = None
+    """``sdc``: the step being trained (a callable)."""
+
+    def __post_init__(self) -> None:
+        if self.kind == "sdc" and os.environ.get(envvars.SLOT) == str(self.slot):
+            corrupt(self.model, lambda: self.current_step() >= self.step)
 
     @hookimpl
     def failslow_on_step(self, step: int, step_time_s: float) -> None:
@@ -66,19 +87,23 @@ class InjectedFault:
             poison(self.model)
 
 
-def from_env(model: Any = None) -> InjectedFault | None:
+def from_env(model: Any = None, current_step: Any = None) -> InjectedFault | None:
     """The fault ``$FAILSLOW_DEMO_FAULT`` describes (None: none); ConfigError naming a bad one.
-    ``model``: the module a ``nan`` fault poisons."""
+    ``model``: the module a ``nan`` fault poisons or an ``sdc`` one corrupts; ``current_step``:
+    the step being trained (``sdc``)."""
     text = os.environ.get(ENV)
     if not text:
         return None
     try:
         spec: Any = json.loads(text)
-        fault = InjectedFault(str(spec["kind"]), int(spec["slot"]), int(spec["step"]), model)
+        kind, slot, step = str(spec["kind"]), int(spec["slot"]), int(spec["step"])
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"${ENV}: expected {{'kind', 'slot', 'step'}}, got {text}") from None
-    if fault.kind not in KINDS:
-        raise ConfigError(f"${ENV}: kind must be one of {', '.join(KINDS)}, got {fault.kind!r}")
-    if fault.kind == "nan" and model is None:
-        raise ConfigError(f"${ENV}: a nan fault needs the job's model (from_env(model=...))")
+    if kind not in KINDS:
+        raise ConfigError(f"${ENV}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind in ("nan", "sdc") and model is None:
+        raise ConfigError(f"${ENV}: a {kind} fault needs the job's model (from_env(model=...))")
+    if kind == "sdc" and current_step is None:
+        raise ConfigError(f"${ENV}: an sdc fault needs the step (from_env(current_step=...))")
+    fault = InjectedFault(kind, slot, step, model, current_step)
     return fault
