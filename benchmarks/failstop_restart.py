@@ -54,6 +54,13 @@ downtime; ``lost`` is how many steps were done twice).
   "kill -> seen" is step 50's end to the rollback request; the downtime is the gap between the
   last step done before the request and the first step done after the relaunch, less a step.
 
+- **a silent corruption** (``--ways sdc``; the same launcher): from step 50 on, in every launch,
+  rank 1's machine computes the gradient of the first layer 10,000x too large (the fault
+  plugin). The gradient norm jumps at step 50; a reattempt from memory brings it back; the
+  ladder replays step 50 on groups of two machines, horizontally then vertically, evicts the
+  machine both name onto the standby and restarts from memory. The downtime includes the
+  reattempt and the replay.
+
 - **Megatron: reroute vs reconfigure** (``--ways reroute,reconfigure``; the GPT job,
   ``failslow.demo.megatron_worker``, TP1 x PP2 x DP2, hidden 256, 8 micro-batches of 8 per step,
   Adam; ``--standbys 0 --min-ranks 2 --slots-as-hosts``): rank 1 (stage 0 of replica 1) is
@@ -209,11 +216,17 @@ def _kill_and_measure(
     elif fault == "hang":  # the steps through hang_at ended, the next never did
         last = hang_at
         killed_at = seen[last]
-    elif fault == "nan":  # rank 0 may have ended the step whose loss was NaN on the victim
-        [rung] = [json.loads(line) for line in (state / "incidents.jsonl").read_text().splitlines()]
-        killed_at = seen[hang_at]
-        last = max(s for s, t in seen.items() if t <= rung["wall"])
-        extra = {"detected_s": rung["wall"] - killed_at, "rung": rung["rung"]}
+    elif fault in ("nan", "sdc"):  # rank 0 may have ended the bad step
+        rungs = [json.loads(line) for line in (state / "incidents.jsonl").read_text().splitlines()]
+        # nan: the poisoning ends step 50; sdc: the corrupt step 50 starts after step 49
+        killed_at = seen[hang_at] if fault == "nan" else seen[hang_at - 1]
+        last = max(s for s, t in seen.items() if t <= rungs[0]["wall"])
+        extra = {"detected_s": rungs[0]["wall"] - killed_at,
+                 "rung": " -> ".join(r["rung"] for r in rungs)}  # fmt: skip
+        replays = [r["replay"] for r in rungs if "replay" in r]
+        if replays:
+            extra["replay_s"] = replays[-1]["seconds"]
+            extra["rung"] += f" {replays[-1]['suspects']}"
     else:
         last = max(s for s, t in seen.items() if t <= killed_at)
     first_done_after = record["step_end"][1]
@@ -249,7 +262,7 @@ def _kill_and_measure(
         if named:
             result["aggregation_s"] = named[0]["aggregation_s"]
     stops = state / "failstops.jsonl"
-    if stops.exists() and not planned and fault != "nan":
+    if stops.exists() and not planned and fault not in ("nan", "sdc"):
         result["detected_s"] = json.loads(stops.read_text().splitlines()[0])["wall"] - killed_at
     return result
 
@@ -264,7 +277,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
-        "--ways", default="warm,cold,s4,shrink,hang,nan,reroute,reconfigure",
+        "--ways", default="warm,cold,s4,shrink,hang,nan,sdc,reroute,reconfigure",
         help="comma-separated",
     )
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
@@ -307,6 +320,10 @@ def main() -> None:
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
             "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
         ]),
+        "sdc": ("a silent corruption: replay names it, onto the standby", [
+            "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
+            "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
+        ]),
         "reroute": ("Megatron PP2xDP2, no standby: reroute", [
             "--max-stage-layers", "2", *megatron
         ], gpt),
@@ -325,7 +342,7 @@ def main() -> None:
                 results[name] = _kill_and_measure(
                     Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
                     job_env=job_env[0] if job_env else None,
-                    fault=key if key in ("hang", "nan") else None,
+                    fault=key if key in ("hang", "nan", "sdc") else None,
                 )  # fmt: skip
         if not args.no_fresh:
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
@@ -341,8 +358,10 @@ def main() -> None:
             seen = f"{r['detected_s'] * 1000:.0f} ms" if "detected_s" in r else "-"
             if "aggregation_s" in r:  # a hang is seen --hang-after later, by its stacks
                 seen = f"{r['detected_s']:.1f} s (stacks {r['aggregation_s'] * 1000:.0f} ms)"
-            if "rung" in r:  # a NaN: from the poisoned step's end to the rollback request
+            if "rung" in r:  # a NaN or SDC: from the bad step's end to the first request
                 seen = f"{r['detected_s'] * 1000:.0f} ms ({r['rung']})"
+                if "replay_s" in r:
+                    seen += f", replay {r['replay_s']:.1f} s"
             table.add_row(
                 str(i + 1), name, seen, str(r["resumed"]), str(r["lost"]),
                 f"{r['step_s']:.2f} s", f"{r['gap_s']:.1f} s", f"{r['downtime']:.1f} s",

@@ -233,6 +233,7 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
             text = log_path.read_text(errors="replace")
             steps = [s for s, _ in rank_launch.progress(job_out)]
             now = time.time()
+            _scan(text, run, opts, kind)  # before the resumes: the kill the next one ends
             lines = RESUMED.findall(text)
             if len(lines) > resumed_lines:  # a new launch finished its restore
                 resumed_lines = len(lines)
@@ -251,26 +252,6 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
                 if kill is None or "first_step_done" in kill:
                     for s in steps:
                         run.seen.setdefault(s, now)
-            for line in text.splitlines()[-50:]:
-                event = line.removeprefix("failslow run: ")
-                shown = (" died (", " hung (", "hang: ", "reattempt: ", "roll back code: ",
-                         "needs a person: ", "replay (", "replay: ")  # fmt: skip
-                if any(x in line for x in shown) or event.startswith("odyssey "):
-                    if event not in run.events:
-                        run.events.append(event)
-                seen = {"hang": " hung (", "nan": "failslow run: reattempt: rank ",
-                        "sdc": " corrupts its steps ("}.get(kind or "")  # fmt: skip
-                if seen is not None and seen in line and not run.kills:
-                    # the faulty rank is the incident's "kill"; a hung one did not end the step
-                    # after the fault's, a NaN one's peers may have
-                    last = opts.injected[2] if opts.injected is not None else run.step
-                    last = last if kind != "nan" else max(last, run.step)
-                    rank = int(re.search(r"rank (\d+)", line).group(1))  # type: ignore[union-attr]
-                    run.kills.append(
-                        {"rank": rank, "pid": 0, "step_done": last,
-                         "at": run.seen.get(last, time.time()),
-                         "last_step_seen_at": run.seen.get(last), "warm": READY in text}
-                    )  # fmt: skip
             trained = kill is None or "first_step_done" in kill  # the last restart trains
             if pending and run.step >= pending[0][0] and trained:
                 waiting_since = waiting_since or time.monotonic()
@@ -298,6 +279,32 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
     run.step = opts.steps
     run.events.append("the job finished")
     refresh()
+
+
+def _scan(text: str, run: _Run, opts: FailstopDemoOptions, kind: str | None) -> None:
+    """The launcher's lines worth showing, and the injected fault's rank as the incident's
+    "kill" once the launcher acted on it."""
+    for line in text.splitlines()[-50:]:
+        event = line.removeprefix("failslow run: ")
+        shown = (" died (", " hung (", "hang: ", "reattempt: ", "roll back code: ",
+                 "needs a person: ", "replay (", "replay: ")  # fmt: skip
+        if any(x in line for x in shown) or event.startswith("odyssey "):
+            if event not in run.events:
+                run.events.append(event)
+        seen = {"hang": " hung (", "nan": "failslow run: reattempt: rank ",
+                "sdc": " corrupts its steps ("}.get(kind or "")  # fmt: skip
+        if seen is not None and seen in line and not run.kills:
+            # the faulty rank is the incident's "kill", after the last step done well: a hung
+            # one did not end the step after the fault's, a NaN one's peers may have, a
+            # corrupt step is never done well
+            fault = opts.injected[2] if opts.injected is not None else run.step
+            last = {"nan": max(fault, run.step), "sdc": fault - 1}.get(kind or "", fault)
+            rank = int(re.search(r"rank (\d+)", line).group(1))  # type: ignore[union-attr]
+            run.kills.append(
+                {"rank": rank, "pid": 0, "step_done": last,
+                 "at": run.seen.get(last, time.time()),
+                 "last_step_seen_at": run.seen.get(last), "warm": READY in text}
+            )  # fmt: skip
 
 
 def _summary(
@@ -426,6 +433,8 @@ def _restore_sources(summary: dict[str, Any], log: str) -> None:
     per rank and launch): ``holder's backup`` when its slot was evicted with its memory; and
     where the launcher chose a new grid for the ranks that go on, odyssey's choice."""
     launches = rank_launch.restore_sources(log)
+    if summary["fault"] in ("nan", "sdc") and summary["restarts"]:
+        launches = launches[-len(summary["restarts"]) :]  # the ladder's last relaunch
     for restart, restored in zip(summary["restarts"], launches, strict=False):
         restart["restored_from"] = restored.get(str(restart["rank"]))
     choices = iter(re.findall(r"failslow run: (odyssey \w+: \S+ -> \S+) on", log))
@@ -448,7 +457,7 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
         title = "a NaN loss: every rank rolled back to the newest snapshot before it"
     if sdc:
         title = "a silent corruption: named by dual-phase replay, evicted, restarted from memory"
-    after = {"hang": "hung after step", "nan": "last step done", "sdc": "corrupt from step"}.get(
+    after = {"hang": "hung after step", "nan": "last step done", "sdc": "last good step"}.get(
         summary["fault"], "killed after step"
     )
     table = Table(title=title)
