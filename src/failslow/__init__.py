@@ -29,4 +29,16 @@ def report_metrics(step: int, /, **metrics: object) -> None:
     report(step, metrics)
 
 
-__all__ = ["MetricIncidentError", "__version__", "hookimpl", "report_metrics"]
+def replaying() -> bool:
+    """Whether this process is a replay of the stop-time ladder (byterobust 4.2: a group of
+    machines replays the bad step to find a silent corruption). The training script runs as
+    usual and ends at the replayed step by itself; skip what must not happen twice - writing a
+    checkpoint to disk, logging to an experiment tracker."""
+    import os
+
+    from failslow import envvars
+
+    return bool(os.environ.get(envvars.REPLAY))
+
+
+__all__ = ["MetricIncidentError", "__version__", "hookimpl", "replaying", "report_metrics"]

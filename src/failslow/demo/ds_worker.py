@@ -139,7 +139,7 @@ def main() -> None:
         norm = engine.get_global_grad_norm()  # beside the logging line (byterobust 4.1)
         failslow.report_metrics(step, loss=loss, **({} if norm is None else {"grad_norm": norm}))
         step_end.append(time.time())
-        if rank == 0:  # the launcher's view of the job's progress (it injects by step)
+        if rank == 0 and not failslow.replaying():  # the launcher's view of the job's progress
             write_progress(out, rank, step_end, first, step)
     record = run_record(rank, step_end, first, resumed, adapter)
     suffix = f"-{os.environ['FAILSLOW_RESTART']}" if os.environ.get("FAILSLOW_RESTART") else ""

@@ -61,6 +61,8 @@ def announce_start(rank: int, resumed: int | None) -> None:
     is the "code change" a hot update makes."""
     tag = os.environ.get("FAILSLOW_DEMO_LOG_TAG", "")
     start = "fresh" if resumed is None else f"resumed at step {resumed}"
+    if os.environ.get("FAILSLOW_REPLAY"):  # failslow.replaying(): a group of the ladder's replay
+        start = f"replaying from step {resumed}"
     # one write of the whole line: print writes the text and the newline apart, and ranks that
     # share an unbuffered log then interleave ("... step 176rank 1: ...")
     sys.stdout.write(f"{tag}rank {rank}: {start}\n")
