@@ -31,7 +31,8 @@ partitions, data position, RNGs) and ran the same math.
 
 Also: a ward lost together with its backup holder (over-eviction: a clear message, no restart
 burnt), and the control store (a real redis-server) killed together with a rank (the restart
-needs no control store); a hung rank named by its stack; a NaN loss rolled back (issue 18).
+needs no control store); a hung rank named by its stack; a NaN loss rolled back and a silent
+corruption named by replay (issue 18).
 """
 
 from __future__ import annotations
@@ -486,71 +487,53 @@ def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_
     _bitwise_like_a_run_without_the_fault(tmp_path, out, sorted(out.glob("steps-rank0*.json"))[-1])
 
 
-def test_a_nan_loss_rolls_every_rank_back_to_the_last_good_snapshot_and_the_job_goes_on(
+
+def test_a_nan_loss_is_rolled_back_and_a_silent_corruption_climbs_to_replay_which_names_it(
     tmp_path: Path,
 ) -> None:
-    """byterobust 4.1-4.2 (issue 18): rank 2's model gets a NaN when step 12 ends (a fault
-    plugin; the first launch only, as a transient fault). Its loss of step 13 is NaN (and every
-    rank's gradient norm infinite): ``failslow.report_metrics`` in the worker's loop leaves a
-    rollback request and exits 79; the
-    launcher stops the other ranks - none is a fail-stop, no slot is evicted - and relaunches
-    every rank with ``$FAILSLOW_ROLLBACK_BEFORE=13``: they forget snapshots 13 and later (the
-    peers had already trained step 13 on rank 2's NaN gradient) and resume step 12 from memory.
-    ``--max-restarts 0``: the ladder's relaunch is not a failure restart. The job finishes with
-    bitwise the model of a run without the fault."""
+    """byterobust 4.1-4.2 (issue 18), two incidents in one DeepSpeed job under ``failslow run``
+    (fault plugins, ``$FAILSLOW_DEMO_FAULT``; ``--max-restarts 0``: the ladder's relaunches are
+    not failure restarts):
+
+    1. rank 2's model gets a NaN when step 12 ends (the first launch only: a transient fault).
+       At step 13 its loss is NaN, and every rank's gradient norm infinite:
+       ``failslow.report_metrics`` in the worker's loop leaves a rollback request and exits 79.
+       The launcher stops the other ranks - no fail-stop, no slot evicted - and relaunches
+       every rank with ``$FAILSLOW_ROLLBACK_BEFORE=13``: they forget snapshots 13 and later
+       and resume step 12 from memory (the ladder's first rung, reattempt);
+    2. from step 32 on, in every launch, slot 1's machine computes the gradient of the first
+       layer 10,000x too large. The all-reduced gradient norm jumps ~1,600x at step 32 - a new
+       incident (well past the first), so the ladder starts at the bottom: the reattempt brings
+       it back (the restarted ranks check against the level kept in their snapshots), there is
+       no code update to roll back, and step 32 is replayed on two groups of two machines,
+       horizontally then vertically (Alg. 1): {0, 1} and {1, 3} come out faulty, so machine 1
+       is evicted onto the standby slot and the job restarts from memory before step 32.
+
+    The job finishes with bitwise the model of a run without the faults."""
     pytest.importorskip("deepspeed", reason="needs the deepspeed extra: failslow[deepspeed]")
-    fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "nan", "slot": 2, "step": 12})}
-    proc, out = _launch(tmp_path, "chaos", 0, env_extra=fault)
-    job = Job(tmp_path, proc, out)
-    incidents = tmp_path / "chaos-state" / "incidents.jsonl"
-    job.wait(incidents.exists)
-    offset = len(job.log.read_text())
-    job.wait(lambda: "rank 0: resumed at step" in job.log.read_text()[offset:])
-    resumed = job.step()
-    job.wait(lambda: job.step() >= resumed + 6)
-    (tmp_path / "chaos-stop").touch()
-    assert proc.wait(timeout=600) == 0, job.tail()
-    [rung] = [json.loads(line) for line in incidents.open()]
-    assert (rung["rung"], rung["before_step"]) == ("reattempt", 13), rung
-    incident = rung["incident"]  # the first request of step 13: rank 2's NaN loss, or any
-    # rank's infinite gradient norm (DeepSpeed's overflow check, after the all-reduce)
-    assert incident["step"] == 13, incident
-    assert (incident["metric"], incident["kind"]) in (("loss", "nan"), ("grad_norm", "inf"))
-    assert job.stops() == []  # nobody was evicted
-    text = job.log.read_text()
-    assert "rank 0: resumed at step 12" in text, job.tail()
-    assert "rolls back before step 13" in text and "at step 13 - asking the launcher" in text
-
-    _bitwise_like_a_run_without_the_fault(tmp_path, out, sorted(out.glob("steps-rank0*.json"))[-1])
-
-
-def test_a_silent_corruption_climbs_the_ladder_to_replay_which_names_its_machine(
-    tmp_path: Path,
-) -> None:
-    """byterobust 4.2 (issue 18): from step 12 on, slot 1's machine computes the gradient of the
-    first layer 10,000x too large (a fault plugin; every launch: the hardware is faulty). The
-    all-reduced gradient norm every rank reports jumps ~2,500x at step 12. The ladder
-    reattempts from memory (the jump comes back - the restarted ranks check against the level
-    kept in their snapshots - the fault is the machine's), has no code update to roll back,
-    and replays step 12 on two groups of two machines, horizontally then vertically (Alg. 1):
-    {0, 1} and {1, 3} come out faulty, so machine 1 is evicted onto the standby slot and the
-    job restarts from memory before step 12. It finishes with bitwise the model of a run
-    without the fault."""
-    pytest.importorskip("deepspeed", reason="needs the deepspeed extra: failslow[deepspeed]")
-    fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "sdc", "slot": 1, "step": 12})}
-    proc, out = _launch(tmp_path, "chaos", 0, env_extra=fault)
+    faults = [{"kind": "nan", "slot": 2, "step": 12}, {"kind": "sdc", "slot": 1, "step": 32}]
+    proc, out = _launch(tmp_path, "chaos", 0, env_extra={"FAILSLOW_DEMO_FAULT": json.dumps(faults)})
     job = Job(tmp_path, proc, out)
     job.restarted_then_ended(stops=1, steps_after=6)
-    [stop] = job.stops()
+    [stop] = job.stops()  # the NaN evicted nobody
     assert (stop["rank"], stop["slot"], stop["cause"], stop["replaced_by"]) == (1, 1, "replay", 4)
     rungs = [json.loads(line) for line in (tmp_path / "chaos-state" / "incidents.jsonl").open()]
-    assert [r["rung"] for r in rungs] == ["reattempt", "replay", "replay result"], rungs
-    assert all(r["before_step"] == 12 for r in rungs), rungs
-    incident = rungs[0]["incident"]
-    assert (incident["kind"], incident["metric"], incident["step"]) == ("jump", "grad_norm", 12)
-    replay = rungs[2]["replay"]
+    assert [(r["rung"], r["before_step"]) for r in rungs] == [
+        ("reattempt", 13), ("reattempt", 32), ("replay", 32), ("replay result", 32),
+    ], rungs  # fmt: skip
+    nan, sdc = rungs[0]["incident"], rungs[1]["incident"]
+    # the first request of step 13: rank 2's NaN loss, or any rank's infinite gradient norm
+    # (DeepSpeed's overflow check, after the all-reduce)
+    assert nan["step"] == 13 and (nan["metric"], nan["kind"]) in (
+        ("loss", "nan"), ("grad_norm", "inf"),
+    ), nan  # fmt: skip
+    assert (sdc["kind"], sdc["metric"], sdc["step"]) == ("jump", "grad_norm", 32), sdc
+    replay = rungs[3]["replay"]
     assert replay["suspects"] == [1], replay
     verdicts = [[(g["members"], g["reproduced"]) for g in p["groups"]] for p in replay["phases"]]
     assert verdicts == [[([0, 1], True), ([2, 3], False)], [([0, 2], False), ([1, 3], True)]]
+    text = job.log.read_text()
+    assert "rolls back before step 13" in text and "at step 13 - asking the launcher" in text
+    assert "rank 0: resumed at step 12" in text and "replaying from step 31" in text
 
     _bitwise_like_a_run_without_the_fault(tmp_path, out, sorted(out.glob("steps-rank0*.json"))[-1])

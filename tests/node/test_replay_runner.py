@@ -46,7 +46,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _replay(tmp_path: Path, bad: list[int], crash: list[int] = ()) -> replay.ReplayOutcome:
+def _replay(
+    tmp_path: Path, bad: list[int], crash: list[int] = (), pipelines: bool = False
+) -> replay.ReplayOutcome:
     ranks = LocalRanks(
         RankOptions(nproc=4, standbys=1, preload=("colorsys",), refill_delay_s=0.0,
                     slots_as_hosts=True),
@@ -64,6 +66,14 @@ def _replay(tmp_path: Path, bad: list[int], crash: list[int] = ()) -> replay.Rep
     }  # fmt: skip
     try:
         assert ranks.spawn([str(script)], env, str(tmp_path)).wait(timeout=60) == 0
+        if pipelines:  # the ranks noted a PP2 x DP2 grid with their snapshots
+            from failslow.core.checkpoint.layout_notes import write_note
+            from failslow.core.topology import Topology
+
+            grid = Topology.megatron(tp=1, dp=2, pp=2, gpus_per_host=1, micro_batches=4)
+            for rank in range(4):
+                (base / f"slot{rank}").mkdir(parents=True, exist_ok=True)
+                write_note(base / f"slot{rank}", rank, grid, None)
         outcome = replay.run(ranks, [str(script)], env, str(tmp_path), until=12,
                              incident={"metric": "grad_norm", "level": 0.03}, state_dir=state,
                              timeout_s=60)  # fmt: skip
@@ -96,3 +106,10 @@ def test_a_group_that_does_not_finish_its_replay_counts_as_faulty(tmp_path: Path
     assert outcome.suspects == [3], outcome.why
     group = outcome.phases[0]["groups"][1]
     assert (group["members"], group["finished"], group["status"]) == ([2, 3], False, 1)
+
+
+def test_a_job_on_a_pipeline_grid_is_not_replayed(tmp_path: Path) -> None:
+    """Groups of a PP job would have to hold whole pipelines: not built, so the ladder ends
+    with a person rather than evict a machine on a replay that cannot be right."""
+    outcome = _replay(tmp_path, [1], pipelines=True)
+    assert outcome.suspects == [] and "TP1 x PP2 grid" in outcome.why and not outcome.phases

@@ -110,8 +110,7 @@ def main() -> None:
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     adapter = engine.failslow
     # tests and demos: a fault through the plugin API
-    fault = fault_plugin.from_env(engine.module, lambda: engine.global_steps)
-    if fault is not None:
+    for fault in fault_plugin.from_env(engine.module, lambda: engine.global_steps):
         adapter.session.pm.register(fault)
     resumed = adapter.session.resumed_step
     announce_start(rank, resumed)

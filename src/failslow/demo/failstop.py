@@ -433,7 +433,7 @@ def _restore_sources(summary: dict[str, Any], log: str) -> None:
     per rank and launch): ``holder's backup`` when its slot was evicted with its memory; and
     where the launcher chose a new grid for the ranks that go on, odyssey's choice."""
     launches = rank_launch.restore_sources(log)
-    if summary["fault"] in ("nan", "sdc") and summary["restarts"]:
+    if summary.get("fault") in ("nan", "sdc") and summary["restarts"]:
         launches = launches[-len(summary["restarts"]) :]  # the ladder's last relaunch
     for restart, restored in zip(summary["restarts"], launches, strict=False):
         restart["restored_from"] = restored.get(str(restart["rank"]))

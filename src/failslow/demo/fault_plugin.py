@@ -2,8 +2,8 @@
 core's code paths): a rank that hangs, on one machine, from one step on; a rank whose loss
 goes NaN.
 
-The demo workers register :func:`from_env` on their session's plugin manager when
-``FAILSLOW_DEMO_FAULT`` is set, a JSON object:
+The demo workers register what :func:`from_env` returns on their session's plugin manager when
+``FAILSLOW_DEMO_FAULT`` is set: a JSON object, or a list of them (several faults in one job):
 
 - ``{"kind": "hang", "slot": S, "step": N}``: the rank running on slot ``S`` (a machine, with
   ``failslow run --slots-as-hosts``) stops in :func:`injected_hang` when step ``N`` ends -
@@ -87,15 +87,23 @@ class InjectedFault:
             poison(self.model)
 
 
-def from_env(model: Any = None, current_step: Any = None) -> InjectedFault | None:
-    """The fault ``$FAILSLOW_DEMO_FAULT`` describes (None: none); ConfigError naming a bad one.
-    ``model``: the module a ``nan`` fault poisons or an ``sdc`` one corrupts; ``current_step``:
-    the step being trained (``sdc``)."""
+def from_env(model: Any = None, current_step: Any = None) -> list[InjectedFault]:
+    """The faults ``$FAILSLOW_DEMO_FAULT`` describes (empty: none); ConfigError naming a bad
+    one. ``model``: the module a ``nan`` fault poisons or an ``sdc`` one corrupts;
+    ``current_step``: the step being trained (``sdc``)."""
     text = os.environ.get(ENV)
     if not text:
-        return None
+        return []
     try:
-        spec: Any = json.loads(text)
+        specs: Any = json.loads(text)
+    except ValueError:
+        specs = None
+    specs = specs if isinstance(specs, list) else [specs]
+    return [_fault(spec, text, model, current_step) for spec in specs]
+
+
+def _fault(spec: Any, text: str, model: Any, current_step: Any) -> InjectedFault:
+    try:
         kind, slot, step = str(spec["kind"]), int(spec["slot"]), int(spec["step"])
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"${ENV}: expected {{'kind', 'slot', 'step'}}, got {text}") from None
@@ -105,5 +113,4 @@ def from_env(model: Any = None, current_step: Any = None) -> InjectedFault | Non
         raise ConfigError(f"${ENV}: a {kind} fault needs the job's model (from_env(model=...))")
     if kind == "sdc" and current_step is None:
         raise ConfigError(f"${ENV}: an sdc fault needs the step (from_env(current_step=...))")
-    fault = InjectedFault(kind, slot, step, model, current_step)
-    return fault
+    return InjectedFault(kind, slot, step, model, current_step)

@@ -254,6 +254,17 @@ class LocalRanks:
             kill_grace_s=self.options.kill_grace_s, store=store,
         )  # fmt: skip
 
+    def grid(self) -> tuple[int, int]:
+        """``(TP, PP)`` of the current world as its ranks noted them with their snapshots
+        (``(1, 1)`` when they noted nothing: a data-parallel job)."""
+        from failslow.core.checkpoint.layout_notes import read_notes
+
+        world = self.worlds[-1]
+        places = [(d, r) for r, slot in enumerate(world.slots) if (d := self._dir(world, slot))]
+        notes = read_notes(places)
+        return (max((int(n.get("tp") or 1) for n in notes), default=1),
+                max((int(n.get("pp") or 1) for n in notes), default=1))  # fmt: skip
+
     def forget_replay(self, name: str) -> None:
         """Remove replay group ``name``'s own snapshots (of no use once it ended)."""
         if self._snapshot_base is not None:

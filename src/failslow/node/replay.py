@@ -12,8 +12,10 @@ and reports whether the incident came back there. The machine in the one faulty 
 phase is the suspect; the agent evicts it and restarts the job from memory without it.
 
 A phase whose groups all came out clean (the fault did not reproduce), or more than one faulty,
-names nobody: the ladder ends with a person. A group that did not finish its replay (a crash,
-the timeout) counts as faulty - a healthy group replays the step cleanly.
+names nobody: the ladder ends with a person. So does a job on a TP or PP grid (its ranks' layout
+notes say so): its groups would have to hold whole pipelines, numbered contiguously - not built.
+A group that did not finish its replay (a crash, the timeout) counts as faulty - a healthy group
+replays the step cleanly.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ def run(
     incident: dict[str, Any],
     state_dir: Path,
     jump: float = 5.0,
-    pp: int = 1,
     timeout_s: float = 600.0,
     say: Callable[[str], None] = print,
 ) -> ReplayOutcome:
@@ -62,6 +63,10 @@ def run(
     the current world (see the module)."""
     started = time.monotonic()
     world = ranks.worlds[-1]
+    tp, pp = ranks.grid()
+    if tp * pp > 1:  # a group must hold whole TP x PP grids, numbered contiguously: not built
+        return ReplayOutcome([], f"the job runs a TP{tp} x PP{pp} grid: replaying groups of "
+                                 "whole pipelines is not built yet")  # fmt: skip
     try:
         replay = plan(len(world.slots), pp)
     except ValueError as exc:
@@ -74,10 +79,15 @@ def run(
     for phase, groups in (("horizontal", replay.horizontal()), ("vertical", replay.vertical())):
         names = [f"{phase[0]}{i}" for i in range(len(groups))]
         say(f"replay ({phase}): step {until} on groups {groups}")
-        running = {
-            name: ranks.spawn_replay(command, env, cwd, name, members, spec)
-            for name, members in zip(names, groups, strict=True)
-        }
+        running: dict[str, Any] = {}
+        try:
+            for name, members in zip(names, groups, strict=True):
+                running[name] = ranks.spawn_replay(command, env, cwd, name, members, spec)
+        except BaseException:  # no group of a failed start outlives it
+            for group in running.values():
+                group.signal_group(signal.SIGKILL)
+                group.wait(timeout=60)
+            raise
         report = []
         for (name, group), members in zip(running.items(), groups, strict=True):
             status = _wait(group, timeout_s - (time.monotonic() - started))
