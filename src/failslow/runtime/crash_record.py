@@ -13,7 +13,6 @@ the exception is still printed as Python prints it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 import traceback
@@ -22,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from failslow import envvars
+from failslow.core.control.stop import put_json, take_json
 
 EXCEPTIONS = "exceptions"
 """The directory of the records, in the job's state directory."""
@@ -46,21 +46,11 @@ def record(
             "message": str(exc)[:1000],
             "frames": frames[-MAX_FRAMES:],
         }
-        directory = Path(state_dir) / EXCEPTIONS
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"pid{os.getpid()}.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(body))
-        os.replace(tmp, path)
-        return path
+        return put_json(Path(state_dir) / EXCEPTIONS / f"pid{os.getpid()}.json", body)
     return None
 
 
 def take(state_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every record in ``state_dir``, removed as read (unreadable ones are skipped)."""
-    found = []
-    for path in sorted((Path(state_dir) / EXCEPTIONS).glob("pid*.json")):
-        with contextlib.suppress(OSError, ValueError):
-            found.append(json.loads(path.read_text()))
-        path.unlink(missing_ok=True)
-    return found
+    taken = take_json(Path(state_dir) / EXCEPTIONS, "pid*.json")
+    return [record for _, record in taken if record is not None]

@@ -35,7 +35,13 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from failslow import envvars
-from failslow.core.diagnosis.metrics import ChecksConfig, MetricCheck, MetricIncident, watched
+from failslow.core.diagnosis.metrics import (
+    ChecksConfig,
+    MetricCheck,
+    MetricIncident,
+    judge,
+    watched,
+)
 from failslow.errors import FailslowError, MetricIncidentError
 
 log = logging.getLogger(__name__)
@@ -91,10 +97,7 @@ class MetricWatch:
         if step < int(spec["until"]):
             return
         level, jump = spec.get("level") or {}, float(spec.get("jump") or 0.0)
-        bad = [
-            name for name, v in values.items()
-            if not math.isfinite(v) or (jump and level.get(name, 0) > 0 and v >= jump * level[name])
-        ]  # fmt: skip
+        bad = [n for n, v in values.items() if judge(v, level.get(n), jump) is not None]
         state_dir = os.environ.get(envvars.STATE_DIR)
         if state_dir:
             from failslow.core.control.stop import write_replay_result

@@ -55,33 +55,49 @@ ROLLBACK_REQUESTS = "rollback-requests"
 """The directory, in the job's state directory, of the ranks' rollback requests."""
 
 
+def put_json(path: Path, record: dict[str, Any]) -> Path:
+    """``record`` at ``path``, written whole (a tmp file, then a rename): a reader never sees
+    half of it, even when the writer is killed mid-write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+    return path
+
+
+def take_json(directory: Path, pattern: str) -> list[tuple[str, dict[str, Any] | None]]:
+    """Every ``pattern`` file of ``directory`` as ``(name, record)`` in name order (None: not
+    readable JSON), each removed as it is read."""
+    found: list[tuple[str, dict[str, Any] | None]] = []
+    for path in sorted(directory.glob(pattern)):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            record = None
+        found.append((path.name, record if isinstance(record, dict) else None))
+        path.unlink(missing_ok=True)
+    return found
+
+
 def request_rollback(
     state_dir: str | os.PathLike[str], rank: int, incident: dict[str, Any]
 ) -> Path:
     """Leave ``rank``'s rollback request (``incident``: at least ``step`` and ``why``) for the
-    node launcher, written whole (tmp file, then rename)."""
-    directory = Path(state_dir) / ROLLBACK_REQUESTS
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"rank{rank}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**incident, "rank": rank}))
-    os.replace(tmp, path)
-    return path
+    node launcher."""
+    path = Path(state_dir) / ROLLBACK_REQUESTS / f"rank{rank}.json"
+    return put_json(path, {**incident, "rank": rank})
 
 
 def take_rollback_requests(state_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The ranks' rollback requests, earliest step first, removed as they are read (a request
     that cannot be read counts as one at step 0 - the launcher cannot trust any step)."""
-    directory = Path(state_dir) / ROLLBACK_REQUESTS
-    found = []
-    for path in sorted(directory.glob("rank*.json")):
+    found: list[dict[str, Any]] = []
+    for name, request in take_json(Path(state_dir) / ROLLBACK_REQUESTS, "rank*.json"):
         try:
-            request = json.loads(path.read_text())
-            request["step"] = int(request["step"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            request = {"step": 0, "why": f"unreadable rollback request {path.name}: {exc}"}
-        found.append(request)
-        path.unlink(missing_ok=True)
+            step = int((request or {})["step"])
+        except (ValueError, KeyError, TypeError):
+            step, request = 0, {"why": f"unreadable rollback request {name}"}
+        found.append({**(request or {}), "step": step})
     return sorted(found, key=lambda r: r["step"])
 
 
@@ -92,23 +108,12 @@ REPLAYS = "replays"
 def write_replay_result(
     state_dir: str | os.PathLike[str], name: str, rank: int, result: dict[str, Any]
 ) -> Path:
-    """A replay group's rank's result (``reproduced``: the incident came back), written whole."""
-    directory = Path(state_dir) / REPLAYS
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}-rank{rank}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**result, "name": name, "rank": rank}))
-    os.replace(tmp, path)
-    return path
+    """A replay group's rank's result (``reproduced``: the incident came back)."""
+    path = Path(state_dir) / REPLAYS / f"{name}-rank{rank}.json"
+    return put_json(path, {**result, "name": name, "rank": rank})
 
 
 def take_replay_results(state_dir: str | os.PathLike[str], name: str) -> list[dict[str, Any]]:
     """Replay group ``name``'s results, removed as read (unreadable ones are skipped)."""
-    found = []
-    for path in sorted((Path(state_dir) / REPLAYS).glob(f"{name}-rank*.json")):
-        try:
-            found.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            pass
-        path.unlink(missing_ok=True)
-    return found
+    taken = take_json(Path(state_dir) / REPLAYS, f"{name}-rank*.json")
+    return [record for _, record in taken if record is not None]

@@ -75,6 +75,18 @@ class MetricIncident:
                 "level": self.level, "why": self.describe()}  # fmt: skip
 
 
+def judge(value: float, level: float | None, jump: float) -> str | None:
+    """The 4.1 rule for one value: :data:`NAN`, :data:`INF`, :data:`JUMP` (at least ``jump``
+    times a positive ``level``; ``jump`` 0 or ``level`` None: never), else None."""
+    if math.isnan(value):
+        return NAN
+    if math.isinf(value):
+        return INF
+    if jump and level is not None and level > 0 and value >= jump * level:
+        return JUMP
+    return None
+
+
 class MetricCheck:
     """The 4.1 rule over one rank's stream of metrics (see the module doc)."""
 
@@ -107,14 +119,11 @@ class MetricCheck:
             if not watched(name):
                 continue
             value = float(raw)
-            if math.isnan(value):
-                return MetricIncident(step, name, value, NAN)
-            if math.isinf(value):
-                return MetricIncident(step, name, value, INF)
             recent = self._recent.setdefault(name, collections.deque(maxlen=self.window))
-            if self.jump and len(recent) >= self.warmup:
-                level = statistics.median(recent)
-                if level > 0 and value >= self.jump * level:
-                    return MetricIncident(step, name, value, JUMP, level)
+            warm = math.isfinite(value) and self.jump and len(recent) >= self.warmup
+            level = statistics.median(recent) if warm else None
+            kind = judge(value, level, self.jump)
+            if kind is not None:
+                return MetricIncident(step, name, value, kind, level if kind == JUMP else None)
             recent.append(value)
         return None
