@@ -6,6 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from failslow.core.planner.ladder import (
+    DIAGNOSE,
+    EVICT,
     NEEDS_PERSON,
     REATTEMPT,
     REPLAY,
@@ -50,26 +52,61 @@ def test_a_launcher_that_can_replay_tries_it_before_a_person() -> None:
     assert "silent data corruption" in ladder.taken[1].why and "step 30" in ladder.taken[1].why
 
 
+def test_a_new_incident_is_diagnosed_first_and_clean_checks_go_on_to_reattempt() -> None:
+    """byterobust 4.2: the stop-time checks come before the reattempt, once per incident."""
+    ladder = Ladder(reattempts=1)
+    first = ladder.next(20, "rank 1: loss is nan", code_update="update #2: v2", diagnose=True)
+    assert (first.name, first.before_step) == (DIAGNOSE, 20)
+    assert "bitwise alignment" in first.why
+    clean = ladder.diagnosed([], "every machine passed")
+    assert clean.name == REATTEMPT and "every machine passed the stop-time checks" in clean.why
+    again = ladder.next(21, "rank 1: loss is nan", code_update="update #2: v2", diagnose=True)
+    assert again.name == ROLL_BACK_CODE  # the same incident: no second diagnosis
+    assert "again after diagnose, reattempt" in again.why
+    assert ladder.next(60, "nan", diagnose=True).name == DIAGNOSE  # a new incident
+
+
+def test_machines_the_checks_name_are_evicted_and_that_counts_as_the_restart() -> None:
+    """"training crashes again after machine eviction" goes on to the rollback (4.2)."""
+    ladder = Ladder(reattempts=1)
+    assert ladder.next(30, "loss 9.1 is 7.0x", diagnose=True, replay=True).name == DIAGNOSE
+    evict = ladder.diagnosed([2], "machine 2 computes the reference step differently")
+    assert (evict.name, evict.before_step) == (EVICT, 30)
+    assert "machine(s) [2]" in evict.why and "computes the reference" in evict.why
+    assert ladder.next(31, "loss 9.1 is 7.0x", diagnose=True, replay=True).name == REPLAY
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     steps=st.lists(st.integers(0, 200), min_size=1, max_size=30),
     reattempts=st.integers(0, 3),
     code=st.booleans(),
     replay=st.booleans(),
+    diagnose=st.booleans(),
+    named=st.lists(st.booleans(), max_size=30),
 )
 def test_property_the_ladder_never_loops(
-    steps: list[int], reattempts: int, code: bool, replay: bool
-) -> None:
-    """Within one incident the rungs only go up, at most reattempts + 1 + 1 of them end
-    anywhere but a person, and every rung restarts no later than the first bad step."""
+    steps: list[int], reattempts: int, code: bool, replay: bool, diagnose: bool,
+    named: list[bool],
+) -> None:  # fmt: skip
+    """Within one incident the rungs only go up (diagnose first, at most once; an eviction
+    counts as a restart), at most 1 + reattempts + 1 + 1 of them end anywhere but a person,
+    and every rung restarts no later than the first bad step."""
     ladder = Ladder(reattempts=reattempts, repeat_within=16)
-    order = {REATTEMPT: 0, ROLL_BACK_CODE: 1, REPLAY: 2, NEEDS_PERSON: 3}
-    for step in steps:
-        rung = ladder.next(step, "nan", code_update="update #1" if code else None, replay=replay)
+    order = {DIAGNOSE: -2, EVICT: -1, REATTEMPT: 0, ROLL_BACK_CODE: 1, REPLAY: 2, NEEDS_PERSON: 3}
+    for i, step in enumerate(steps):
+        update = "update #1" if code else None
+        rung = ladder.next(step, "nan", code_update=update, replay=replay, diagnose=diagnose)
+        if rung.name == DIAGNOSE:
+            rung = ladder.diagnosed([1] if i < len(named) and named[i] else [], "checks")
         taken = ladder.taken
         assert rung is taken[-1]
         assert [order[r.name] for r in taken] == sorted(order[r.name] for r in taken)
-        assert sum(r.name != NEEDS_PERSON for r in taken) <= reattempts + int(code) + int(replay)
+        assert [r.name for r in taken].count(DIAGNOSE) <= 1
+        restarts = sum(r.name in (REATTEMPT, EVICT) for r in taken)
+        assert restarts <= max(reattempts, 1 if EVICT in [r.name for r in taken] else 0)
+        acted = sum(r.name not in (NEEDS_PERSON, DIAGNOSE) for r in taken)
+        assert acted <= max(reattempts, 1) + int(code) + int(replay)
         assert rung.before_step <= step and rung.before_step == min(
             [step, *(r.before_step for r in taken)]
         )
