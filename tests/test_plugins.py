@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 import types
 from typing import ClassVar
 
@@ -125,6 +126,35 @@ def test_a_broken_entry_point_names_the_way_out(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(importlib.metadata, "distributions", lambda: [Dist()])
     with pytest.raises(ConfigError, match=envvars.DISABLE_PLUGIN_AUTOLOAD):
         plugins.plugin_manager(autoload=True)
+
+
+def test_plugins_named_in_the_environment_are_registered_in_every_manager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``$FAILSLOW_PLUGINS`` (as ``PYTEST_PLUGINS``): modules or ``module:attribute``, for every
+    process of a job; a name that does not load is a one-line error naming it."""
+    calls: list[tuple[str, int]] = []
+    module = types.ModuleType("job_plugin")
+    module.failslow_on_step = failslow.hookimpl(  # type: ignore[attr-defined]
+        lambda step, step_time_s: calls.append(("module", step))
+    )
+
+    class Plugin:
+        @failslow.hookimpl
+        def failslow_on_step(self, step: int, step_time_s: float) -> None:
+            calls.append(("object", step))
+
+    module.PLUGIN = Plugin()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "job_plugin", module)
+    monkeypatch.setenv(envvars.PLUGINS, "job_plugin, job_plugin:PLUGIN,job_plugin")
+    plugins.plugin_manager().hook.failslow_on_step(step=3, step_time_s=0.0)
+    assert sorted(calls) == [("module", 3), ("object", 3)]  # a repeated name: once
+    monkeypatch.setenv(envvars.PLUGINS, "job_plugin:MISSING")
+    with pytest.raises(ConfigError, match=r"FAILSLOW_PLUGINS: cannot load plugin 'job_plugin:MIS"):
+        plugins.plugin_manager()
+    monkeypatch.setenv(envvars.PLUGINS, "no_such_module_here")
+    with pytest.raises(ConfigError, match="no_such_module_here"):
+        plugins.plugin_manager()
 
 
 def test_capabilities_fail_loudly() -> None:

@@ -53,6 +53,9 @@ REPLAY = "FAILSLOW_REPLAY"
 replay): JSON ``{"name", "until", "level", "jump"}``. The group's ranks resume the job's
 snapshot before ``until`` (``$FAILSLOW_RESHARD_FROM``), train to it, and at
 ``failslow.report_metrics(until, ...)`` write whether the incident came back and exit."""
+STOP_CHECK = "FAILSLOW_STOP_CHECK"
+"""Set by ``failslow run`` for the stop-time checks of the ladder's first rung (byterobust 4.2,
+"Diagnose"; :mod:`failslow.runtime.stop_check`): JSON ``{"name", "incident", "timeout_s"}``."""
 JOB_TOKEN = "FAILSLOW_JOB_TOKEN"
 """The job's shared secret: ranks act only on pause requests and plans that carry it."""
 CONFIG_PREFIX = "FAILSLOW__"
@@ -63,6 +66,10 @@ machine stands for several (the CPU demo gives each rank its own), so topology p
 roles between them."""
 DISABLE_PLUGIN_AUTOLOAD = "FAILSLOW_DISABLE_PLUGIN_AUTOLOAD"
 """Set: no third-party plugins from the ``failslow`` entry-point group."""
+PLUGINS = "FAILSLOW_PLUGINS"
+"""Comma-separated plugins every plugin manager registers after the entry points, each a module
+or ``module:attribute`` (as ``PYTEST_PLUGINS``): a plugin for every process of a job - its
+ranks, its stop-time checks - without packaging an entry point."""
 
 # -- the node layer (launcher, hot update) -------------------------------------------------------
 STATE_DIR = "FAILSLOW_STATE_DIR"

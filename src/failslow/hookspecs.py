@@ -239,6 +239,14 @@ def failslow_on_plan_result(plan: Plan, step: int | None, outcome: str, detail: 
 
 
 @hookspec
+def failslow_stop_check_start(rank: int, incident: dict[str, Any]) -> None:
+    """The stop-time checks (byterobust 4.2, "Diagnose") start in this machine's process, before
+    its device, link and bitwise-alignment tests (:mod:`failslow.runtime.stop_check`);
+    ``incident`` is what stopped training (``step``, ``why``, ...). Called in a process of its
+    own on every machine; a plugin may prepare the device here. Observation hook."""
+
+
+@hookspec
 def failslow_on_step(step: int, step_time_s: float) -> None:
     """A training step ended on this rank after ``step_time_s`` seconds. Called in every rank
     process, in the training thread, once per step, so implementations must be cheap.

@@ -3,7 +3,9 @@
 As pytest does it: :func:`plugin_manager` makes a :class:`pluggy.PluginManager` for project
 ``failslow`` with the specs of :mod:`failslow.hookspecs`, registers the built-ins
 (:data:`DEFAULT_PLUGINS`, ordinary plugins like any other), then every plugin advertised in the
-entry-point group ``failslow`` - unless ``FAILSLOW_DISABLE_PLUGIN_AUTOLOAD`` is set - and checks
+entry-point group ``failslow`` - unless ``FAILSLOW_DISABLE_PLUGIN_AUTOLOAD`` is set - then the
+plugins named in ``FAILSLOW_PLUGINS`` (as ``PYTEST_PLUGINS``: every process of a job gets them,
+the stop-time checks' too), and checks
 that every registered implementation matches a spec (a typo in a hook name fails at start, not
 silently). Adapters register themselves on the manager of their session.
 """
@@ -42,9 +44,7 @@ def plugin_manager(
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
     for name in DEFAULT_PLUGINS:
-        module, _, attribute = name.partition(":")
-        plugin = importlib.import_module(module)
-        pm.register(getattr(plugin, attribute) if attribute else plugin, name=name)
+        pm.register(_load(name), name=name)
     if autoload is None:
         autoload = not os.environ.get(envvars.DISABLE_PLUGIN_AUTOLOAD)
     if autoload:
@@ -55,10 +55,27 @@ def plugin_manager(
                 f"plugin from entry-point group {ENTRY_POINT_GROUP!r} failed to load: {exc} "
                 f"(set {envvars.DISABLE_PLUGIN_AUTOLOAD}=1 to skip third-party plugins)"
             ) from exc
+    for name in [n.strip() for n in os.environ.get(envvars.PLUGINS, "").split(",") if n.strip()]:
+        try:
+            plugin = _load(name)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(
+                f"${envvars.PLUGINS}: cannot load plugin {name!r} ({exc}); expected a module "
+                f"or module:attribute"
+            ) from None
+        if not pm.is_registered(plugin):
+            register(pm, plugin, name=name)
     for plugin in plugins:
         register(pm, plugin)
     check(pm)
     return pm
+
+
+def _load(name: str) -> Any:
+    """The plugin ``module`` or ``module:attribute`` names."""
+    module, _, attribute = name.partition(":")
+    plugin = importlib.import_module(module)
+    return getattr(plugin, attribute) if attribute else plugin
 
 
 def check(pm: pluggy.PluginManager) -> None:
