@@ -43,6 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         min_ranks=args.min_ranks,
         max_stage_layers=args.max_stage_layers,
         hang_after_s=args.hang_after,
+        stop_checks=args.stop_checks,
         preload=tuple(m.strip() for m in (args.preload or "").split(",") if m.strip()),
         warm=args.warm,
         spare_delay_s=args.spare_delay,
@@ -251,6 +252,14 @@ def register(sub: Any) -> None:
         "memory without it. Keep it above the longest time one rank works alone while the "
         "others wait (rank 0 writing a checkpoint to disk), or that rank is the outlier "
         "(default 300; 0: off)",
+    )
+    p.add_argument(
+        "--stop-checks",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --nproc-per-node and in-memory snapshots: when a rank's metrics go bad, test "
+        "every machine first (device, links, a bitwise-alignment reference step) and evict "
+        "the ones that fail, before the reattempt (byterobust 4.2; a few seconds per incident)",
     )
     p.add_argument(
         "--max-stage-layers",

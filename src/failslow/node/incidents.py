@@ -7,8 +7,9 @@ A rank whose loss or gradient norm went bad (``failslow.report_metrics``,
 :mod:`failslow.runtime.metric_watch`) leaves a rollback request in the job's state directory and
 exits; the launch ends (the other ranks are stopped, or ``torchrun`` stops them). After the
 launch, :meth:`Incidents.after` reads the requests and climbs the stop-time ladder
-(:class:`~failslow.core.planner.ladder.Ladder`): reattempt from memory, then roll back the latest
-code update, then stop for a person. Each rung is a line of ``<state dir>/incidents.jsonl``
+(:class:`~failslow.core.planner.ladder.Ladder`): stop-time checks on every machine (evict those
+they name; :meth:`Incidents.checked`), reattempt from memory, roll back the latest code update,
+replay, then stop for a person. Each rung is a line of ``<state dir>/incidents.jsonl``
 with the incident, the rung and why it was taken; the agent carries it out
 (:mod:`failslow.node.hot_update.agent`).
 
@@ -48,6 +49,8 @@ class Incidents:
         self.say = say
         self.incident: dict[str, Any] = {}
         """The last incident the ranks reported (its first request)."""
+        self._ranks: list[Any] = []
+        """The ranks that reported it."""
 
     def clear(self) -> None:
         """Drop requests and exception records a launch before this one left (an earlier run
@@ -56,25 +59,38 @@ class Incidents:
             take_rollback_requests(self.state_dir)
             crash_record.take(self.state_dir)
 
-    def after(self, *, replay: bool = False) -> Rung | None:
+    def after(self, *, replay: bool = False, diagnose: bool = False) -> Rung | None:
         """After a launch ended with a failure: the rung for the incident its ranks reported
         (None: no rank reported one - an ordinary failure); ``replay``: the launcher can
-        replay the step on groups of its ranks."""
+        replay the step on groups of its ranks; ``diagnose``: it can run the stop-time checks
+        on them (:meth:`checked` then gives the rung after them)."""
         if self.state_dir is None:
             return None
         requests = take_rollback_requests(self.state_dir)
         if not requests:
             return None
         first = self.incident = requests[0]
+        self._ranks = [r.get("rank") for r in requests]
         who = f"rank {first['rank']}: " if "rank" in first else ""
         what = f"{who}{first.get('why', 'a bad metric')}"
         update = self._latest_update()
-        rung = self.ladder.next(first["step"], what, code_update=update, replay=replay)
-        record = {
-            "wall": time.time(), "incident": first, "ranks": [r.get("rank") for r in requests],
-            "rung": rung.name, "before_step": rung.before_step, "why": rung.why,
-        }  # fmt: skip
-        self._log(record)
+        rung = self.ladder.next(
+            first["step"], what, code_update=update, replay=replay, diagnose=diagnose
+        )
+        return self._took(rung)
+
+    def checked(self, outcome: Any) -> Rung:
+        """Log what the stop-time checks found (:class:`failslow.node.stop_checks.CheckOutcome`;
+        its suspects already evicted) and take the rung after them."""
+        self._log({"wall": time.time(), "incident": self.incident, "rung": "checks result",
+                   "before_step": self.ladder.taken[-1].before_step, "why": outcome.why,
+                   "checks": outcome.to_dict()})  # fmt: skip
+        return self._took(self.ladder.diagnosed(outcome.suspects, outcome.why))
+
+    def _took(self, rung: Rung) -> Rung:
+        self._log({"wall": time.time(), "incident": self.incident, "ranks": self._ranks,
+                   "rung": rung.name, "before_step": rung.before_step,
+                   "why": rung.why})  # fmt: skip
         self.say(f"{rung.name}: {rung.why}")
         return rung
 

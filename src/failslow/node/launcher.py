@@ -107,6 +107,9 @@ class RunOptions:
     hang_after_s: float = 300.0
     """No collective on any rank for this long is a hang: stack aggregation names the group to
     evict (:mod:`failslow.node.hang`); 0: not watched."""
+    stop_checks: bool = True
+    """When a rank's metrics went bad, the stop-time checks on every machine come first, and
+    the machines they name are evicted (:mod:`failslow.node.stop_checks`)."""
     preload: tuple[str, ...] = ()
     """Modules the warm rank processes import before they get a rank (torch always)."""
     warm: bool = True
@@ -359,6 +362,8 @@ def run(options: RunOptions) -> int:
         ranks.listeners.append(lambda _: agent.incidents.update(["failstop"]))
         if launch.snapshot_dir is not None:
             agent.replay = _replayer(ranks, state_dir, say)
+            if options.stop_checks:
+                agent.check = _checker(ranks, state_dir, say)
     try:
         if metrics is not None:
             _node_metrics(metrics[0], control, launch, state_dir, agent)
@@ -395,6 +400,20 @@ def _replayer(ranks: Any, state_dir: Path, say: Any) -> Any:
         )  # fmt: skip
         for rank in sorted(outcome.suspects):
             ranks.evict(rank, "replay")
+        return outcome
+
+    return run
+
+
+def _checker(ranks: Any, state_dir: Path, say: Any) -> Any:
+    """The agent's stop-time checks on this node's machines (:mod:`failslow.node.stop_checks`):
+    the machines they name are evicted (standby, ``--min-ranks`` drop, or in place)."""
+    from failslow.node import stop_checks
+
+    def run(env: dict[str, str], incident: dict[str, Any]) -> Any:
+        outcome = stop_checks.run(ranks, env, incident=incident, state_dir=state_dir, say=say)
+        for rank in sorted(outcome.suspects):
+            ranks.evict(rank, "checks")
         return outcome
 
     return run

@@ -52,7 +52,8 @@ class FailStop:
     cause: str = "died"
     """``died`` (a fail-stop), ``evicted`` (an S4 restart plan named its host), ``hung``
     (the job hung and stack aggregation named its group, :mod:`failslow.node.hang`) or
-    ``replay`` (dual-phase replay named its machine, :mod:`failslow.node.replay`)."""
+    ``replay`` (dual-phase replay named its machine, :mod:`failslow.node.replay`) or ``checks``
+    (the stop-time checks named it, :mod:`failslow.node.stop_checks`)."""
     ranks_left: int | None = None
     """No standby left and ``--min-ranks`` allows it: the slot is dropped and the job goes on
     with this many ranks (None: not dropped)."""
@@ -67,7 +68,8 @@ class FailStop:
             return f"S4: rank {self.rank} (slot {self.slot}) evicted by the restart plan; {where}"
         how = f"signal {self.status - 128}" if self.status > 128 else f"status {self.status}"
         what = {"hung": "hung (stack aggregation named it)",
-                "replay": "corrupts its steps (dual-phase replay named it)"}.get(
+                "replay": "corrupts its steps (dual-phase replay named it)",
+                "checks": "failed the stop-time checks (they named it)"}.get(
             self.cause, f"died ({how})"
         )  # fmt: skip
         if self.replaced_by is not None:
@@ -118,8 +120,12 @@ class RankGroup:
         kill_grace_s: float,
         store: Any = None,
         on_tick: Callable[[], None] | None = None,
+        keep_going: bool = False,
     ) -> None:
         self.ranks = ranks
+        self._keep_going = keep_going
+        """A failed rank does not stop its peers (the stop-time checks: each machine's tests
+        are its own)."""
         self._on_tick = on_tick
         self.launch = launch
         self._on_failstop = on_failstop
@@ -209,7 +215,8 @@ class RankGroup:
     def _fail(self, rank: int, status: int) -> None:
         self._recorded.add(rank)
         self.failstops.append(self._on_failstop(self._record(rank, status)))
-        self.release()
+        if not self._keep_going:
+            self.release()
 
     def hang(self, ranks: list[int]) -> None:
         """The job hung and stack aggregation named ``ranks``: each is a fail-stop (its slot

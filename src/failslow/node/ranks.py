@@ -254,6 +254,25 @@ class LocalRanks:
             kill_grace_s=self.options.kill_grace_s, store=store,
         )  # fmt: skip
 
+    def spawn_check(self, env: dict[str, str], name: str, spec: dict[str, Any]) -> RankGroup:
+        """Start the stop-time checks of the ladder's first rung (byterobust 4.2, "Diagnose";
+        :mod:`failslow.runtime.stop_check`): one process per slot of the current world, as a
+        world of its own. They start cold with torch alone, so the warm spares stay for the
+        relaunch; no rings, no control store, no snapshots."""
+        slots = list(self.worlds[-1].slots)
+        dropped = {envvars.STORE, envvars.RING_DIR, envvars.CAPTURE, envvars.SNAPSHOT_DIR}
+        check_env = {k: v for k, v in env.items() if k not in dropped}
+        spec_env = {envvars.STOP_CHECK: json.dumps({**spec, "name": name})}
+        store, started = self._start_ranks(
+            "stop-check", ["-m", "failslow.runtime.stop_check"], check_env, None, slots,
+            [dict(spec_env) for _ in slots],
+            take=lambda key, env: self._start(key, env, preload=("torch",)),
+        )  # fmt: skip
+        return RankGroup(
+            started, launch=self.launches, on_failstop=lambda stop: stop,
+            kill_grace_s=self.options.kill_grace_s, store=store, keep_going=True,
+        )  # fmt: skip
+
     def grid(self) -> tuple[int, int]:
         """``(TP, PP)`` of the current world as its ranks noted them with their snapshots
         (``(1, 1)`` when they noted nothing: a data-parallel job)."""
@@ -272,7 +291,8 @@ class LocalRanks:
 
     def evict(self, rank: int, cause: str) -> FailStop:
         """Evict the current world's ``rank`` (its slot) as a fail-stop would be, for ``cause``
-        (``replay``: dual-phase replay named its machine): onto a standby while one is left,
+        (``replay``: dual-phase replay named its machine; ``checks``: the stop-time checks
+        did): onto a standby while one is left,
         dropped with ``--min-ranks``, else it restarts in place."""
         slot = self.slots[rank]
         record = FailStop(rank=rank, slot=slot, pid=0, status=0, launch=self.launches - 1,
@@ -282,8 +302,10 @@ class LocalRanks:
     def _start_ranks(
         self, key: str, command: list[str], env: dict[str, str], cwd: str | None,
         slots: list[int], memory: list[dict[str, str]],
+        take: Callable[[str, dict[str, str]], _Warm] | None = None,
     ) -> tuple[Any, dict[int, tuple[int, subprocess.Popen[bytes]]]]:  # fmt: skip
-        """One rank per slot, from warm processes, with a fresh rendezvous store."""
+        """One rank per slot, from warm processes (``take``; default: the pool's), with a
+        fresh rendezvous store."""
         from failslow.node.control import host_store
 
         store = host_store()  # a fresh rendezvous per launch: no stale keys from the last one
@@ -292,7 +314,7 @@ class LocalRanks:
         ranks: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
         try:
             for rank in range(n):
-                warm = self._take(key, env)
+                warm = (take or self._take)(key, env)
                 rank_env = {
                     **env,
                     "RANK": str(rank),
@@ -488,7 +510,7 @@ class LocalRanks:
             self.evicted.append(record.slot)
             self.slots[record.rank] = replaced_by
             gone = True
-        elif record.cause in ("died", "hung", "replay") and self._may_drop():
+        elif record.cause in ("died", "hung", "replay", "checks") and self._may_drop():
             self._dropping.append(record.slot)
             self.evicted.append(record.slot)
             ranks_left = len(self.slots) - len(self._dropping)
@@ -531,11 +553,14 @@ class LocalRanks:
             self._retire(warm)
         return self._start(key, env)
 
-    def _start(self, key: str, env: dict[str, str]) -> _Warm:
+    def _start(
+        self, key: str, env: dict[str, str], preload: tuple[str, ...] | None = None
+    ) -> _Warm:
         ours, theirs = socket.socketpair()
         child_env = {k: v for k, v in env.items() if k not in PER_LAUNCH}
         child_env[envvars.WARM_FD] = str(theirs.fileno())
-        child_env[envvars.WARM_PRELOAD] = ",".join(self.options.preload)
+        child_env[envvars.WARM_PRELOAD] = ",".join(self.options.preload if preload is None
+                                                   else preload)  # fmt: skip
         try:
             process = subprocess.Popen(
                 [self.options.python, "-m", "failslow.node.warm"],

@@ -117,3 +117,21 @@ def take_replay_results(state_dir: str | os.PathLike[str], name: str) -> list[di
     """Replay group ``name``'s results, removed as read (unreadable ones are skipped)."""
     taken = take_json(Path(state_dir) / REPLAYS, f"{name}-rank*.json")
     return [record for _, record in taken if record is not None]
+
+
+STOP_CHECKS = "stop-checks"
+"""The directory, in the job's state directory, of the machines' stop-time check results."""
+
+
+def write_check_result(
+    state_dir: str | os.PathLike[str], name: str, rank: int, result: dict[str, Any]
+) -> Path:
+    """Machine ``rank``'s result of stop-time checks ``name`` (written again as tests end)."""
+    path = Path(state_dir) / STOP_CHECKS / f"{name}-rank{rank}.json"
+    return put_json(path, {**result, "name": name, "rank": rank})
+
+
+def take_check_results(state_dir: str | os.PathLike[str], name: str) -> dict[int, dict[str, Any]]:
+    """Stop-time checks ``name``'s results by machine, removed as read (unreadable: skipped)."""
+    taken = take_json(Path(state_dir) / STOP_CHECKS, f"{name}-rank*.json")
+    return {int(r["rank"]): r for _, r in taken if r is not None and isinstance(r.get("rank"), int)}

@@ -42,7 +42,7 @@ from failslow.core.control.stop import (
     EXIT_UNRESTORABLE,
     StopForUpdate,
 )
-from failslow.core.planner.ladder import NEEDS_PERSON, REPLAY, ROLL_BACK_CODE
+from failslow.core.planner.ladder import DIAGNOSE, NEEDS_PERSON, REPLAY, ROLL_BACK_CODE
 from failslow.errors import FailslowError
 from failslow.node.hot_update.history import LIVE, History, Update
 from failslow.node.hot_update.version import Version
@@ -138,6 +138,10 @@ class Agent:
         """Dual-phase replay on the node's ranks (``failslow run --nproc-per-node``; set by
         the launcher): ``(version, env, until, incident)`` -> the outcome, its suspects already
         evicted. None: the ladder has no replay rung."""
+        self.check: Callable[[dict[str, str], dict[str, Any]], Any] | None = None
+        """The stop-time checks on the node's machines (``failslow run --nproc-per-node``;
+        set by the launcher): ``(env, incident)`` -> the outcome, its suspects already
+        evicted. None: the ladder starts at the reattempt."""
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -168,9 +172,13 @@ class Agent:
                         "not restarting - the job needs a person"
                     )
                     return status
-                rung = self.ladder.after(replay=self.replay is not None)
+                rung = self.ladder.after(
+                    replay=self.replay is not None, diagnose=self.check is not None
+                )
                 if rung is not None:
                     self.incidents["metrics"] += 1
+                    if rung.name == DIAGNOSE:
+                        rung = self.ladder.checked(self._check(version))
                     if rung.name == REPLAY and not self._replay(version, rung.before_step):
                         self._finish(batch, "applied")
                         return status
@@ -274,6 +282,11 @@ class Agent:
                 + "; ".join(u.describe() for u in batch)
             )
         return version, batch, (fallback if batch else None)
+
+    def _check(self, version: Version) -> Any:
+        """The ladder's first rung: the stop-time checks (their suspects evicted)."""
+        assert self.check is not None
+        return self.check(version.environment(self.env), self.ladder.incident)
 
     def _replay(self, version: Version, until: int) -> bool:
         """The ladder's replay rung: whether it named (and evicted) a machine."""

@@ -1,0 +1,81 @@
+"""The stop-time checks on the node's machines: the ladder's first rung (byterobust 4.2
+"Diagnose", 4.3 "NaN loss diagnosis").
+
+After a launch ended on an incident that names no machine (a rank's metrics went bad), the
+agent runs the checks before anything else: every slot of the world runs
+:mod:`failslow.runtime.stop_check` (device, links, bitwise alignment) in a world of its own
+(:meth:`failslow.node.ranks.LocalRanks.spawn_check`), and
+:func:`failslow.core.diagnosis.stop_checks.judge` names the machines that failed. The launcher
+evicts them like dead ones (standby, ``--min-ranks`` drop, or in place) and the job restarts
+from memory before the bad step; when every machine passes, the ladder goes on to reattempt.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from failslow.core.control.stop import STOP_CHECKS, take_check_results
+from failslow.core.diagnosis.stop_checks import judge
+
+_names = itertools.count()
+
+
+@dataclass
+class CheckOutcome:
+    suspects: list[int]
+    """The world's ranks (machines) the checks name; empty: none."""
+    why: str
+    table: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    status: int = 0
+    """The check world's exit status (0: every machine ran its tests to the end)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"suspects": self.suspects, "why": self.why, "table": self.table,
+                "seconds": self.seconds, "status": self.status}  # fmt: skip
+
+
+def _wait(group: Any, name: str, state_dir: Path, deadline: float) -> int:
+    """The check world's status. A machine that died leaves its peers' link test waiting for
+    it: once every other machine wrote its own tests' result they are stopped, not waited
+    for until the link test's timeout."""
+    reported = state_dir / STOP_CHECKS
+    while (status := group.poll()) is None:
+        died = {r for r, (_, p) in group.ranks.items() if p.poll() not in (None, 0)}
+        alive = set(group.ranks) - died
+        done = {r for r in alive if (reported / f"{name}-rank{r}.json").exists()}
+        if (died and done == alive) or time.monotonic() > deadline:
+            group.signal_group(signal.SIGKILL)
+            return int(group.wait(timeout=60))
+        time.sleep(0.05)
+    return int(status)
+
+
+def run(
+    ranks: Any,
+    env: dict[str, str],
+    *,
+    incident: dict[str, Any],
+    state_dir: Path,
+    timeout_s: float = 120.0,
+    say: Callable[[str], None] = print,
+) -> CheckOutcome:
+    """Run the stop-time checks on every machine of the current world (see the module)."""
+    started = time.monotonic()
+    machines = len(ranks.worlds[-1].slots)
+    name = f"check{next(_names)}"
+    say(f"stop-time checks on {machines} machines: device, links, bitwise alignment")
+    spec = {"incident": incident, "timeout_s": min(60.0, timeout_s / 2)}
+    group = ranks.spawn_check(env, name, spec)
+    status = _wait(group, name, Path(state_dir), started + timeout_s)
+    verdict = judge(take_check_results(state_dir, name), machines)
+    outcome = CheckOutcome(verdict.suspects, verdict.why, verdict.table,
+                           time.monotonic() - started, status)  # fmt: skip
+    say(f"stop-time checks ({outcome.seconds:.1f} s): {verdict.why}")
+    return outcome
