@@ -61,6 +61,15 @@ downtime; ``lost`` is how many steps were done twice).
   machine both name onto the standby and restarts from memory. The downtime includes the
   reattempt and the replay.
 
+- **a faulty matmul** (``--ways matmul``; the same launcher): from step 50 on, every
+  ``nn.Linear`` output of rank 1's machine is 8x too large, in every process there (the fault
+  plugin, also in the stop-time checks' processes through ``$FAILSLOW_PLUGINS``). Its loss jumps
+  at step 51; the ladder's first rung runs the stop-time checks on every machine (device,
+  links, a reference step compared bit for bit), which name machine 1, evicted onto the
+  standby; the job restarts from memory before step 51. ``--ways nan-nochecks`` is the NaN
+  loss under ``failslow run --no-stop-checks``: the reattempt without the checks, for their
+  cost.
+
 - **Megatron: reroute vs reconfigure** (``--ways reroute,reconfigure``; the GPT job,
   ``failslow.demo.megatron_worker``, TP1 x PP2 x DP2, hidden 256, 8 micro-batches of 8 per step,
   Adam; ``--standbys 0 --min-ranks 2 --slots-as-hosts``): rank 1 (stage 0 of replica 1) is
@@ -154,6 +163,7 @@ def _kill_and_measure(
     if fault is not None:
         spec = {"kind": fault, "slot": VICTIM, "step": hang_at}
         settings["FAILSLOW_DEMO_FAULT"] = json.dumps(spec)
+        settings["FAILSLOW_PLUGINS"] = "failslow.demo.fault_plugin"  # the stop-time checks' too
     env = launch_env(out, steps, **settings)
     rings, state = tmp / f"{name}-rings", tmp / f"{name}-state"
     shm = Path(tempfile.mkdtemp(prefix="failslow-fsbench-", dir="/dev/shm"))
@@ -216,13 +226,19 @@ def _kill_and_measure(
     elif fault == "hang":  # the steps through hang_at ended, the next never did
         last = hang_at
         killed_at = seen[last]
-    elif fault in ("nan", "sdc"):  # rank 0 may have ended the bad step
+    elif fault in ("nan", "sdc", "matmul"):  # rank 0 may have ended the bad step
         rungs = [json.loads(line) for line in (state / "incidents.jsonl").read_text().splitlines()]
-        # nan: the poisoning ends step 50; sdc: the corrupt step 50 starts after step 49
-        killed_at = seen[hang_at] if fault == "nan" else seen[hang_at - 1]
+        # nan, matmul: the fault comes when step 50 ends; sdc: the corrupt step 50 starts
+        # after step 49
+        killed_at = seen[hang_at] if fault != "sdc" else seen[hang_at - 1]
         last = max(s for s, t in seen.items() if t <= rungs[0]["wall"])
         extra = {"detected_s": rungs[0]["wall"] - killed_at,
-                 "rung": " -> ".join(r["rung"] for r in rungs)}  # fmt: skip
+                 "rung": " -> ".join(r["rung"] for r in rungs if "result" not in r["rung"])}
+        checks = [r["checks"] for r in rungs if "checks" in r]
+        if checks:
+            extra["checks_s"] = sum(c["seconds"] for c in checks)
+            if checks[-1]["suspects"]:
+                extra["rung"] += f" {checks[-1]['suspects']}"
         replays = [r["replay"] for r in rungs if "replay" in r]
         if replays:
             extra["replay_s"] = replays[-1]["seconds"]
@@ -262,7 +278,7 @@ def _kill_and_measure(
         if named:
             result["aggregation_s"] = named[0]["aggregation_s"]
     stops = state / "failstops.jsonl"
-    if stops.exists() and not planned and fault not in ("nan", "sdc"):
+    if stops.exists() and not planned and fault not in ("nan", "sdc", "matmul"):
         result["detected_s"] = json.loads(stops.read_text().splitlines()[0])["wall"] - killed_at
     return result
 
@@ -277,7 +293,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
-        "--ways", default="warm,cold,s4,shrink,hang,nan,sdc,reroute,reconfigure",
+        "--ways",
+        default="warm,cold,s4,shrink,hang,nan,nan-nochecks,sdc,matmul,reroute,reconfigure",
         help="comma-separated",
     )
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
@@ -320,7 +337,16 @@ def main() -> None:
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
             "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
         ]),
+        "nan-nochecks": ("a NaN loss, --no-stop-checks: rolled back", [
+            "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
+            "--slots-as-hosts", "--spare-delay", "2", "--no-stop-checks",
+            "--", "-m", "failslow.demo.ds_worker",
+        ]),
         "sdc": ("a silent corruption: replay names it, onto the standby", [
+            "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
+            "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
+        ]),
+        "matmul": ("a faulty matmul: the stop-time checks name it, onto the standby", [
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
             "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
         ]),
@@ -342,7 +368,8 @@ def main() -> None:
                 results[name] = _kill_and_measure(
                     Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
                     job_env=job_env[0] if job_env else None,
-                    fault=key if key in ("hang", "nan", "sdc") else None,
+                    fault={"nan-nochecks": "nan"}.get(key, key)
+                    if key in ("hang", "nan", "nan-nochecks", "sdc", "matmul") else None,
                 )  # fmt: skip
         if not args.no_fresh:
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
@@ -360,6 +387,8 @@ def main() -> None:
                 seen = f"{r['detected_s']:.1f} s (stacks {r['aggregation_s'] * 1000:.0f} ms)"
             if "rung" in r:  # a NaN or SDC: from the bad step's end to the first request
                 seen = f"{r['detected_s'] * 1000:.0f} ms ({r['rung']})"
+                if "checks_s" in r:
+                    seen += f", checks {r['checks_s']:.1f} s"
                 if "replay_s" in r:
                     seen += f", replay {r['replay_s']:.1f} s"
             table.add_row(

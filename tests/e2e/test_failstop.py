@@ -453,27 +453,49 @@ def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_timeout(
+def test_a_hung_machine_is_named_by_its_stack_and_a_faulty_one_by_the_stop_time_checks(
     tmp_path: Path,
 ) -> None:
-    """byterobust 4.1 + 5.1 (issue 18): the DeepSpeed ZeRO-1 job with one standby slot and
-    ``--hang-after 6``. Slot 1's machine hangs after step 12 (``$FAILSLOW_DEMO_FAULT``, a
-    plugin: rank 1's training thread never reaches its next collective; the other three wait in
-    theirs, which gloo would time out after 30 minutes). The launcher sees no collective on any
-    rank's ring for 6 s, dumps every rank's process and its children with py-spy, finds rank 1's
-    stack alone (``injected_hang``) among three alike, evicts its slot onto the standby and
-    restarts every rank from memory; rank 1 on the standby slot pulls its state from its
-    holder's backup. The job finishes with bitwise the model of a run without the hang."""
+    """byterobust 4.1-4.3 + 5.1 (issue 18): the DeepSpeed ZeRO-1 job with two standby slots and
+    ``--hang-after 6``, two faulty machines (``$FAILSLOW_DEMO_FAULT``, a plugin):
+
+    1. slot 1's machine hangs after step 12: rank 1's training thread never reaches its next
+       collective; the other three wait in theirs, which gloo would time out after 30 minutes.
+       The launcher sees no collective on any rank's ring for 6 s, dumps every rank's process
+       and its children with py-spy, finds rank 1's stack alone (``injected_hang``) among three
+       alike, evicts its slot onto standby slot 4 and restarts every rank from memory; rank 1
+       there pulls its state from its holder's backup;
+    2. from step 20 on, every ``nn.Linear`` output of slot 2's machine is 8x too large, in
+       every process there. Rank 2's loss jumps at step 21 (``failslow.report_metrics``): the
+       ladder's first rung runs the stop-time checks on every machine (their processes get the
+       fault through ``$FAILSLOW_PLUGINS``); slot 2's GEMM is right, but its reference step's
+       digest is not the other three's, so it is evicted onto standby slot 5 and the job
+       restarts from memory before step 21.
+
+    The job finishes with bitwise the model of a run without the faults."""
     pytest.importorskip("deepspeed", reason="needs the deepspeed extra: failslow[deepspeed]")
     pytest.importorskip("failslow.node.stacks").py_spy()  # a test dependency
-    fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "hang", "slot": 1, "step": 12})}
+    faults = [{"kind": "hang", "slot": 1, "step": 12}, {"kind": "matmul", "slot": 2, "step": 20}]
+    fault = {"FAILSLOW_DEMO_FAULT": json.dumps(faults),
+             "FAILSLOW_PLUGINS": "failslow.demo.fault_plugin"}  # fmt: skip
     proc, out = _launch(
-        tmp_path, "chaos", 1, extra=("--hang-after", "6"), env_extra=fault
+        tmp_path, "chaos", 1, standbys=2, extra=("--hang-after", "6"), env_extra=fault
     )  # fmt: skip
     job = Job(tmp_path, proc, out)
-    job.restarted_then_ended(stops=1, steps_after=6)
-    [stop] = job.stops()
-    assert (stop["rank"], stop["slot"], stop["cause"], stop["replaced_by"]) == (1, 1, "hung", 4)
+    job.restarted_then_ended(stops=2, steps_after=6)
+    hung, checked = job.stops()
+    assert (hung["rank"], hung["slot"], hung["cause"], hung["replaced_by"]) == (1, 1, "hung", 4)
+    assert (checked["rank"], checked["slot"], checked["cause"], checked["replaced_by"]) == (
+        2, 2, "checks", 5,
+    )  # fmt: skip
+    rungs = [json.loads(line) for line in (tmp_path / "chaos-state" / "incidents.jsonl").open()]
+    assert [(r["rung"], r["before_step"]) for r in rungs] == [
+        ("diagnose", 21), ("checks result", 21), ("evict", 21),
+    ], rungs  # fmt: skip
+    checks = rungs[1]["checks"]
+    assert checks["suspects"] == [2] and "computes the reference step differently" in checks["why"]
+    assert [row["verdict"] == "pass" for row in checks["table"]] == [True, True, False, True]
+    assert checks["table"][2]["device_error"] < 1e-5  # the GEMM (torch.mm) does not show it
     looks = [json.loads(line) for line in (tmp_path / "chaos-state" / "hangs.jsonl").open()]
     # a quiet moment whose stacks all agree (the job's end on a loaded machine) is only logged
     [hang] = [look for look in looks if look["suspects"] is not None]
@@ -483,6 +505,8 @@ def test_a_hung_rank_is_named_by_its_stack_and_evicted_long_before_a_collective_
     assert stuck and "injected_hang" in stuck[0]["signature"], hang
     text = job.log.read_text()
     assert "rank 1 (slot 1" in text and "hung (stack aggregation named it)" in text, job.tail()
+    assert "rank 2 (slot 2" in text and "failed the stop-time checks" in text, job.tail()
+    assert "rank 0: resumed at step 20" in text, job.tail()
 
     _bitwise_like_a_run_without_the_fault(tmp_path, out, sorted(out.glob("steps-rank0*.json"))[-1])
 
@@ -498,13 +522,15 @@ def test_a_nan_loss_is_rolled_back_and_a_silent_corruption_climbs_to_replay_whic
     1. rank 2's model gets a NaN when step 12 ends (the first launch only: a transient fault).
        At step 13 its loss is NaN, and every rank's gradient norm infinite:
        ``failslow.report_metrics`` in the worker's loop leaves a rollback request and exits 79.
-       The launcher stops the other ranks - no fail-stop, no slot evicted - and relaunches
+       The launcher stops the other ranks - no fail-stop, no slot evicted - runs the stop-time
+       checks on every machine (all pass: the NaN was not the machine's), and relaunches
        every rank with ``$FAILSLOW_ROLLBACK_BEFORE=13``: they forget snapshots 13 and later
-       and resume step 12 from memory (the ladder's first rung, reattempt);
+       and resume step 12 from memory (reattempt);
     2. from step 32 on, in every launch, slot 1's machine computes the gradient of the first
        layer 10,000x too large. The all-reduced gradient norm jumps ~1,600x at step 32 - a new
-       incident (well past the first), so the ladder starts at the bottom: the reattempt brings
-       it back (the restarted ranks check against the level kept in their snapshots), there is
+       incident (well past the first), so the ladder starts at the bottom: the stop-time checks
+       pass (the corruption is in the job's own backward, not in the reference step), the
+       reattempt brings it back (the restarted ranks check against the level kept in their snapshots), there is
        no code update to roll back, and step 32 is replayed on two groups of two machines,
        horizontally then vertically (Alg. 1): {0, 1} and {1, 3} come out faulty, so machine 1
        is evicted onto the standby slot and the job restarts from memory before step 32.
@@ -519,16 +545,19 @@ def test_a_nan_loss_is_rolled_back_and_a_silent_corruption_climbs_to_replay_whic
     assert (stop["rank"], stop["slot"], stop["cause"], stop["replaced_by"]) == (1, 1, "replay", 4)
     rungs = [json.loads(line) for line in (tmp_path / "chaos-state" / "incidents.jsonl").open()]
     assert [(r["rung"], r["before_step"]) for r in rungs] == [
-        ("reattempt", 13), ("reattempt", 32), ("replay", 32), ("replay result", 32),
+        ("diagnose", 13), ("checks result", 13), ("reattempt", 13),
+        ("diagnose", 32), ("checks result", 32), ("reattempt", 32), ("replay", 32),
+        ("replay result", 32),
     ], rungs  # fmt: skip
-    nan, sdc = rungs[0]["incident"], rungs[1]["incident"]
+    assert rungs[1]["checks"]["suspects"] == rungs[4]["checks"]["suspects"] == []
+    nan, sdc = rungs[0]["incident"], rungs[3]["incident"]
     # the first request of step 13: rank 2's NaN loss, or any rank's infinite gradient norm
     # (DeepSpeed's overflow check, after the all-reduce)
     assert nan["step"] == 13 and (nan["metric"], nan["kind"]) in (
         ("loss", "nan"), ("grad_norm", "inf"),
     ), nan  # fmt: skip
     assert (sdc["kind"], sdc["metric"], sdc["step"]) == ("jump", "grad_norm", 32), sdc
-    replay = rungs[3]["replay"]
+    replay = rungs[7]["replay"]
     assert replay["suspects"] == [1], replay
     verdicts = [[(g["members"], g["reproduced"]) for g in p["groups"]] for p in replay["phases"]]
     assert verdicts == [[([0, 1], True), ([2, 3], False)], [([0, 2], False), ([1, 3], True)]]

@@ -39,6 +39,12 @@ launcher replays the step on groups of machines (dual-phase replay, byterobust A
 the machine both phases name onto the standby and restarts from memory; ``summary.json`` adds
 the replay's groups and verdicts and the ``suspects``.
 
+``--fault matmul`` (DeepSpeed): from 2/7 of the run on, every ``nn.Linear`` output of
+``--slow-rank``'s machine is 8x too large (a defective device), in every process there. Its loss
+jumps; the ladder's first rung runs the stop-time checks on every machine - a GEMM, a link
+ring and one step of a reference model compared bit for bit - and the reference step names the
+machine, evicted onto the standby; ``summary.json`` adds the checks' table and the ``suspects``.
+
 ``--framework megatron`` runs the same with Megatron-core's GPT on TP1 x PP2 x DP2
 (:mod:`failslow.demo.megatron_worker`); with ``--no-standby`` the launcher chooses each smaller
 world's grid (odyssey's reroute or reconfigure), named in the action, and the final model is
@@ -63,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow import envvars
 from failslow.demo import fault_plugin, rank_launch
 from failslow.demo.rank_launch import READY, RESUMED
 from failslow.errors import FailslowError
@@ -211,6 +218,7 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
     if opts.injected is not None:
         _, slot, step = opts.injected
         fault[fault_plugin.ENV] = json.dumps({"kind": kind, "slot": slot, "step": step})
+        fault[envvars.PLUGINS] = fault_plugin.__name__  # its stop-time check hook, too
     env = rank_launch.job_env(job_out, opts.steps, opts.framework, **fault)
     argv = rank_launch.command(
         tmp, "chaos", world_size=opts.world_size, standbys=opts.standbys,
@@ -287,12 +295,14 @@ def _scan(text: str, run: _Run, opts: FailstopDemoOptions, kind: str | None) -> 
     for line in text.splitlines()[-50:]:
         event = line.removeprefix("failslow run: ")
         shown = (" died (", " hung (", "hang: ", "reattempt: ", "roll back code: ",
-                 "needs a person: ", "replay (", "replay: ")  # fmt: skip
+                 "needs a person: ", "replay (", "replay: ", "stop-time checks",
+                 "evict: ")  # fmt: skip
         if any(x in line for x in shown) or event.startswith("odyssey "):
             if event not in run.events:
                 run.events.append(event)
         seen = {"hang": " hung (", "nan": "failslow run: reattempt: rank ",
-                "sdc": " corrupts its steps ("}.get(kind or "")  # fmt: skip
+                "sdc": " corrupts its steps (", "matmul": " failed the stop-time checks"}.get(
+                    kind or "")  # fmt: skip
         if seen is not None and seen in line and not run.kills:
             # the faulty rank is the incident's "kill", after the last step done well: a hung
             # one did not end the step after the fault's, a NaN one's peers may have, a
@@ -351,7 +361,8 @@ def _summary(
             out / "job", reference, "bitwise (a restart from a bitwise snapshot runs the same math)"
         )
     kind = opts.injected[0] if opts.injected is not None else "kill"
-    incident = {"hang": _hang_summary, "nan": _nan_summary, "sdc": _sdc_summary}.get(kind)
+    incident = {"hang": _hang_summary, "nan": _ladder_summary, "sdc": _ladder_summary,
+                "matmul": _ladder_summary}.get(kind)  # fmt: skip
     return {
         **(incident(out) if incident is not None else {}),
         "framework": opts.framework,
@@ -397,30 +408,28 @@ def _rollbacks(out: Path) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _nan_summary(out: Path) -> dict[str, Any]:
-    """The NaN's incident and the ladder's rungs (the launcher's ``incidents.jsonl``, copied
-    into the run directory); a rollback names no suspect machine."""
+def _ladder_summary(out: Path) -> dict[str, Any]:
+    """The incident, the ladder's rungs, the stop-time checks' table and the replay's verdicts
+    (the launcher's ``incidents.jsonl``, copied into the run directory); ``suspects``: the
+    machines the checks or the replay named (None: a rollback alone)."""
     from failslow.node.incidents import read_log
 
-    rungs = read_log(out)
-    first = rungs[0]["incident"] if rungs else {}
-    return {
+    lines = read_log(out)
+    first = lines[0]["incident"] if lines else {}
+    summary: dict[str, Any] = {
         "incident": {"kind": first.get("kind", "nan"), "rank": first.get("rank"),
                      "step": first.get("step"), "metric": first.get("metric"),
                      "why": first.get("why")},
         "rungs": [f"{first.get('metric', 'loss')} checked on every rank (report_metrics)"]
-        + [f"{r['rung']}: {r['why']}" for r in rungs],
+        + [f"{r['rung']}: {r['why']}" for r in lines],
         "suspects": None,
     }  # fmt: skip
-
-
-def _sdc_summary(out: Path) -> dict[str, Any]:
-    """The corruption's incident, the ladder's rungs and the replay's verdicts (the launcher's
-    ``incidents.jsonl``, copied into the run directory)."""
-    from failslow.node.incidents import read_log
-
-    lines = read_log(out)
-    summary = _nan_summary(out)
+    checks = [line["checks"] for line in lines if "checks" in line]
+    if checks:
+        summary["checks"] = checks[-1]
+    named = [c for c in checks if c["suspects"]]
+    if named:
+        summary["suspects"] = {"ranks": named[-1]["suspects"], "kind": "stop-time checks"}
     replays = [line["replay"] for line in lines if "replay" in line]
     if replays:
         summary["suspects"] = {"ranks": replays[-1]["suspects"], "kind": "dual-phase replay"}
@@ -433,7 +442,7 @@ def _restore_sources(summary: dict[str, Any], log: str) -> None:
     per rank and launch): ``holder's backup`` when its slot was evicted with its memory; and
     where the launcher chose a new grid for the ranks that go on, odyssey's choice."""
     launches = rank_launch.restore_sources(log)
-    if summary.get("fault") in ("nan", "sdc") and summary["restarts"]:
+    if summary.get("fault") in ("nan", "sdc", "matmul") and summary["restarts"]:
         launches = launches[-len(summary["restarts"]) :]  # the ladder's last relaunch
     for restart, restored in zip(summary["restarts"], launches, strict=False):
         restart["restored_from"] = restored.get(str(restart["rank"]))
@@ -449,7 +458,7 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    hang, nan, sdc = (summary["fault"] == f for f in ("hang", "nan", "sdc"))
+    hang, nan, sdc, matmul = (summary["fault"] == f for f in ("hang", "nan", "sdc", "matmul"))
     title = "fail-stops: killed, seen, every rank restarted from memory"
     if hang:
         title = "a machine hangs: found by its stacks, every rank restarted from memory"
@@ -457,9 +466,10 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
         title = "a NaN loss: every rank rolled back to the newest snapshot before it"
     if sdc:
         title = "a silent corruption: named by dual-phase replay, evicted, restarted from memory"
-    after = {"hang": "hung after step", "nan": "last step done", "sdc": "last good step"}.get(
-        summary["fault"], "killed after step"
-    )
+    if matmul:
+        title = "a faulty matmul: named by the stop-time checks, evicted, restarted from memory"
+    after = {"hang": "hung after step", "nan": "last step done", "sdc": "last good step",
+             "matmul": "last good step"}.get(summary["fault"], "killed after step")  # fmt: skip
     table = Table(title=title)
     for col in ("rank", after, "seen", "resumed at",
                 "lost steps", "downtime", "warm", "restarted", "its state from"):  # fmt: skip
@@ -477,10 +487,15 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
         suspects = summary["suspects"]
         named = f"ranks {suspects['ranks']} ({suspects['kind']})" if suspects else "nobody"
         console.print(f"rungs: {' -> '.join(summary['rungs'])}; stack aggregation named {named}")
-    if nan or sdc:
+    if nan or sdc or matmul:
         console.print(f"incident: {summary['incident']['why']}")
         for rung in summary["rungs"]:
             console.print(f"  rung: {rung}")
+    for row in summary.get("checks", {}).get("table", []):
+        console.print(
+            f"  checks, machine {row['rank']}: GEMM error {row['device_error']}, reference "
+            f"digest {row['digest']}, link {row['link']}: {row['verdict']}"
+        )
     if sdc and summary.get("replay"):
         for phase in summary["replay"]["phases"]:
             verdicts = ", ".join(

@@ -1,6 +1,6 @@
 """Faults injected into a demo or test job through the plugin API (issue 18; never in the
 core's code paths): a rank that hangs, on one machine, from one step on; a rank whose loss
-goes NaN.
+goes NaN; a machine whose gradients or matmuls are silently wrong.
 
 The demo workers register what :func:`from_env` returns on their session's plugin manager when
 ``FAILSLOW_DEMO_FAULT`` is set: a JSON object, or a list of them (several faults in one job):
@@ -20,6 +20,13 @@ The demo workers register what :func:`from_env` returns on their session's plugi
   (:func:`corrupt`) - silent data corruption in a backward matmul, persistent as a faulty GPU's:
   the all-reduce hands it to every replica, and every rank's loss jumps a step later. A
   reattempt from memory replays it; dual-phase replay finds the machine.
+- ``{"kind": "matmul", "slot": S, "step": N}``: from step ``N`` on, in every process of the
+  machine of slot ``S``, every ``torch.nn.functional.linear`` output comes out
+  :data:`MATMUL_FACTOR` times too large (:func:`corrupt_linear`) - a defective device or fused
+  kernel. Its loss jumps at step ``N + 1``; the stop-time checks' bitwise-alignment step sees it
+  too (this module, registered through ``$FAILSLOW_PLUGINS``, installs it there,
+  :func:`failslow_stop_check_start`) and name the machine; the GEMM check (``torch.mm``) does
+  not.
 """
 
 from __future__ import annotations
@@ -60,7 +67,36 @@ def corrupt(model: Any, active: Any) -> None:
     parameter.register_hook(lambda grad: grad * SDC_FACTOR if active() else grad)
 
 
-KINDS = ("hang", "nan", "sdc")
+MATMUL_FACTOR = 8.0
+
+
+def corrupt_linear() -> None:
+    """From now on, in this process, ``torch.nn.functional.linear`` (every ``nn.Linear``, the
+    attention projections) returns its output times :data:`MATMUL_FACTOR` (once per process)."""
+    import torch.nn.functional as F
+
+    if getattr(F.linear, "failslow_fault", False):
+        return
+    exact = F.linear
+
+    def linear(input: Any, weight: Any, bias: Any = None) -> Any:
+        return exact(input, weight, bias) * MATMUL_FACTOR
+
+    linear.failslow_fault = True  # type: ignore[attr-defined]
+    F.linear = linear
+
+
+KINDS = ("hang", "nan", "sdc", "matmul")
+
+
+@hookimpl
+def failslow_stop_check_start(rank: int, incident: dict[str, Any]) -> None:
+    """The machine's stop-time checks: a ``matmul`` fault of this slot that began before the
+    incident is there too (the device is faulty, whatever runs on it)."""
+    for kind, slot, step in _specs():
+        here = os.environ.get(envvars.SLOT) == str(slot)
+        if kind == "matmul" and here and int(incident.get("step", 0)) > step:
+            corrupt_linear()
 
 
 @dataclass
@@ -74,8 +110,11 @@ class InjectedFault:
     """``sdc``: the step being trained (a callable)."""
 
     def __post_init__(self) -> None:
-        if self.kind == "sdc" and os.environ.get(envvars.SLOT) == str(self.slot):
+        here = os.environ.get(envvars.SLOT) == str(self.slot)
+        if self.kind == "sdc" and here:
             corrupt(self.model, lambda: self.current_step() >= self.step)
+        if self.kind == "matmul" and here and self.current_step() > self.step:
+            corrupt_linear()  # resumed past the step: the machine is faulty already
 
     @hookimpl
     def failslow_on_step(self, step: int, step_time_s: float) -> None:
@@ -85,12 +124,30 @@ class InjectedFault:
             injected_hang()
         elif self.kind == "nan" and os.environ.get(envvars.RESTART, "0") == "0":
             poison(self.model)
+        elif self.kind == "matmul":
+            corrupt_linear()
 
 
 def from_env(model: Any = None, current_step: Any = None) -> list[InjectedFault]:
     """The faults ``$FAILSLOW_DEMO_FAULT`` describes (empty: none); ConfigError naming a bad
     one. ``model``: the module a ``nan`` fault poisons or an ``sdc`` one corrupts;
-    ``current_step``: the step being trained (``sdc``)."""
+    ``current_step``: the step being trained (``sdc``, ``matmul``)."""
+    faults = []
+    for kind, slot, step in _specs():
+        if kind in ("nan", "sdc") and model is None:
+            raise ConfigError(
+                f"${ENV}: a {kind} fault needs the job's model (from_env(model=...))"
+            )
+        if kind in ("sdc", "matmul") and current_step is None:
+            raise ConfigError(
+                f"${ENV}: an {kind} fault needs the step (from_env(current_step=...))"
+            )
+        faults.append(InjectedFault(kind, slot, step, model, current_step))
+    return faults
+
+
+def _specs() -> list[tuple[str, int, int]]:
+    """``(kind, slot, step)`` of each fault ``$FAILSLOW_DEMO_FAULT`` describes."""
     text = os.environ.get(ENV)
     if not text:
         return []
@@ -98,19 +155,15 @@ def from_env(model: Any = None, current_step: Any = None) -> list[InjectedFault]
         specs: Any = json.loads(text)
     except ValueError:
         specs = None
-    specs = specs if isinstance(specs, list) else [specs]
-    return [_fault(spec, text, model, current_step) for spec in specs]
-
-
-def _fault(spec: Any, text: str, model: Any, current_step: Any) -> InjectedFault:
-    try:
-        kind, slot, step = str(spec["kind"]), int(spec["slot"]), int(spec["step"])
-    except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"${ENV}: expected {{'kind', 'slot', 'step'}}, got {text}") from None
-    if kind not in KINDS:
-        raise ConfigError(f"${ENV}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if kind in ("nan", "sdc") and model is None:
-        raise ConfigError(f"${ENV}: a {kind} fault needs the job's model (from_env(model=...))")
-    if kind == "sdc" and current_step is None:
-        raise ConfigError(f"${ENV}: an sdc fault needs the step (from_env(current_step=...))")
-    return InjectedFault(kind, slot, step, model, current_step)
+    found = []
+    for spec in specs if isinstance(specs, list) else [specs]:
+        try:
+            kind, slot, step = str(spec["kind"]), int(spec["slot"]), int(spec["step"])
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(
+                f"${ENV}: expected {{'kind', 'slot', 'step'}}, got {text}"
+            ) from None
+        if kind not in KINDS:
+            raise ConfigError(f"${ENV}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        found.append((kind, slot, step))
+    return found
