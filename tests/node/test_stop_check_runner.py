@@ -96,3 +96,18 @@ def test_a_bad_matmul_is_named_by_the_bitwise_alignment_step_and_a_crash_by_its_
     assert "reported nothing" in outcome.table[2]["verdict"]
     assert outcome.table[0]["verdict"] == outcome.table[3]["verdict"] == "pass"
     assert outcome.seconds < 100  # the link test's timeout is 60 s: its peers were stopped
+
+
+def test_checks_that_cannot_start_name_nobody_and_the_ladder_goes_on(tmp_path: Path) -> None:
+    ranks = LocalRanks(RankOptions(nproc=2, preload=("colorsys",)), say=lambda _: None)
+    (tmp_path / "job.py").write_text("")
+    said: list[str] = []
+    try:
+        assert ranks.spawn([str(tmp_path / "job.py")], dict(os.environ), None).wait(60) == 0
+        ranks.options.python = str(tmp_path / "no-python-here")  # the node lost its interpreter
+        outcome = stop_checks.run(ranks, dict(os.environ), incident={"step": 3},
+                                  state_dir=tmp_path, say=said.append)  # fmt: skip
+    finally:
+        ranks.close()
+    assert (outcome.suspects, outcome.status) == ([], -1)
+    assert "could not start: cannot start a rank process" in outcome.why and said[-1] == outcome.why

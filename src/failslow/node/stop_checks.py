@@ -22,6 +22,7 @@ from typing import Any
 
 from failslow.core.control.stop import STOP_CHECKS, take_check_results
 from failslow.core.diagnosis.stop_checks import judge
+from failslow.errors import FailslowError
 
 _names = itertools.count()
 
@@ -34,7 +35,8 @@ class CheckOutcome:
     table: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     status: int = 0
-    """The check world's exit status (0: every machine ran its tests to the end)."""
+    """The check world's exit status (0: every machine ran its tests to the end; -1: they
+    could not start)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"suspects": self.suspects, "why": self.why, "table": self.table,
@@ -72,7 +74,12 @@ def run(
     name = f"check{next(_names)}"
     say(f"stop-time checks on {machines} machines: device, links, bitwise alignment")
     spec = {"incident": incident, "timeout_s": min(60.0, timeout_s / 2)}
-    group = ranks.spawn_check(env, name, spec)
+    try:
+        group = ranks.spawn_check(env, name, spec)
+    except (FailslowError, OSError) as exc:  # the ladder goes on without them
+        why = f"the stop-time checks could not start: {exc}"
+        say(why)
+        return CheckOutcome([], why, seconds=time.monotonic() - started, status=-1)
     status = _wait(group, name, Path(state_dir), started + timeout_s)
     verdict = judge(take_check_results(state_dir, name), machines)
     outcome = CheckOutcome(verdict.suspects, verdict.why, verdict.table,
