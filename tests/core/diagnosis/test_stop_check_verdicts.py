@@ -17,8 +17,8 @@ GOOD = "ab" * 32
 
 def _result(rank: int, n: int, *, digest: str = GOOD, error: float = 4e-7,
             link: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    return {"device": {"rel_error": error, "seconds": 0.01}, "digest": digest,
-            "link": link or {"from": (rank - 1) % n, "ok": True, "why": "", "seconds": 0.002}}  # fmt: skip
+    link = link or {"from": (rank - 1) % n, "ok": True, "why": "", "seconds": 0.002}
+    return {"device": {"rel_error": error, "seconds": 0.01}, "digest": digest, "link": link}
 
 
 def _world(n: int, **per_rank: dict[str, Any]) -> dict[int, Any]:
