@@ -82,14 +82,15 @@ def test_the_kill_demo_restarts_from_memory_and_keeps_the_model(tmp_path) -> Non
     """``failslow demo --framework deepspeed --fault kill`` as users run it: two ranks killed,
     the job restarted from memory (the first victim onto the standby slot), the summary's
     restarts, lost steps and downtime, and the parameters bitwise those of a run without kills.
-    With 120 steps the kills do not wait for warm spares (30 steps before the end they kill
-    anyway): the warm restart is checked by ``tests/e2e/test_failstop.py``."""
+    With 70 steps (kills at steps 20 and 45) the kills do not wait for warm spares (30 steps
+    before the end they kill anyway): the warm restart is checked by
+    ``tests/e2e/test_failstop.py``."""
     pytest.importorskip("deepspeed", reason="needs the deepspeed extra")
     out = tmp_path / "run"
     exe = os.path.join(os.path.dirname(sys.executable), "failslow")
     proc = subprocess.run(
         [exe, "demo", "--framework", "deepspeed", "--fault", "kill", "--no-live",
-         "--iterations", "120", "--out", str(out)],
+         "--iterations", "70", "--out", str(out)],
         capture_output=True, text=True, timeout=850,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
