@@ -19,8 +19,6 @@ import math
 import operator
 from typing import Any
 
-from scipy.stats import binom
-
 from failslow.errors import FailslowError
 
 __all__ = ["standby_count", "window_failure_probability"]
@@ -65,6 +63,8 @@ def standby_count(
     :func:`window_failure_probability` of ``daily_failure_rate`` over ``window_days`` (the time
     the pool takes to be replenished). ``quantile=0.99`` is ByteRobust's P99.
     """
+    from scipy.stats import binom  # 0.4 s to import: only where it is used
+
     try:
         n = operator.index(machines)
     except TypeError:

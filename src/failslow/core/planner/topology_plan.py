@@ -56,7 +56,6 @@ import operator
 from typing import Any
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from failslow.core.diagnosis.record import Diagnosis
 from failslow.core.planner.plans import StateMove, TopologyPlan
@@ -259,6 +258,8 @@ def _complete(cost: SlotCost, slots: tuple[int, ...], slot_bytes: np.ndarray) ->
     displaced, free = others[~stay], np.flatnonzero(holder == -1)
     if len(displaced):
         matrix = np.where(free[None, :] == displaced[:, None], 0.0, slot_bytes[free][None, :])
+        from scipy.optimize import linear_sum_assignment  # 0.2 s to import: used here only
+
         rows, cols = linear_sum_assignment(matrix)
         holder[free[cols]] = displaced[rows]
     return holder
