@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ PLUGIN = textwrap.dedent(
         assert incident == {"step": 12, "why": "loss is nan"}
         assert "FAILSLOW_RING_DIR" not in os.environ and "FAILSLOW_STORE" not in os.environ
         slot = int(os.environ["FAILSLOW_SLOT"])
+        with open(os.path.join(os.environ["PIDS"], str(os.getpid())), "w"):
+            pass
         if slot in json.loads(os.environ.get("CRASH_SLOTS", "[]")):
             os._exit(3)
         if slot in json.loads(os.environ.get("BAD_SLOTS", "[]")):
@@ -41,12 +44,18 @@ PLUGIN = textwrap.dedent(
 )
 
 
-def _checks(tmp_path: Path, bad: list[int] = (), crash: list[int] = ()) -> stop_checks.CheckOutcome:
+def _checks(
+    tmp_path: Path, bad: list[int] = (), crash: list[int] = (), warm: bool = False
+) -> stop_checks.CheckOutcome:
+    """``warm``: the launcher keeps warm processes for the checks (``check_spares``), and the
+    checks must run in them."""
     ranks = LocalRanks(
         RankOptions(nproc=4, standbys=1, preload=("colorsys",), refill_delay_s=0.0,
-                    slots_as_hosts=True),
+                    slots_as_hosts=True, check_spares=warm),
         say=lambda _: None,
     )  # fmt: skip
+    pids = tmp_path / "pids"
+    pids.mkdir()
     (tmp_path / "stop_check_fault.py").write_text(PLUGIN)
     (tmp_path / "job.py").write_text("")
     state = tmp_path / "state"
@@ -55,9 +64,18 @@ def _checks(tmp_path: Path, bad: list[int] = (), crash: list[int] = ()) -> stop_
         "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
         "FAILSLOW_STORE": "tcp://127.0.0.1:1", "FAILSLOW_RING_DIR": str(tmp_path / "rings"),
         "BAD_SLOTS": json.dumps(list(bad)), "CRASH_SLOTS": json.dumps(list(crash)),
+        "PIDS": str(pids),
     }  # fmt: skip
+    spares: set[int] = set()
     try:
         assert ranks.spawn([str(tmp_path / "job.py")], env, str(tmp_path)).wait(timeout=60) == 0
+        deadline = time.monotonic() + 120
+        while warm and ranks.ready_spares(checks=True) < 4 and time.monotonic() < deadline:
+            ranks.tick()  # the job's spares first, then the checks', one at a time
+            time.sleep(0.05)
+        if warm:
+            assert ranks.ready_spares() == 4 and ranks.ready_spares(checks=True) == 4
+            spares = {w.process.pid for w in ranks._check_pool}
         outcome = stop_checks.run(ranks, env, incident={"step": 12, "why": "loss is nan"},
                                   state_dir=state, timeout_s=120, say=lambda _: None)  # fmt: skip
         if outcome.suspects:  # what the launcher does with them
@@ -65,13 +83,15 @@ def _checks(tmp_path: Path, bad: list[int] = (), crash: list[int] = ()) -> stop_
             assert stop.replaced_by == 4 and "failed the stop-time checks" in stop.describe()
     finally:
         ranks.close()
+    if warm:  # each machine's checks ran in a warm process started before them
+        assert {int(p.name) for p in pids.iterdir()} == spares
     assert not list((state / "stop-checks").glob("*.json")), "results are taken as read"
     assert not (tmp_path / "rings").exists(), "the checks wrote rings into the job's"
     return outcome
 
 
-def test_every_machine_passes_on_a_healthy_node(tmp_path: Path) -> None:
-    outcome = _checks(tmp_path)
+def test_every_machine_passes_on_a_healthy_node_in_warm_check_processes(tmp_path: Path) -> None:
+    outcome = _checks(tmp_path, warm=True)
     assert outcome.suspects == [] and outcome.status == 0, outcome.why
     assert "every machine passed" in outcome.why
     rows = outcome.table

@@ -460,6 +460,7 @@ def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
             kill_grace_s=options.agent.kill_grace_s,
             refill_delay_s=options.spare_delay_s,
             slots_as_hosts=options.slots_as_hosts,
+            check_spares=options.warm and options.stop_checks,
         ),
         say=_stderr_line,
     )

@@ -158,6 +158,19 @@ class RankOptions:
     evicted slot's memory is gone with it, as a machine's would be - the rank that replaces it
     restores from its holder's backup."""
     python: str = field(default_factory=lambda: sys.executable)
+    check_spares: bool = False
+    """Also keep one warm process per slot, torch imported, for the stop-time checks
+    (:meth:`LocalRanks.spawn_check`), started after the job's own spares: the checks then skip
+    torch's import (seconds per incident)."""
+
+
+CHECK_PRELOAD = ("torch",)
+_CHECK_DROPPED = (envvars.STORE, envvars.RING_DIR, envvars.CAPTURE, envvars.SNAPSHOT_DIR)
+"""Not in a stop-time check's environment: no rings, no control store, no snapshots."""
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in _CHECK_DROPPED}
 
 
 class LocalRanks:
@@ -179,6 +192,10 @@ class LocalRanks:
         self.launches = 0
         self._pool: list[_Warm] = []
         self._refill: tuple[str, dict[str, str], float] | None = None
+        self._check_pool: list[_Warm] = []
+        """Warm processes for the stop-time checks (``check_spares``)."""
+        self._check_refill: dict[str, str] | None = None
+        """The environment to start them with, once the job's spares are ready."""
         self.group: RankGroup | None = None
         """The last launch."""
         self._snapshot_base: Path | None = None
@@ -258,16 +275,17 @@ class LocalRanks:
         """Start the stop-time checks of the ladder's first rung (byterobust 4.2, "Diagnose";
         :mod:`failslow.runtime.stop_check`): one process per slot of the current world, as a
         world of its own. They start cold with torch alone, so the warm spares stay for the
-        relaunch; no rings, no control store, no snapshots."""
+        relaunch (with ``check_spares``, from warm processes of their own, torch imported); no
+        rings, no control store, no snapshots."""
         slots = list(self.worlds[-1].slots)
-        dropped = {envvars.STORE, envvars.RING_DIR, envvars.CAPTURE, envvars.SNAPSHOT_DIR}
-        check_env = {k: v for k, v in env.items() if k not in dropped}
+        check_env = _check_env(env)
         spec_env = {envvars.STOP_CHECK: json.dumps({**spec, "name": name})}
         store, started = self._start_ranks(
-            "stop-check", ["-m", "failslow.runtime.stop_check"], check_env, None, slots,
-            [dict(spec_env) for _ in slots],
-            take=lambda key, env: self._start(key, env, preload=("torch",)),
+            self._key(check_env), ["-m", "failslow.runtime.stop_check"], check_env, None, slots,
+            [dict(spec_env) for _ in slots], take=self._take_check,
         )  # fmt: skip
+        if self.options.check_spares:
+            self._check_refill = env  # after the job's own spares
         return RankGroup(
             started, launch=self.launches, on_failstop=lambda stop: stop,
             kill_grace_s=self.options.kill_grace_s, store=store, keep_going=True,
@@ -373,26 +391,43 @@ class LocalRanks:
             hung = watch.check(pids)
             if hung:
                 group.hang(hung)
-        if self._refill is None:
+        if self._refill is not None:
+            key, env, due = self._refill
+            if time.monotonic() < due:
+                return
+            full = self._grow(self._pool, key, env)
+            if full is None:
+                self._refill = None
+            elif full:
+                self._refill = None
+                self.say(f"{len(self._pool)} warm spares ready: a restart skips the imports")
+                if self.options.check_spares:
+                    self._check_refill = env
             return
-        key, env, due = self._refill
-        if time.monotonic() < due:
-            return
-        if self._pool and not self._pool[-1].ready:
+        if self._check_refill is not None:
+            env = _check_env(self._check_refill)
+            if self._grow(self._check_pool, self._key(env), env, CHECK_PRELOAD) is not False:
+                self._check_refill = None
+
+    def _grow(
+        self, pool: list[_Warm], key: str, env: dict[str, str],
+        preload: tuple[str, ...] | None = None,
+    ) -> bool | None:  # fmt: skip
+        """Start ``pool``'s next warm process once the last one finished its imports: True
+        when it holds one per slot, None when a start failed (said; the pool stops growing)."""
+        if pool and not pool[-1].ready:
             try:
-                self._pool[-1].check()
+                pool[-1].check()
             except FailslowError as exc:
                 self.say(f"no warm spares: {exc}")
-                self._retire(self._pool.pop())
-                self._refill = None
-                return
-            if not self._pool[-1].ready:
-                return
-        if len(self._pool) >= len(self.slots):
-            self._refill = None
-            self.say(f"{len(self._pool)} warm spares ready: a restart skips the imports")
-            return
-        self._pool.append(self._start(key, env))
+                self._retire(pool.pop())
+                return None
+            if not pool[-1].ready:
+                return False
+        if len(pool) >= len(self.slots):
+            return True
+        pool.append(self._start(key, env, preload))
+        return False
 
     def _world(self) -> tuple[World, list[World]]:
         """The world this launch runs in - a new, smaller one when slots were dropped - and,
@@ -553,6 +588,16 @@ class LocalRanks:
             self._retire(warm)
         return self._start(key, env)
 
+    def _take_check(self, key: str, env: dict[str, str]) -> _Warm:
+        """A warm process for a stop-time check, else a cold one (torch only)."""
+        while self._check_pool:
+            warm = self._check_pool.pop(0)
+            if warm.key == key and warm.process.poll() is None:
+                warm.check()
+                return warm
+            self._retire(warm)
+        return self._start(key, env, preload=CHECK_PRELOAD)
+
     def _start(
         self, key: str, env: dict[str, str], preload: tuple[str, ...] | None = None
     ) -> _Warm:
@@ -582,12 +627,14 @@ class LocalRanks:
         _signal_group(warm.process, signal.SIGKILL)
         warm.process.wait()
 
-    def ready_spares(self) -> int:
-        """Warm spares that finished their imports."""
-        for warm in self._pool:
+    def ready_spares(self, *, checks: bool = False) -> int:
+        """Warm spares that finished their imports (``checks``: those for the stop-time
+        checks)."""
+        pool = self._check_pool if checks else self._pool
+        for warm in pool:
             with contextlib.suppress(FailslowError):
                 warm.check()
-        return sum(w.ready for w in self._pool)
+        return sum(w.ready for w in pool)
 
     def close(self) -> None:
         """End the warm pool, and the last launch's ranks if they still run (the launcher is
@@ -597,6 +644,7 @@ class LocalRanks:
             group.signal_group(signal.SIGKILL)
             for _, process in group.ranks.values():
                 process.wait()
-        pool, self._pool = self._pool, []
+        pool, self._pool = self._pool + self._check_pool, []
+        self._check_pool = []
         for warm in pool:
             self._retire(warm)

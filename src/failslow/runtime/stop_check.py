@@ -9,8 +9,9 @@ store) and each runs, in order:
    float64 - the relative error, and the time (median of 3);
 2. **bitwise alignment**: one training step of a fixed reference model - a transformer encoder
    layer and a linear head, predefined weights (a fixed seed), fixed input and target, MSE, one
-   SGD step - on one thread with deterministic algorithms; the SHA-256 of the loss, every
-   gradient and every updated weight. Identical machines compute identical bits;
+   SGD step - on one CPU thread (on CUDA: deterministic algorithms and cuBLAS workspace); the
+   SHA-256 of the loss, every gradient and every updated weight. Identical machines compute
+   identical bits;
 3. **links**: a ring - each machine sends a known 1 MiB pattern to the next and checks, byte for
    byte, what the previous one sent, within the timeout.
 
@@ -41,44 +42,62 @@ GEMM_SIZE = 512
 LINK_BYTES = 1 << 20
 
 
-def device_test(torch: Any) -> dict[str, float]:
+def _device(torch: Any) -> Any:
+    """The machine's device: its CUDA device (``LOCAL_RANK``) where there is one, else the CPU
+    (the CUDA path is not exercised on the CPU machines this is tested on)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _sync(torch: Any, device: Any) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_test(torch: Any, device: Any = None) -> dict[str, float]:
     """The GEMM's relative error against float64, and its median time over 3 runs."""
+    device = device or torch.device("cpu")
     generator = torch.Generator().manual_seed(SEED)
-    a = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator)
-    b = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator)
-    exact = a.double() @ b.double()
+    a = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator).to(device)
+    b = torch.randn(GEMM_SIZE, GEMM_SIZE, generator=generator).to(device)
+    exact = a.double().cpu() @ b.double().cpu()
     times, product = [], None
     for _ in range(3):
+        _sync(torch, device)
         started = time.perf_counter()
         product = a @ b
+        _sync(torch, device)
         times.append(time.perf_counter() - started)
     assert product is not None
-    error = float((product.double() - exact).abs().max() / exact.abs().max())
+    error = float((product.double().cpu() - exact).abs().max() / exact.abs().max())
     return {"rel_error": error, "seconds": statistics.median(times)}
 
 
-def reference_digest(torch: Any) -> str:
+def reference_digest(torch: Any, device: Any = None) -> str:
     """The SHA-256 of one training step of the fixed reference model (see the module)."""
     from torch import nn
 
+    device = device or torch.device("cpu")
     digest = hashlib.sha256()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         layer = nn.TransformerEncoderLayer(
             d_model=64, nhead=4, dim_feedforward=256, dropout=0.0, batch_first=True
         )
-        model = nn.Sequential(layer, nn.Linear(64, 8))
-        x = torch.randn(4, 16, 64)
-        target = torch.randn(4, 16, 8)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model = nn.Sequential(layer, nn.Linear(64, 8)).to(device)
+        x = torch.randn(4, 16, 64).to(device)
+        target = torch.randn(4, 16, 8).to(device)
     loss = nn.functional.mse_loss(model(x), target)
     loss.backward()
-    optimizer.step()
-    digest.update(loss.detach().numpy().tobytes())
+    with torch.no_grad():  # one SGD step by hand (torch.optim's first use imports dynamo: 0.7 s)
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+    digest.update(loss.detach().cpu().numpy().tobytes())
     for p in model.parameters():
         assert p.grad is not None
-        digest.update(p.grad.numpy().tobytes())
-        digest.update(p.detach().numpy().tobytes())
+        digest.update(p.grad.cpu().numpy().tobytes())
+        digest.update(p.detach().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -118,16 +137,22 @@ def main() -> int:
 
     from failslow.plugins import plugin_manager
 
+    started = time.perf_counter()
+    device = _device(torch)
     torch.set_num_threads(1)  # the same reductions in the same order on every machine
-    torch.use_deterministic_algorithms(True)
+    if device.type == "cuda":  # CPU kernels are deterministic at one thread (and this costs 1 s)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     plugin_manager().hook.failslow_stop_check_start(rank=rank, incident=spec.get("incident", {}))
     result: dict[str, Any] = {"slot": os.environ.get(envvars.SLOT)}
-    result["device"] = device_test(torch)
-    result["digest"] = reference_digest(torch)
+    result["device"] = device_test(torch, device)
+    result["digest"] = reference_digest(torch, device)
+    result["local_s"] = time.perf_counter() - started
     write_check_result(state_dir, name, rank, result)
     if world > 1:
         timeout = datetime.timedelta(seconds=float(spec.get("timeout_s", 60)))
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+        result["join_s"] = time.perf_counter() - started - result["local_s"]
         try:
             result["link"] = link_test(torch, dist, rank, world)
             write_check_result(state_dir, name, rank, result)

@@ -48,7 +48,8 @@ class CheckVerdict:
     """One line: what named each suspect, or why nobody is named."""
     table: list[dict[str, Any]] = field(default_factory=list)
     """Per machine: ``rank``, ``device_error``, ``gemm_s``, ``digest`` (short), ``link`` (from
-    the previous machine: ``ok`` or why not), ``verdict``."""
+    the previous machine: ``ok`` or why not), ``local_s`` (its device and reference tests),
+    ``join_s`` (the link test's world formed), ``verdict``."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"suspects": self.suspects, "why": self.why, "table": self.table}
@@ -125,6 +126,8 @@ def _row(rank: int, res: Mapping[str, Any] | None, reasons: list[str]) -> dict[s
         "gemm_s": device.get("seconds"),
         "digest": str(res["digest"])[:12] if res.get("digest") else None,
         "link": None if link is None else "ok" if link.get("ok") else str(link.get("why")),
+        "local_s": res.get("local_s"),
+        "join_s": res.get("join_s"),
         "verdict": "; ".join(reasons) if reasons else "pass",
     }
 
