@@ -148,12 +148,13 @@ def _kill_and_measure(
     planned: bool = False,
     job_env: dict[str, str] | None = None,
     fault: str | None = None,
+    fault_at: int = HANG_AT,
 ) -> dict[str, Any]:
     """``planned``: an S4 restart plan evicts the victim's host instead of a kill;
     ``job_env``: the worker's settings over the DeepSpeed job's; ``fault``: no kill - after
     step ``HANG_AT`` the victim's machine hangs (``hang``: the launcher finds it), or its model
     gets a NaN (``nan``: the job rolls back), through the fault plugin."""
-    hang_at = HANG_AT if fault is not None else None
+    hang_at = fault_at if fault is not None else None
     out = tmp / name
     out.mkdir()
     settings = {
@@ -298,6 +299,12 @@ def main() -> None:
         help="comma-separated",
     )
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
+    parser.add_argument(
+        "--fault-at", type=int, default=HANG_AT,
+        help=f"the injected faults' step (default {HANG_AT}; later, e.g. 110 with --steps 140, "
+        "when the stop-time checks' warm processes should be ready: they start after the "
+        "job's spares)",
+    )  # fmt: skip
     parser.add_argument("--no-fresh", action="store_true", help="skip the fresh launch")
     args = parser.parse_args()
     console = Console(width=200)
@@ -367,6 +374,7 @@ def main() -> None:
                 console.print(f"run {i + 1}: {name} ...")
                 results[name] = _kill_and_measure(
                     Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
+                    fault_at=args.fault_at,
                     job_env=job_env[0] if job_env else None,
                     fault={"nan-nochecks": "nan"}.get(key, key)
                     if key in ("hang", "nan", "nan-nochecks", "sdc", "matmul") else None,

@@ -56,6 +56,7 @@ import pytest
 
 from failslow.core.control.stop import EXIT_UNRESTORABLE
 from failslow.demo.worker_io import launch_env
+from failslow.node.stacks import rank_pids
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -133,12 +134,8 @@ class Job:
         return self.log.read_text()[-4000:]
 
     def pid_of(self, rank: int, exclude: set[int]) -> int | None:
-        """The live process of ``rank`` (its ring is named after its pid)."""
-        for ring in self.rings.glob(f"rank{rank:05d}-pid*.ring"):
-            pid = int(re.search(r"pid(\d+)", ring.name).group(1))  # type: ignore[union-attr]
-            if pid not in exclude and _alive(pid):
-                return pid
-        return None
+        """The live process of ``rank`` (its newest ring is named after its pid)."""
+        return rank_pids(self.rings, exclude=exclude).get(rank)
 
     def lose(self, rank: int, steps_before: int, killed: list[int]) -> None:
         """``steps_before`` steps on, SIGKILL ``rank``'s live process (appended to ``killed``),
@@ -182,14 +179,6 @@ def _bitwise_like_a_run_without_the_fault(tmp: Path, out: Path, record_path: Pat
     got, want = np.load(out / "parameters.npz"), np.load(ref_out / "parameters.npz")
     for name in want.files:
         assert np.array_equal(got[name], want[name]), name
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def _uptime() -> float:

@@ -89,13 +89,11 @@ def progress(job_out: Path) -> list[tuple[int, float]]:
 
 
 def pid_of(rings: Path, rank: int, dead: set[int]) -> int | None:
-    """The live process of ``rank`` (its ring is named after its pid), newest first."""
-    for ring in sorted(rings.glob(f"rank{rank:05d}-pid*.ring"), key=lambda p: -p.stat().st_mtime):
-        match = re.search(r"pid(\d+)", ring.name)
-        pid = int(match.group(1)) if match else 0
-        if pid and pid not in dead and Path(f"/proc/{pid}").exists():
-            return pid
-    return None
+    """The live process of ``rank`` (its newest ring is named after its pid), not one of
+    ``dead``."""
+    from failslow.node.stacks import rank_pids
+
+    return rank_pids(rings, exclude=dead).get(rank)
 
 
 def failstops(state_dir: Path) -> list[dict[str, Any]]:

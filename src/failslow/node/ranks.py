@@ -406,8 +406,11 @@ class LocalRanks:
             return
         if self._check_refill is not None:
             env = _check_env(self._check_refill)
-            if self._grow(self._check_pool, self._key(env), env, CHECK_PRELOAD) is not False:
+            full = self._grow(self._check_pool, self._key(env), env, CHECK_PRELOAD)
+            if full is not False:
                 self._check_refill = None
+            if full:
+                self.say(f"{len(self._check_pool)} warm processes ready for the stop-time checks")
 
     def _grow(
         self, pool: list[_Warm], key: str, env: dict[str, str],

@@ -22,7 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from failslow.core.diagnosis.stacks import (
@@ -46,15 +46,17 @@ def py_spy() -> str:
     return found
 
 
-def rank_pids(ring_dir: Path) -> dict[int, int]:
+def rank_pids(ring_dir: Path, exclude: Collection[int] = ()) -> dict[int, int]:
     """Each rank's live training process, from the ring names in ``ring_dir`` (the newest ring
-    of a rank whose process still runs)."""
+    of a rank whose process still runs; ``exclude``: pids known gone, a signal in flight)."""
     found: dict[int, tuple[float, int]] = {}
     for path in Path(ring_dir).glob("rank*-pid*.ring"):
         match = _RING.match(path.name)
         if match is None:
             continue
         rank, pid = int(match.group(1)), int(match.group(2))
+        if pid in exclude:
+            continue
         try:
             mtime = path.stat().st_mtime
         except OSError:
