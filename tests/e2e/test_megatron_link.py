@@ -72,9 +72,14 @@ def test_a_congested_link_is_swapped_away_and_the_model_is_unchanged(tmp_path: P
         for r in range(WORLD)
     ]
     after = [rec["coords"] for rec in records]
-    assert sorted(after) == sorted(before) and after != before, (before, after)
-    # the shaped link's ends no longer share a DP group (same stage)
-    assert after[0][2] != after[1][2], after
+    assert sorted(after) == sorted(before), (before, after)
+    # the first swap (the one the shaped link caused) moves the link's ends, hosts 0 and 1, out
+    # of one DP group (same stage). A loaded machine's link timings can buy a later swap after
+    # the fault is gone (seen under 3 concurrent e2e jobs: its expected saving was 44 s against
+    # the first's 1,028 s); the model must be the same whatever the final placement.
+    hosts = applied[0]["hosts"]
+    moved = [before[hosts.index(f"host{h}")] for h in range(WORLD)]
+    assert moved != before and moved[0][2] != moved[1][2], (hosts, before)
     holder = {tuple(c): r for r, c in enumerate(before)}
     for rank in range(WORLD):
         got = np.load(tmp_path / "swapped" / f"parameters-rank{rank}.npz")
