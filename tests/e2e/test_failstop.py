@@ -491,7 +491,12 @@ def test_an_unexplained_slowdown_is_localized_by_rounds_of_stacks_and_evicted(
     from memory at its old pace. The model is bitwise that of a run without the slowdown."""
     pytest.importorskip("deepspeed", reason="needs the deepspeed extra: failslow[deepspeed]")
     pytest.importorskip("failslow.node.stacks").py_spy()  # a test dependency
-    fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "slow", "slot": 1, "step": 12})}
+    fault = {
+        "FAILSLOW_DEMO_FAULT": json.dumps({"kind": "slow", "slot": 1, "step": 12}),
+        # one GEMM at a time in the validation round: four at once on 2 loaded cores can time
+        # a healthy rank 3x slower, a diagnosis that (rightly) leaves the slowdown to S2
+        "FAILSLOW__VALIDATION__GEMM_SERIAL": "true",
+    }  # fmt: skip
     proc, out = _launch(
         tmp_path, "chaos", 1, extra=("--decline-every", "2"), env_extra=fault
     )  # fmt: skip

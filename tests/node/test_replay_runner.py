@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys
-    from failslow.core.control.stop import write_replay_result
+    from failslow.core.control.stop import REPLAYS, write_rank_result
 
     spec = os.environ.get("FAILSLOW_REPLAY")
     if spec is None:
@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent(
     if slot in json.loads(os.environ.get("CRASH_SLOTS", "[]")):
         sys.exit(1)
     bad = slot in json.loads(os.environ["BAD_SLOTS"])
-    write_replay_result(os.environ["FAILSLOW_STATE_DIR"], spec["name"],
+    write_rank_result(os.environ["FAILSLOW_STATE_DIR"], REPLAYS, spec["name"],
                         int(os.environ["RANK"]), {"step": 12, "reproduced": bad})
     """
 )

@@ -614,24 +614,24 @@ class LocalRanks:
             env = _without_code(env)
         return json.dumps(sorted((k, v) for k, v in env.items() if k not in PER_LAUNCH))
 
-    def _take(self, key: str, env: dict[str, str]) -> _Warm:
-        while self._pool:
-            warm = self._pool.pop(0)
+    def _take(
+        self, key: str, env: dict[str, str], pool: list[_Warm] | None = None,
+        preload: tuple[str, ...] | None = None,
+    ) -> _Warm:  # fmt: skip
+        """A warm process of ``pool`` (default: the job's spares) started for ``key``, else a
+        new one (importing ``preload``, default the job's)."""
+        pool = self._pool if pool is None else pool
+        while pool:
+            warm = pool.pop(0)
             if warm.key == key and warm.process.poll() is None:
                 warm.check()
                 return warm
             self._retire(warm)
-        return self._start(key, env)
+        return self._start(key, env, preload)
 
     def _take_check(self, key: str, env: dict[str, str]) -> _Warm:
         """A warm process for a stop-time check, else a cold one (torch only)."""
-        while self._check_pool:
-            warm = self._check_pool.pop(0)
-            if warm.key == key and warm.process.poll() is None:
-                warm.check()
-                return warm
-            self._retire(warm)
-        return self._start(key, env, preload=CHECK_PRELOAD)
+        return self._take(key, env, self._check_pool, CHECK_PRELOAD)
 
     def _start(
         self, key: str, env: dict[str, str], preload: tuple[str, ...] | None = None

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from failslow.core.control.stop import take_replay_results
+from failslow.core.control.stop import REPLAYS, take_rank_results
 from failslow.core.diagnosis.replay import plan
 
 
@@ -91,7 +91,7 @@ def run(
         report = []
         for (name, group), members in zip(running.items(), groups, strict=True):
             status = _wait(group, timeout_s - (time.monotonic() - started))
-            results = take_replay_results(state_dir, name)
+            results = list(take_rank_results(state_dir, REPLAYS, name).values())
             done = len(results) == len(members)
             came_back = any(r.get("reproduced") for r in results) or not done
             report.append({"group": name, "members": members, "reproduced": came_back,

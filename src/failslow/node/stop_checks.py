@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from failslow.core.control.stop import STOP_CHECKS, take_check_results
+from failslow.core.control.stop import STOP_CHECKS, take_rank_results
 from failslow.core.diagnosis.stop_checks import judge
 from failslow.errors import FailslowError
 
@@ -81,7 +81,7 @@ def run(
         say(why)
         return CheckOutcome([], why, seconds=time.monotonic() - started, status=-1)
     status = _wait(group, name, Path(state_dir), started + timeout_s)
-    verdict = judge(take_check_results(state_dir, name), machines)
+    verdict = judge(take_rank_results(state_dir, STOP_CHECKS, name), machines)
     outcome = CheckOutcome(verdict.suspects, verdict.why, verdict.table,
                            time.monotonic() - started, status)  # fmt: skip
     say(f"stop-time checks ({outcome.seconds:.1f} s): {verdict.why}")

@@ -100,9 +100,9 @@ class MetricWatch:
         bad = [n for n, v in values.items() if judge(v, level.get(n), jump) is not None]
         state_dir = os.environ.get(envvars.STATE_DIR)
         if state_dir:
-            from failslow.core.control.stop import write_replay_result
+            from failslow.core.control.stop import REPLAYS, write_rank_result
 
-            write_replay_result(state_dir, str(spec["name"]), self.rank, {
+            write_rank_result(state_dir, REPLAYS, str(spec["name"]), self.rank, {
                 "step": step, "reproduced": bool(bad), "metrics": bad or sorted(values),
                 "values": {n: v if math.isfinite(v) else str(v) for n, v in values.items()},
             })  # fmt: skip

@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from failslow import envvars
-from failslow.core.control.stop import write_check_result
+from failslow.core.control.stop import STOP_CHECKS, write_rank_result
 
 SEED = 20251013
 """The reference computation's weights, input and target: every machine draws the same."""
@@ -148,14 +148,14 @@ def main() -> int:
     result["device"] = device_test(torch, device)
     result["digest"] = reference_digest(torch, device)
     result["local_s"] = time.perf_counter() - started
-    write_check_result(state_dir, name, rank, result)
+    write_rank_result(state_dir, STOP_CHECKS, name, rank, result)
     if world > 1:
         timeout = datetime.timedelta(seconds=float(spec.get("timeout_s", 60)))
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
         result["join_s"] = time.perf_counter() - started - result["local_s"]
         try:
             result["link"] = link_test(torch, dist, rank, world)
-            write_check_result(state_dir, name, rank, result)
+            write_rank_result(state_dir, STOP_CHECKS, name, rank, result)
         finally:
             dist.destroy_process_group()
     return 0

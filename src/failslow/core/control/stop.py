@@ -103,35 +103,24 @@ def take_rollback_requests(state_dir: str | os.PathLike[str]) -> list[dict[str, 
 
 REPLAYS = "replays"
 """The directory, in the job's state directory, of the replay groups' results."""
-
-
-def write_replay_result(
-    state_dir: str | os.PathLike[str], name: str, rank: int, result: dict[str, Any]
-) -> Path:
-    """A replay group's rank's result (``reproduced``: the incident came back)."""
-    path = Path(state_dir) / REPLAYS / f"{name}-rank{rank}.json"
-    return put_json(path, {**result, "name": name, "rank": rank})
-
-
-def take_replay_results(state_dir: str | os.PathLike[str], name: str) -> list[dict[str, Any]]:
-    """Replay group ``name``'s results, removed as read (unreadable ones are skipped)."""
-    taken = take_json(Path(state_dir) / REPLAYS, f"{name}-rank*.json")
-    return [record for _, record in taken if record is not None]
-
-
 STOP_CHECKS = "stop-checks"
 """The directory, in the job's state directory, of the machines' stop-time check results."""
 
 
-def write_check_result(
-    state_dir: str | os.PathLike[str], name: str, rank: int, result: dict[str, Any]
+def write_rank_result(
+    state_dir: str | os.PathLike[str], box: str, name: str, rank: int, result: dict[str, Any]
 ) -> Path:
-    """Machine ``rank``'s result of stop-time checks ``name`` (written again as tests end)."""
-    path = Path(state_dir) / STOP_CHECKS / f"{name}-rank{rank}.json"
+    """Rank ``rank``'s result for the world ``name`` in drop box ``box`` (:data:`REPLAYS`: a
+    replay group's, ``reproduced`` when the incident came back; :data:`STOP_CHECKS`: a
+    machine's stop-time checks, written again as its tests end)."""
+    path = Path(state_dir) / box / f"{name}-rank{rank}.json"
     return put_json(path, {**result, "name": name, "rank": rank})
 
 
-def take_check_results(state_dir: str | os.PathLike[str], name: str) -> dict[int, dict[str, Any]]:
-    """Stop-time checks ``name``'s results by machine, removed as read (unreadable: skipped)."""
-    taken = take_json(Path(state_dir) / STOP_CHECKS, f"{name}-rank*.json")
+def take_rank_results(
+    state_dir: str | os.PathLike[str], box: str, name: str
+) -> dict[int, dict[str, Any]]:
+    """The results of world ``name`` in drop box ``box`` by rank, removed as read (unreadable
+    ones are skipped)."""
+    taken = take_json(Path(state_dir) / box, f"{name}-rank*.json")
     return {int(r["rank"]): r for _, r in taken if r is not None and isinstance(r.get("rank"), int)}
