@@ -70,14 +70,6 @@ downtime; ``lost`` is how many steps were done twice).
   loss under ``failslow run --no-stop-checks``: the reattempt without the checks, for their
   cost.
 
-- **an unexplained slowdown** (``--ways slow``; the warm standby's launcher with
-  ``--decline-every 2``): from step 50 on, rank 1 spends 0.6 s in ``injected_slow_data`` after
-  each step (the fault plugin); every step is ~2x slower, the controller's validation round
-  finds every rank healthy, and the launcher's 5 rounds of stack aggregation, 2 s apart, flag
-  rank 1's machine; it is evicted onto the standby and every rank restarts from memory. "kill
-  -> seen" is step 50's end to the eviction; the downtime is the restart's alone (the slowed
-  steps before it are not counted).
-
 - **Megatron: reroute vs reconfigure** (``--ways reroute,reconfigure``; the GPT job,
   ``failslow.demo.megatron_worker``, TP1 x PP2 x DP2, hidden 256, 8 micro-batches of 8 per step,
   Adam; ``--standbys 0 --min-ranks 2 --slots-as-hosts``): rank 1 (stage 0 of replica 1) is
@@ -235,10 +227,6 @@ def _kill_and_measure(
     elif fault == "hang":  # the steps through hang_at ended, the next never did
         last = hang_at
         killed_at = seen[last]
-    elif fault == "slow":  # slower steps went on until the eviction
-        killed_at = seen[hang_at]
-        evicted = json.loads((state / "failstops.jsonl").read_text().splitlines()[0])["wall"]
-        last = max(s for s, t in seen.items() if t <= evicted)
     elif fault in ("nan", "sdc", "matmul"):  # rank 0 may have ended the bad step
         rungs = [json.loads(line) for line in (state / "incidents.jsonl").read_text().splitlines()]
         # nan, matmul: the fault comes when step 50 ends; sdc: the corrupt step 50 starts
@@ -290,9 +278,6 @@ def _kill_and_measure(
         named = [look for look in looks if look["suspects"] is not None]
         if named:
             result["aggregation_s"] = named[0]["aggregation_s"]
-    declines = state / "declines.jsonl"
-    if declines.exists():  # the rounds of stack aggregation that named the slow machine
-        result["rounds"] = len(declines.read_text().splitlines())
     stops = state / "failstops.jsonl"
     if stops.exists() and not planned and fault not in ("nan", "sdc", "matmul"):
         result["detected_s"] = json.loads(stops.read_text().splitlines()[0])["wall"] - killed_at
@@ -310,7 +295,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
         "--ways",
-        default="warm,cold,s4,shrink,hang,nan,nan-nochecks,sdc,matmul,slow,reroute,reconfigure",
+        default="warm,cold,s4,shrink,hang,nan,nan-nochecks,sdc,matmul,reroute,reconfigure",
         help="comma-separated",
     )
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
@@ -368,11 +353,6 @@ def main() -> None:
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
             "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
         ]),
-        "slow": ("an unexplained slowdown: 5 rounds of stacks name it, onto the standby", [
-            "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
-            "--slots-as-hosts", "--spare-delay", "2", "--decline-every", "2",
-            "--", "-m", "failslow.demo.ds_worker",
-        ]),
         "matmul": ("a faulty matmul: the stop-time checks name it, onto the standby", [
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
             "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
@@ -397,7 +377,7 @@ def main() -> None:
                     fault_at=args.fault_at,
                     job_env=job_env[0] if job_env else None,
                     fault={"nan-nochecks": "nan"}.get(key, key)
-                    if key in ("hang", "nan", "nan-nochecks", "sdc", "matmul", "slow") else None,
+                    if key in ("hang", "nan", "nan-nochecks", "sdc", "matmul") else None,
                 )  # fmt: skip
         if not args.no_fresh:
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
@@ -413,8 +393,6 @@ def main() -> None:
             seen = f"{r['detected_s'] * 1000:.0f} ms" if "detected_s" in r else "-"
             if "aggregation_s" in r:  # a hang is seen --hang-after later, by its stacks
                 seen = f"{r['detected_s']:.1f} s (stacks {r['aggregation_s'] * 1000:.0f} ms)"
-            if "rounds" in r:  # a decline is seen after the tracker, a validation and the rounds
-                seen = f"{r['detected_s']:.1f} s ({r['rounds']} rounds of stacks)"
             if "rung" in r:  # a NaN or SDC: from the bad step's end to the first request
                 seen = f"{r['detected_s'] * 1000:.0f} ms ({r['rung']})"
                 if "checks_s" in r:
