@@ -73,6 +73,25 @@ WORKERS = {
 }
 
 
+_LAUNCHED: list[subprocess.Popen[str]] = []
+"""Every launcher a test started: one a failed assertion left running is stopped at teardown
+(it would go on training beside the next tests)."""
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_outlives_its_test() -> Any:
+    yield
+    while _LAUNCHED:
+        proc = _LAUNCHED.pop()
+        if proc.poll() is None:
+            proc.terminate()  # the launcher stops its ranks and exits
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 def _launch(
     tmp: Path,
     name: str,
@@ -104,7 +123,9 @@ def _launch(
         "--", "-m", module,
     ]  # fmt: skip
     log = open(tmp / f"{name}.log", "w")
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True), out
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    _LAUNCHED.append(proc)
+    return proc, out
 
 
 class Job:
