@@ -16,12 +16,12 @@ import itertools
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from failslow.core.control.stop import STOP_CHECKS, take_rank_results
-from failslow.core.diagnosis.stop_checks import judge
+from failslow.core.control.stop import STOP_CHECKS, rank_result_path, take_rank_results
+from failslow.core.diagnosis.stop_checks import CheckVerdict, judge
 from failslow.errors import FailslowError
 
 _names = itertools.count()
@@ -29,29 +29,37 @@ _names = itertools.count()
 
 @dataclass
 class CheckOutcome:
-    suspects: list[int]
-    """The world's ranks (machines) the checks name; empty: none."""
-    why: str
-    table: list[dict[str, Any]] = field(default_factory=list)
+    verdict: CheckVerdict
+    """What the checks found: the machines they name (``suspects``), why, the table."""
     seconds: float = 0.0
     status: int = 0
     """The check world's exit status (0: every machine ran its tests to the end; -1: they
     could not start)."""
 
+    @property
+    def suspects(self) -> list[int]:
+        return self.verdict.suspects
+
+    @property
+    def why(self) -> str:
+        return self.verdict.why
+
+    @property
+    def table(self) -> list[dict[str, Any]]:
+        return self.verdict.table
+
     def to_dict(self) -> dict[str, Any]:
-        return {"suspects": self.suspects, "why": self.why, "table": self.table,
-                "seconds": self.seconds, "status": self.status}  # fmt: skip
+        return {**self.verdict.to_dict(), "seconds": self.seconds, "status": self.status}
 
 
 def _wait(group: Any, name: str, state_dir: Path, deadline: float) -> int:
     """The check world's status. A machine that died leaves its peers' link test waiting for
     it: once every other machine wrote its own tests' result they are stopped, not waited
     for until the link test's timeout."""
-    reported = state_dir / STOP_CHECKS
     while (status := group.poll()) is None:
         died = {r for r, (_, p) in group.ranks.items() if p.poll() not in (None, 0)}
         alive = set(group.ranks) - died
-        done = {r for r in alive if (reported / f"{name}-rank{r}.json").exists()}
+        done = {r for r in alive if rank_result_path(state_dir, STOP_CHECKS, name, r).exists()}
         if (died and done == alive) or time.monotonic() > deadline:
             group.signal_group(signal.SIGKILL)
             return int(group.wait(timeout=60))
@@ -79,10 +87,9 @@ def run(
     except (FailslowError, OSError) as exc:  # the ladder goes on without them
         why = f"the stop-time checks could not start: {exc}"
         say(why)
-        return CheckOutcome([], why, seconds=time.monotonic() - started, status=-1)
+        return CheckOutcome(CheckVerdict([], why), time.monotonic() - started, status=-1)
     status = _wait(group, name, Path(state_dir), started + timeout_s)
     verdict = judge(take_rank_results(state_dir, STOP_CHECKS, name), machines)
-    outcome = CheckOutcome(verdict.suspects, verdict.why, verdict.table,
-                           time.monotonic() - started, status)  # fmt: skip
+    outcome = CheckOutcome(verdict, time.monotonic() - started, status)
     say(f"stop-time checks ({outcome.seconds:.1f} s): {verdict.why}")
     return outcome

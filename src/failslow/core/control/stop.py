@@ -107,13 +107,20 @@ STOP_CHECKS = "stop-checks"
 """The directory, in the job's state directory, of the machines' stop-time check results."""
 
 
+def rank_result_path(
+    state_dir: str | os.PathLike[str], box: str, name: str, rank: int
+) -> Path:
+    """Where rank ``rank`` of world ``name`` leaves its result in drop box ``box``."""
+    return Path(state_dir) / box / f"{name}-rank{rank}.json"
+
+
 def write_rank_result(
     state_dir: str | os.PathLike[str], box: str, name: str, rank: int, result: dict[str, Any]
 ) -> Path:
     """Rank ``rank``'s result for the world ``name`` in drop box ``box`` (:data:`REPLAYS`: a
     replay group's, ``reproduced`` when the incident came back; :data:`STOP_CHECKS`: a
     machine's stop-time checks, written again as its tests end)."""
-    path = Path(state_dir) / box / f"{name}-rank{rank}.json"
+    path = rank_result_path(state_dir, box, name, rank)
     return put_json(path, {**result, "name": name, "rank": rank})
 
 
