@@ -21,8 +21,9 @@ would) the process of
    (``--spare-delay 0``): every rank of the next launch is a process started before the kill.
 
 The job then ends at a common step (its stop file, a few steps after the last restart), however
-long a loaded machine took, and the reference - the same job without kills - runs exactly as
-many steps.
+long a loaded machine took, and is compared with the reference - the same job without kills -
+after exactly as many steps (one reference run, saving its parameters after every step, serves
+every DeepSpeed job of the module: the ``reference`` fixture).
 
 Checked: the job exits 0 within the test's timeout (never hangs); each kill is recorded in
 ``failstops.jsonl`` with the killed rank, its slot and the standby decision, seconds after the
@@ -48,6 +49,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,14 +192,51 @@ class Job:
             return []
 
 
-def _bitwise_like_a_run_without_the_fault(tmp: Path, out: Path, record_path: Path) -> None:
-    """The same job without the fault, as many steps as rank 0's last launch ended at
-    (``record_path``): the final parameters are bitwise equal."""
+REFERENCE_STEPS = 120
+"""The module's DeepSpeed jobs end by their stop file after fewer steps than this; one
+reference run of the same job without faults serves them all."""
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Any]:
+    """The parameters of the DeepSpeed job run without faults, after a given number of steps:
+    one reference run, started by the first test that asks, saves rank 0's parameters after
+    every step (``$FAILSLOW_DEMO_SAVE_EVERY_STEP``); a job longer than :data:`REFERENCE_STEPS`
+    gets a longer run. The job's math does not depend on how long it runs (the chaos jobs run
+    for :data:`STEPS` and end early), so step N of a long run is the end of an N-step one."""
+    runs: list[tuple[int, Path]] = []
+
+    def parameters(steps: int) -> Any:
+        for have, out in runs:
+            if steps <= have:
+                return np.load(out / f"parameters-step{steps}.npz")
+        tmp = tmp_path_factory.mktemp("reference")
+        n = max(steps, REFERENCE_STEPS)
+        proc, out = _launch(
+            tmp, "reference", 0, steps=n, env_extra={"FAILSLOW_DEMO_SAVE_EVERY_STEP": "1"}
+        )  # fmt: skip
+        assert proc.wait(timeout=900) == 0, (tmp / "reference.log").read_text()[-3000:]
+        final, last = np.load(out / "parameters.npz"), np.load(out / f"parameters-step{n}.npz")
+        assert all(np.array_equal(final[k], last[k]) for k in final.files)
+        runs.append((n, out))
+        return np.load(out / f"parameters-step{steps}.npz")
+
+    return parameters
+
+
+def _steps_done(record_path: Path) -> int:
+    """The steps a launch's rank-0 record ended after (the stop file's common step)."""
     record = json.loads(record_path.read_text())
-    steps = record["first_step"] + len(record["step_end"]) - 1
-    reference, ref_out = _launch(tmp, "reference", 0, steps=steps)
-    assert reference.wait(timeout=600) == 0, (tmp / "reference.log").read_text()[-3000:]
-    got, want = np.load(out / "parameters.npz"), np.load(ref_out / "parameters.npz")
+    return record["first_step"] + len(record["step_end"]) - 1
+
+
+def _bitwise_like_a_run_without_the_fault(
+    reference: Callable[[int], Any], out: Path, record_path: Path
+) -> None:
+    """The job's final parameters are bitwise those of the job without the fault after as
+    many steps as rank 0's last launch ended at (``record_path``)."""
+    got, want = np.load(out / "parameters.npz"), reference(_steps_done(record_path))
+    assert sorted(got.files) == sorted(want.files)
     for name in want.files:
         assert np.array_equal(got[name], want[name]), name
 
@@ -215,7 +254,7 @@ def _started_at(pid: int) -> float:
 
 
 def test_ranks_killed_at_random_steps_leave_the_model_of_an_uninterrupted_run(
-    tmp_path: Path, redis_server: Any
+    tmp_path: Path, reference: Callable[[int], Any], redis_server: Any
 ) -> None:
     """The module's chaos schedule (its docstring); the control store dies with the first
     victim."""
@@ -282,14 +321,7 @@ def test_ranks_killed_at_random_steps_leave_the_model_of_an_uninterrupted_run(
     for (_, _, _, done), step in zip([kills[0], kills[2]], [resumed[0], resumed[-1]], strict=True):
         assert step >= done - 1, f"resumed at step {step}, last step done {done}"
 
-    record = json.loads((out / "steps-rank0-3.json").read_text())
-    steps = record["first_step"] + len(record["step_end"]) - 1  # the stop file's common step
-    reference, ref_out = _launch(tmp_path, "reference", 0, steps=steps)
-    assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    got, want = np.load(out / "parameters.npz"), np.load(ref_out / "parameters.npz")
-    assert sorted(got.files) == sorted(want.files)
-    for name in want.files:
-        assert np.array_equal(got[name], want[name]), name
+    _bitwise_like_a_run_without_the_fault(reference, out, out / "steps-rank0-3.json")
 
 
 def test_a_ward_lost_with_its_backup_holder_ends_the_job_with_a_clear_message(
@@ -325,7 +357,9 @@ def test_a_ward_lost_with_its_backup_holder_ends_the_job_with_a_clear_message(
     assert text.count("restart 1 of 3") == 1 and "restart 2 of 3" not in text, text[-4000:]
 
 
-def test_ranks_lost_with_no_standby_left_the_job_goes_on_without_them(tmp_path: Path) -> None:
+def test_ranks_lost_with_no_standby_left_the_job_goes_on_without_them(
+    tmp_path: Path, reference: Callable[[int], Any]
+) -> None:
     """odyssey (III-IV) when no standby is left: ``--standbys 0 --min-ranks 2``. Rank 2's
     machine is lost (SIGKILL; its slot is a host whose memory goes with it): the launcher drops
     its slot and relaunches the job with three ranks, which gather all four old ranks' states
@@ -364,11 +398,8 @@ def test_ranks_lost_with_no_standby_left_the_job_goes_on_without_them(tmp_path: 
     assert "of the 4-rank world on 3 ranks (old rank(s) [2] from their holders'" in text, text
     assert "of the 3-rank world on 2 ranks (old rank(s) [1] from their holders'" in text, text
 
-    record = json.loads((out / "steps-rank0-2.json").read_text())
-    steps = record["first_step"] + len(record["step_end"]) - 1
-    reference, ref_out = _launch(tmp_path, "reference", 0, steps=steps)
-    assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    got, want = np.load(out / "parameters.npz"), np.load(ref_out / "parameters.npz")
+    want = reference(_steps_done(out / "steps-rank0-2.json"))
+    got = np.load(out / "parameters.npz")
     assert sorted(got.files) == sorted(want.files)
     norms = {n: float(np.linalg.norm(got[n] - want[n]) / np.linalg.norm(want[n])) for n in want}
     print(f"relative difference to the 4-rank run, per tensor norm: {max(norms.values()):.3g}")
@@ -442,7 +473,7 @@ def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
 
 
 def test_a_hung_machine_is_named_by_its_stack_and_a_faulty_one_by_the_stop_time_checks(
-    tmp_path: Path,
+    tmp_path: Path, reference: Callable[[int], Any],
 ) -> None:
     """byterobust 4.1-4.3 + 5.1 (issue 18): the DeepSpeed ZeRO-1 job with two standby slots and
     ``--hang-after 6``, two faulty machines (``$FAILSLOW_DEMO_FAULT``, a plugin):
@@ -496,12 +527,12 @@ def test_a_hung_machine_is_named_by_its_stack_and_a_faulty_one_by_the_stop_time_
     assert "rank 2 (slot 2" in text and "failed the stop-time checks" in text, job.tail()
     assert "rank 0: resumed at step 20" in text, job.tail()
 
-    _bitwise_like_a_run_without_the_fault(tmp_path, out, sorted(out.glob("steps-rank0*.json"))[-1])
+    _bitwise_like_a_run_without_the_fault(reference, out, sorted(out.glob("steps-rank0*.json"))[-1])
 
 
 
 def test_a_nan_loss_is_rolled_back_and_a_silent_corruption_climbs_to_replay_which_names_it(
-    tmp_path: Path,
+    tmp_path: Path, reference: Callable[[int], Any],
 ) -> None:
     """byterobust 4.1-4.2 (issue 18), two incidents in one DeepSpeed job under ``failslow run``
     (fault plugins, ``$FAILSLOW_DEMO_FAULT``; ``--max-restarts 0``: the ladder's relaunches are
@@ -554,4 +585,4 @@ def test_a_nan_loss_is_rolled_back_and_a_silent_corruption_climbs_to_replay_whic
     assert "rolls back before step 13" in text and "at step 13 - asking the launcher" in text
     assert "rank 0: resumed at step 12" in text and "replaying from step 31" in text
 
-    _bitwise_like_a_run_without_the_fault(tmp_path, out, sorted(out.glob("steps-rank0*.json"))[-1])
+    _bitwise_like_a_run_without_the_fault(reference, out, sorted(out.glob("steps-rank0*.json"))[-1])

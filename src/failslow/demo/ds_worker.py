@@ -15,7 +15,9 @@ FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH; for the hot-update benchmar
 baseline FAILSLOW_DEMO_DISK_CHECKPOINT (load it at start if present) and FAILSLOW_DEMO_STOP_FILE
 (when every rank sees it: ``engine.save_checkpoint`` there and end; without a disk checkpoint
 the demo launcher ends the job with it), FAILSLOW_DEMO_CRASH_AT_START
-and FAILSLOW_DEMO_LOG_TAG for the hot-update tests.
+and FAILSLOW_DEMO_LOG_TAG for the hot-update tests; FAILSLOW_DEMO_SAVE_EVERY_STEP=1 for a
+reference run that several tests compare with (rank 0's parameters after every step as
+``parameters-step<N>.npz``, N the steps done).
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def main() -> None:
     first = engine.global_steps
     user_loop = os.environ.get("FAILSLOW_DEMO_LOOP", "user") == "user"
     batches = _repeat(loader) if user_loop else None
+    every_step = os.environ.get("FAILSLOW_DEMO_SAVE_EVERY_STEP") == "1" and rank == 0
     for step in range(first, steps):
         if stop_file and all_ranks_see(stop_file):
             if not disk:
@@ -140,10 +143,17 @@ def main() -> None:
         step_end.append(time.time())
         if rank == 0 and not failslow.replaying():  # the launcher's view of the job's progress
             write_progress(out, rank, step_end, first, step)
+        if every_step:
+            import numpy as np
+
+            np.savez(out / f"parameters-step{engine.global_steps}.npz", **_parameters(engine))
     record = run_record(rank, step_end, first, resumed, adapter)
     suffix = f"-{os.environ['FAILSLOW_RESTART']}" if os.environ.get("FAILSLOW_RESTART") else ""
-    params = {n: p.detach().cpu().numpy() for n, p in engine.module.named_parameters()}
-    finish(out, rank, record, params, adapter, suffix=suffix)
+    finish(out, rank, record, _parameters(engine), adapter, suffix=suffix)
+
+
+def _parameters(engine: Any) -> dict[str, Any]:
+    return {n: p.detach().cpu().numpy() for n, p in engine.module.named_parameters()}
 
 
 if __name__ == "__main__":
