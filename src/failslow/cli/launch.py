@@ -44,6 +44,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_stage_layers=args.max_stage_layers,
         hang_after_s=args.hang_after,
         stop_checks=args.stop_checks,
+        decline_every_s=args.decline_every,
         preload=tuple(m.strip() for m in (args.preload or "").split(",") if m.strip()),
         warm=args.warm,
         spare_delay_s=args.spare_delay,
@@ -252,6 +253,17 @@ def register(sub: Any) -> None:
         "memory without it. Keep it above the longest time one rank works alone while the "
         "others wait (rank 0 writing a checkpoint to disk), or that rank is the outlier "
         "(default 300; 0: off)",
+    )
+    p.add_argument(
+        "--decline-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --nproc-per-node and --controller: when the step time is up and the "
+        "validation round finds every rank healthy (an unexplained decline), start a round of "
+        "5 stack samples of every rank this often, 5 rounds, and evict the parallel group "
+        "flagged in more than half of them if the step time is still up (byterobust 5.1; 10 "
+        "is the paper's; default 0: off)",
     )
     p.add_argument(
         "--stop-checks",

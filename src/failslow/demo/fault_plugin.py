@@ -27,6 +27,10 @@ The demo workers register what :func:`from_env` returns on their session's plugi
   too (this module, registered through ``$FAILSLOW_PLUGINS``, installs it there,
   :func:`failslow_stop_check_start`) and name the machine; the GEMM check (``torch.mm``) does
   not.
+- ``{"kind": "slow", "slot": S, "step": N}``: from step ``N`` on, in every launch, the rank on
+  slot ``S`` spends :data:`SLOW_S` in :func:`injected_slow_data` after each step - a data
+  loader that fell behind, a CPU-bound rank: every rank's step gets slower, yet the validation
+  round's GEMM and link tests find every rank healthy (an unexplained decline, byterobust 5.1).
 """
 
 from __future__ import annotations
@@ -86,7 +90,15 @@ def corrupt_linear() -> None:
     F.linear = linear
 
 
-KINDS = ("hang", "nan", "sdc", "matmul")
+SLOW_S = 0.6
+
+
+def injected_slow_data() -> None:
+    """Where a slow rank spends :data:`SLOW_S` per step (its stack names it)."""
+    time.sleep(SLOW_S)
+
+
+KINDS = ("hang", "nan", "sdc", "matmul", "slow")
 
 
 @hookimpl
@@ -118,7 +130,11 @@ class InjectedFault:
 
     @hookimpl
     def failslow_on_step(self, step: int, step_time_s: float) -> None:
-        if step != self.step or os.environ.get(envvars.SLOT) != str(self.slot):
+        if os.environ.get(envvars.SLOT) != str(self.slot):
+            return
+        if self.kind == "slow" and step >= self.step:
+            injected_slow_data()
+        if step != self.step:
             return
         if self.kind == "hang":
             injected_hang()

@@ -27,11 +27,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,11 @@ class RunOptions:
     hang_after_s: float = 300.0
     """No collective on any rank for this long is a hang: stack aggregation names the group to
     evict (:mod:`failslow.node.hang`); 0: not watched."""
+    decline_every_s: float = 0.0
+    """With ``--controller``: an unexplained slowdown (step time up, every rank healthy in the
+    validation round) is localized by 5 rounds of stack aggregation this many seconds apart, and
+    the group flagged in more than half of them evicted if the step time is still up
+    (:mod:`failslow.node.decline`); 0: off."""
     stop_checks: bool = True
     """When a rank's metrics went bad, the stop-time checks on every machine come first, and
     the machines they name are evicted (:mod:`failslow.node.stop_checks`)."""
@@ -198,6 +204,10 @@ def _check_options(options: RunOptions) -> None:
             raise ConfigError(
                 f"--min-ranks must be between 1 and --nproc-per-node "
                 f"({options.nproc_per_node}), got {k}"
+            )
+        if not options.decline_every_s >= 0:
+            raise ConfigError(
+                f"--decline-every must be >= 0 seconds, got {options.decline_every_s}"
             )
         if not options.hang_after_s >= 0:
             raise ConfigError(f"--hang-after must be >= 0 seconds, got {options.hang_after_s}")
@@ -360,6 +370,10 @@ def run(options: RunOptions) -> int:
     )
     if ranks is not None:
         ranks.listeners.append(lambda _: agent.incidents.update(["failstop"]))
+        if control is not None and control.plane is not None:
+            control.plane.observers.append(decline_trigger(ranks))
+            if control.publisher is not None:
+                ranks.step_time = node_step_time(control.publisher)
         if launch.snapshot_dir is not None:
             agent.replay = _replayer(ranks, state_dir, say)
             if options.stop_checks:
@@ -403,6 +417,44 @@ def _replayer(ranks: Any, state_dir: Path, say: Any) -> Any:
         return outcome
 
     return run
+
+
+def decline_trigger(ranks: Any) -> Callable[[dict[str, Any]], None]:
+    """The controller's observer that starts the node's decline watch (byterobust 5.1,
+    :mod:`failslow.node.decline`): a validation round for a new onset that found every rank
+    healthy - the step time is up and nothing was localized - triggers it, with the levels of
+    the latest onset (its step time before and after); a relief (the step time came back) or a
+    diagnosis (the fail-slow path localized it) cancels it."""
+    levels: list[float | None] = [None, None]
+
+    def observe(ev: dict[str, Any]) -> None:
+        watch = ranks.decline_watch
+        if watch is None:
+            return
+        detail = ev.get("detail") or {}
+        if ev.get("kind") == "onset" and ev.get("type") == "onset":
+            levels[:] = [ev.get("before_s"), ev.get("after_s")]
+        elif ev.get("kind") == "state" and ev.get("state") == "diagnosed":
+            if detail.get("healthy") and not detail.get("recheck"):
+                watch.trigger("the step time is up and the validation round found every "
+                              "rank's GEMM and links healthy", *levels)  # fmt: skip
+        elif (ev.get("kind") == "onset" and ev.get("type") == "relief") or (
+            ev.get("kind") == "diagnosis"
+        ):  # the step time came back, or the fail-slow path localized it after all
+            watch.cancel()
+
+    return observe
+
+
+def node_step_time(publisher: Any) -> Callable[[], float | None]:
+    """The node's current step time: the median of its ranks' recent iteration times as the
+    node publisher last published them (None before it has any)."""
+
+    def step_time() -> float | None:
+        medians = [s["median_s"] for s in (publisher.latest_states or {}).values()]
+        return statistics.median(medians) if medians else None
+
+    return step_time
 
 
 def _checker(ranks: Any, state_dir: Path, say: Any) -> Any:
@@ -461,6 +513,7 @@ def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
             refill_delay_s=options.spare_delay_s,
             slots_as_hosts=options.slots_as_hosts,
             check_spares=options.warm and options.stop_checks,
+            decline_every_s=options.decline_every_s,
         ),
         say=_stderr_line,
     )

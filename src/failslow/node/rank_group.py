@@ -52,8 +52,10 @@ class FailStop:
     cause: str = "died"
     """``died`` (a fail-stop), ``evicted`` (an S4 restart plan named its host), ``hung``
     (the job hung and stack aggregation named its group, :mod:`failslow.node.hang`) or
-    ``replay`` (dual-phase replay named its machine, :mod:`failslow.node.replay`) or ``checks``
-    (the stop-time checks named it, :mod:`failslow.node.stop_checks`)."""
+    ``replay`` (dual-phase replay named its machine, :mod:`failslow.node.replay`), ``checks``
+    (the stop-time checks named it, :mod:`failslow.node.stop_checks`) or ``declined`` (an
+    unexplained slowdown's rounds of stack aggregation flagged its group,
+    :mod:`failslow.node.decline`)."""
     ranks_left: int | None = None
     """No standby left and ``--min-ranks`` allows it: the slot is dropped and the job goes on
     with this many ranks (None: not dropped)."""
@@ -69,7 +71,8 @@ class FailStop:
         how = f"signal {self.status - 128}" if self.status > 128 else f"status {self.status}"
         what = {"hung": "hung (stack aggregation named it)",
                 "replay": "corrupts its steps (dual-phase replay named it)",
-                "checks": "failed the stop-time checks (they named it)"}.get(
+                "checks": "failed the stop-time checks (they named it)",
+                "declined": "slows the job (stack aggregation flagged its group)"}.get(
             self.cause, f"died ({how})"
         )  # fmt: skip
         if self.replaced_by is not None:
@@ -218,14 +221,14 @@ class RankGroup:
         if not self._keep_going:
             self.release()
 
-    def hang(self, ranks: list[int]) -> None:
-        """The job hung and stack aggregation named ``ranks``: each is a fail-stop (its slot
-        evicted onto a standby while one is left, ...) with status :data:`HUNG`, and every
-        rank is stopped for the restart from memory."""
+    def hang(self, ranks: list[int], cause: str = "hung") -> None:
+        """The job hung (or slowed down, ``cause`` ``declined``) and stack aggregation named
+        ``ranks``: each is a fail-stop (its slot evicted onto a standby while one is left, ...)
+        with status :data:`HUNG`, and every rank is stopped for the restart from memory."""
         for rank in ranks:
             if rank in self.ranks and rank not in self._recorded:
                 self._recorded.add(rank)
-                self.failstops.append(self._on_failstop(self._record(rank, HUNG, "hung")))
+                self.failstops.append(self._on_failstop(self._record(rank, HUNG, cause)))
         self.release()
 
     def release(self) -> None:

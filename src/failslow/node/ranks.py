@@ -158,6 +158,14 @@ class RankOptions:
     evicted slot's memory is gone with it, as a machine's would be - the rank that replaces it
     restores from its holder's backup."""
     python: str = field(default_factory=lambda: sys.executable)
+    decline_every_s: float = 0.0
+    """An unexplained slowdown (the controller's healthy round for a new onset;
+    :func:`failslow.node.launcher.decline_trigger`) is localized by stack aggregation every this
+    many seconds (:mod:`failslow.node.decline`); 0: not at all."""
+    decline_rounds: int = 5
+    """Rounds of it before the most flagged group is evicted."""
+    decline_settle_s: float = 15.0
+    """Its rounds start no sooner than this after a launch (a restart's warm-up)."""
     check_spares: bool = False
     """Also keep one warm process per slot, torch imported, for the stop-time checks
     (:meth:`LocalRanks.spawn_check`), started after the job's own spares: the checks then skip
@@ -206,6 +214,11 @@ class LocalRanks:
         self.listeners: list[Callable[[FailStop], None]] = []
         """Told of each fail-stop (the launcher records it and counts the incident)."""
         self._hang_watch: Any = None
+        self.decline_watch: Any = None
+        """The unexplained slowdown's rounds of stack aggregation (``decline_every_s``)."""
+        self.step_time: Callable[[], float | None] = lambda: None
+        """The node's current step time (the launcher's node publisher), for the decline
+        watch's last guard: is the step time still up when its rounds end."""
 
     # -- the agent's spawn ---------------------------------------------------------------------
     def spawn(self, command: list[str], env: dict[str, str], cwd: str | None) -> RankGroup:
@@ -231,6 +244,7 @@ class LocalRanks:
         self.launches += 1
         self.group = group
         self._watch_hangs(env)
+        self._watch_declines(env)
         for warm in [w for w in self._pool if w.key != key]:
             self._pool.remove(warm)  # started for another version: of no use now
             self._retire(warm)
@@ -380,17 +394,41 @@ class LocalRanks:
             topology=lambda: job_topology(store), say=self.say,
         )  # fmt: skip
 
+    def _watch_declines(self, env: dict[str, str]) -> None:
+        """A new launch's ranks: a decline is looked for again when the controller sees one."""
+        if not self.options.decline_every_s > 0:
+            return
+        if self.decline_watch is None:
+            from failslow.node.decline import DeclineWatch
+            from failslow.node.stacks import job_topology
+
+            state = env.get(envvars.STATE_DIR)
+            self.decline_watch = DeclineWatch(
+                every_s=self.options.decline_every_s, rounds=self.options.decline_rounds,
+                settle_s=self.options.decline_settle_s, state_dir=Path(state) if state else None,
+                step_time=lambda: self.step_time(), say=self.say,
+            )  # fmt: skip
+        store = env.get(envvars.STORE)
+        self.decline_watch.topology = lambda: job_topology(store)
+        self.decline_watch.reset()
+
     def tick(self) -> None:
-        """Watch for a hang; start the next warm spare when it is due: ``refill_delay_s``
-        after the launch, then one at a time, each when the last one finished its imports -
-        spares importing torch beside ranks that are starting would slow the very restart they
-        are for."""
+        """Watch for a hang and localize a decline; start the next warm spare when it is due:
+        ``refill_delay_s`` after the launch, then one at a time, each when the last one
+        finished its imports - spares importing torch beside ranks that are starting would
+        slow the very restart they are for."""
         group, watch = self.group, self._hang_watch
         if watch is not None and group is not None and group.running():
             pids = {rank: process.pid for rank, (_, process) in group.ranks.items()}
             hung = watch.check(pids)
             if hung:
                 group.hang(hung)
+        decline = self.decline_watch
+        if decline is not None and decline.active and group is not None and group.running():
+            pids = {rank: process.pid for rank, (_, process) in group.ranks.items()}
+            slow = decline.check(pids)
+            if slow:
+                group.hang(slow, cause="declined")
         if self._refill is not None:
             key, env, due = self._refill
             if time.monotonic() < due:
@@ -548,7 +586,7 @@ class LocalRanks:
             self.evicted.append(record.slot)
             self.slots[record.rank] = replaced_by
             gone = True
-        elif record.cause in ("died", "hung", "replay", "checks") and self._may_drop():
+        elif record.cause in ("died", "hung", "replay", "checks", "declined") and self._may_drop():
             self._dropping.append(record.slot)
             self.evicted.append(record.slot)
             ranks_left = len(self.slots) - len(self._dropping)

@@ -16,6 +16,7 @@ from failslow.core.diagnosis.stacks import (
     aggregate,
     frames_from_py_spy,
     group_of,
+    round_flag,
     shared_group,
     signature,
 )
@@ -114,6 +115,38 @@ def test_an_mfu_decline_s_degrader_is_the_group_flagged_most_over_five_rounds() 
         assert tally.degrader() is None
         tally.add(aggregate(stacks, topo), topo)
     assert tally.done and tally.degrader() == ("pp", tuple(slow_pipeline))
+    noise = DeclineTally(rounds=5)  # the most flagged group, but in 2 rounds of 5: nobody
+    for outliers in [slow_pipeline, [1], slow_pipeline, [], [3]]:
+        stacks = [
+            ProcessStack(r, r, RANK, _frames("gemm" if r in outliers else "wait")) for r in range(8)
+        ]
+        noise.add(aggregate(stacks, topo), topo)
+    assert noise.done and noise.flags[("pp", tuple(slow_pipeline))] == 2
+    assert noise.degrader() is None
+
+
+def test_a_round_of_samples_flags_the_group_outlying_in_most_of_them() -> None:
+    """A slow rank caught computing in one sample of three, waiting (an outlier) in the
+    others; a healthy rank outlying in one sample only: the round flags the slow one. Two
+    groups outlying equally often flag nobody; so do samples with nothing outlying."""
+    topo = Topology.megatron(tp=1, dp=4, pp=1, gpus_per_host=1, micro_batches=4)
+
+    def sample(*outliers: int, topology: Topology | None = topo) -> Aggregation:
+        stacks = [
+            ProcessStack(r, r, RANK, _frames("load" if r in outliers else "wait")) for r in range(4)
+        ]
+        return aggregate(stacks, topology)
+
+    assert round_flag([sample(2), sample(), sample(2), sample(1)], topo) == ("host", (2,))
+    assert round_flag([sample(2), sample(1)], topo) == ("none", ())  # a tie
+    assert round_flag([sample(), sample()], topo) == ("none", ())
+    unknown = [sample(2, topology=None), sample(2, topology=None)]
+    assert round_flag(unknown, None) == ("ranks", (2,))  # no topology known
+    tally = DeclineTally(rounds=2)
+    assert tally.add([sample(2), sample(1)], topo) == ("none", ())
+    assert tally.add(sample(3), topo) == ("host", (3,))
+    assert tally.seen == 2 and tally.flags == {("host", (3,)): 1}
+    assert tally.degrader() is None  # 1 of 2 rounds is not more than half
 
 
 @settings(max_examples=150, deadline=None)

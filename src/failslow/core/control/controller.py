@@ -303,7 +303,10 @@ class Controller:
             "target": target,
         }
         self._pending = diagnose(gemm, links, threshold=self.detection.threshold, evidence=evidence)
-        self._enter(State.DIAGNOSED, healthy=self._pending is None, paused_s=result.paused_s)
+        self._enter(
+            State.DIAGNOSED, healthy=self._pending is None, paused_s=result.paused_s,
+            recheck=self._recheck,
+        )  # fmt: skip
 
     def _abandon(self, error: str) -> None:
         self._recheck, self._last_round = False, time.time()

@@ -16,9 +16,10 @@ implicit failure:
    Fig. 7, where a stalled last stage leaves its pipeline in ``isend``/``irecv`` and
    ``all_gather``.
 
-For an MFU decline the aggregation is repeated every few seconds; each round flags the group
-with the most outliers and, after ``rounds`` rounds, the most flagged group is the degrader
-(:class:`DeclineTally`, 5.1's last paragraph).
+For an MFU decline the aggregation is repeated every few seconds; each round (here: a few
+stack samples) flags the group with the most outliers and, after ``rounds`` rounds, the most
+flagged group is the degrader if it was flagged in more than half of them (:class:`DeclineTally`,
+5.1's last paragraph).
 
 Cost: one pass over the stacks (a dict of signatures) and O(outliers + groups touched) for the
 shared group; 1,024 ranks' stacks aggregate in milliseconds (benchmarks/stack_aggregation.py).
@@ -221,7 +222,12 @@ def shared_group(outliers: Sequence[int], topology: Topology | None) -> SharedGr
 @dataclass
 class DeclineTally:
     """byterobust 5.1 for an MFU decline: every round flags the parallel group with the most
-    outliers; after ``rounds`` rounds the most flagged one is the degrader."""
+    outliers; after ``rounds`` rounds the most flagged one is the degrader.
+
+    A round here is several stack samples (:meth:`add` takes them together): one dump of a
+    rank that alternates between waiting and computing lands in either phase by chance, while
+    a degrader is an outlier in most of them, so a round sums the outliers of its samples per
+    group before it flags one. A round whose two most-outlying groups tie flags nobody."""
 
     rounds: int = 5
     flags: collections.Counter[tuple[str, tuple[int, ...]]] = field(
@@ -229,19 +235,15 @@ class DeclineTally:
     )
     seen: int = 0
 
-    def add(self, aggregation: Aggregation, topology: Topology) -> tuple[str, tuple[int, ...]]:
-        """Count one round; returns the group it flags (``("none", ())`` if nothing stood
-        out)."""
+    def add(
+        self, samples: Aggregation | Sequence[Aggregation], topology: Topology | None
+    ) -> tuple[str, tuple[int, ...]]:
+        """Count one round of one or more samples; returns the group it flags
+        (``("none", ())`` if nothing stood out, or two groups tied)."""
         self.seen += 1
-        if not aggregation.outliers or aggregation.undecided:
-            return ("none", ())
-        per_group: collections.Counter[tuple[str, tuple[int, ...]]] = collections.Counter()
-        suspects = aggregation.suspects or shared_group(aggregation.outliers, topology)
-        kind = suspects.kind
-        for rank in aggregation.outliers:
-            per_group[(kind, group_of(topology, kind, rank) if kind in KINDS else (rank,))] += 1
-        flagged = max(per_group.items(), key=lambda kv: (kv[1], -min(kv[0][1])))[0]
-        self.flags[flagged] += 1
+        flagged = round_flag([samples] if isinstance(samples, Aggregation) else samples, topology)
+        if flagged[1]:
+            self.flags[flagged] += 1
         return flagged
 
     @property
@@ -249,10 +251,33 @@ class DeclineTally:
         return self.seen >= self.rounds
 
     def degrader(self) -> tuple[str, tuple[int, ...]] | None:
-        """The most flagged group once ``rounds`` rounds ran (None before, or if none was)."""
+        """The most flagged group once ``rounds`` rounds ran - None before, or when no group
+        was flagged in more than half of them: on a shared machine a round now and then flags
+        a healthy group, and an over-eviction on it costs a restart."""
         if not self.done or not self.flags:
             return None
-        return max(self.flags.items(), key=lambda kv: (kv[1], -min(kv[0][1])))[0]
+        group, flags = max(self.flags.items(), key=lambda kv: (kv[1], -min(kv[0][1])))
+        return group if flags * 2 > self.rounds else None
+
+
+def round_flag(
+    samples: Sequence[Aggregation], topology: Topology | None
+) -> tuple[str, tuple[int, ...]]:
+    """The group one round flags: per sample, each outlier counts for its group of the kind
+    the sample's outliers share (:func:`shared_group`); the group with the most counts over
+    the samples, ``("none", ())`` when no sample had a decided outlier or the top two tie."""
+    per_group: collections.Counter[tuple[str, tuple[int, ...]]] = collections.Counter()
+    for sample in samples:
+        if not sample.outliers or sample.undecided:
+            continue
+        kind = (sample.suspects or shared_group(sample.outliers, topology)).kind
+        for rank in sample.outliers:
+            key = group_of(topology, kind, rank) if topology and kind in KINDS else (rank,)
+            per_group[(kind, key)] += 1
+    ranked = per_group.most_common(2)
+    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
+        return ("none", ())
+    return ranked[0][0]
 
 
 def frames_from_py_spy(threads: Sequence[Mapping[str, Any]], pid: int) -> tuple[Frame, ...]:
