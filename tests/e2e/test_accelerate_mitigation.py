@@ -7,8 +7,8 @@ backward``, ``optimizer.step``) over ``fs.loader(dataset)``, the model FSDP2 ove
 ``unshard_once`` (Accelerate's FSDP path switched on for this CPU-only machine, demo-only),
 failslow registered by ``failslow.accelerate.attach(accelerator)``. Rank 2 is
 SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 50 until the plan has been in
-effect 30 steps (step 110 at the earliest), and the job runs until the revert has been in
-effect 30 steps. The control plane must by itself detect, validate, name rank 2, buy S2 (fewer
+effect 20 steps (step 100 at the earliest), and the job runs until the revert has been in
+effect 20 steps. The control plane must by itself detect, validate, name rank 2, buy S2 (fewer
 micro-batches for rank 2) at one step boundary on every rank and revert to the even split
 after the release.
 
@@ -32,8 +32,8 @@ pytest.importorskip(
 )
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-# STEPS is only the earliest end: the job runs on until the revert has been in effect 30 steps
-STEPS, START, END, SLOW = 160, 50, 110, 2
+# STEPS is only the earliest end: the job runs on until the revert has been in effect 20 steps
+STEPS, START, END, SLOW = 140, 50, 100, 2
 
 
 def _options(out: Path, **kw: object) -> MitigationDemoOptions:
@@ -51,7 +51,7 @@ def _options(out: Path, **kw: object) -> MitigationDemoOptions:
 
 
 def test_an_accelerate_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path: Path) -> None:
-    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=30))
+    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=20))
     steps_run = summary["steps_run"]
     run_mitigation_demo(
         _options(tmp_path / "reference", mitigate=False, inject=False, steps=steps_run)

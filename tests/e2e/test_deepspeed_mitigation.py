@@ -4,8 +4,8 @@ A 4-rank DeepSpeed ZeRO-1 job on CPU/gloo (``failslow demo --framework deepspeed
 trained by the loop DeepSpeed's tutorials teach (``loss = loss_fn(engine(x), y);
 engine.backward(loss); engine.step()`` over the loader ``failslow.deepspeed.initialize``
 returns), runs with failslow enabled by its config block; rank 2 is SIGSTOP/SIGCONT-cycled from
-outside (75% stopped, ~4x slower) from step 50 until the plan has been in effect 30 steps (at
-step 110 at the earliest), and the job runs until the revert has been in effect 30 steps (160
+outside (75% stopped, ~4x slower) from step 50 until the plan has been in effect 20 steps (at
+step 100 at the earliest), and the job runs until the revert has been in effect 20 steps (140
 steps at least): on a loaded machine detection, validation and the periodic re-validation
 (every 8 s here) that finds the fail-slow over take longer, and the job waits for them instead of
 ending first. The control plane beside
@@ -38,7 +38,7 @@ from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS, START, END, SLOW = 160, 50, 110, 2
+STEPS, START, END, SLOW = 140, 50, 100, 2
 
 
 def _options(out: Path, observe: dict | None = None, **kw: object) -> MitigationDemoOptions:
@@ -64,7 +64,7 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
         _options(
             tmp_path / "mitigated",
             observe={"tensorboard_dir": str(tensorboard)},
-            until_mitigated=30,
+            until_mitigated=20,
         )
     )
     steps_run = summary["steps_run"]

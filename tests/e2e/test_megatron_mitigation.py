@@ -4,7 +4,7 @@ A 4-rank Megatron-core GPT on CPU/gloo (``failslow demo --framework megatron``'s
 x DP2, Megatron DDP, Adam, 1F1B), trained by the Megatron-LM loop with
 ``failslow.megatron.attach`` and ``fs.forward_backward``; rank 2 (pipeline stage 1 of replica
 0) is SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 50 until the plan has been in
-effect 30 steps, and the job runs until the revert has been in effect 30 steps (160 at least).
+effect 20 steps, and the job runs until the revert has been in effect 20 steps (140 at least).
 No group of this job spans every rank, so the validation pause lands at a step boundary. The
 control plane must, by itself: detect the onset, pause and validate, name rank 2, buy S2 and
 have every rank switch to fewer micro-batches on replica 0 (both of its stages) at one step
@@ -30,7 +30,7 @@ pytest.importorskip(
 )
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS, START, END, SLOW, WORLD = 160, 50, 110, 2, 4
+STEPS, START, END, SLOW, WORLD = 140, 50, 100, 2, 4
 
 
 def _options(out: Path, **kw: object) -> MitigationDemoOptions:
@@ -48,7 +48,7 @@ def _options(out: Path, **kw: object) -> MitigationDemoOptions:
 
 
 def test_a_megatron_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path: Path) -> None:
-    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=30))
+    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=20))
     steps_run = summary["steps_run"]
     reference = run_mitigation_demo(
         _options(tmp_path / "reference", mitigate=False, inject=False, steps=steps_run)
