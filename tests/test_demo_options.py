@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from failslow.demo.mitigation import MitigationDemoOptions
@@ -42,6 +44,7 @@ def test_bad_fault_options_are_one_line(options, message):
         (["--framework", "megatron", "--fault", "hang"], "--fault hang needs --framework deep"),
         (["--framework", "fsdp", "--fault", "nan"], "--fault nan needs --framework deepspeed"),
         (["--framework", "megatron", "--fault", "sdc"], "--fault sdc needs --framework deeps"),
+        (["--framework", "megatron", "--fault", "slow"], "--fault slow needs --framework deep"),
     ],
 )
 def test_bad_strategies_are_one_line_before_anything_starts(argv, message, capsys):
@@ -114,3 +117,27 @@ def test_the_kill_demo_names_odyssey_s_choice_and_compares_a_model_split_over_ra
     close = compare_parameters(tmp_path / "a", tmp_path / "b", "1e-5", rtol=1e-5)
     assert close["equal"] and 0 < close["max_rel_norm_diff"] < 1e-6
     assert not compare_parameters(tmp_path / "a", tmp_path / "b", "bitwise")["equal"]
+
+
+def test_the_slowdown_demo_names_the_group_flagged_in_most_rounds_of_the_last_tally(tmp_path):
+    """``--fault slow``'s summary from the launcher's ``declines.jsonl``: the suspects are the
+    group flagged in more than half the rounds of the tally that ended the decline (an earlier
+    tally that named nobody does not count); with no such group, nobody."""
+    from failslow.demo.failstop import _decline_summary
+
+    def write(rounds):
+        lines = [
+            {"round": i + 1, "attempt": attempt, "flagged": flagged}
+            for i, (attempt, flagged) in enumerate(rounds)
+        ]
+        (tmp_path / "declines.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return _decline_summary(tmp_path)
+
+    host1, none = ["host", [1]], ["none", []]
+    first = [(1, host1), (1, none), (1, ["host", [2]]), (1, none), (1, none)]  # nobody
+    summary = write([*first, (2, host1), (2, host1), (2, none), (2, host1), (2, ["host", [3]])])
+    assert summary["suspects"] == {"ranks": [1], "kind": "host", "rounds": 3}
+    assert summary["rungs"][-1] == "restart every rank from memory"
+    assert len(summary["decline_rounds"]) == 10
+    nobody = write([(1, host1), (1, none), (1, host1), (1, none)])  # 2 of 4: not more than half
+    assert nobody["suspects"] is None and len(nobody["rungs"]) == 2

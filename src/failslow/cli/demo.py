@@ -44,7 +44,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
         moved = summary["slow_rank_moved"]  # restarted away onto a standby
         return 0 if moved and summary["parameters"].get("equal", True) else 1
-    if args.fault in ("hang", "nan", "sdc", "matmul"):
+    if args.fault in ("hang", "nan", "sdc", "matmul", "slow"):
         if args.framework != "deepspeed":
             raise SystemExit(f"failslow demo: --fault {args.fault} needs --framework deepspeed")
         from failslow.demo.failstop import FailstopDemoOptions, run_failstop_demo
@@ -173,7 +173,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--fault",
-        choices=("compute", "link", "kill", "hang", "nan", "sdc", "matmul"),
+        choices=("compute", "link", "kill", "hang", "nan", "sdc", "matmul", "slow"),
         default="compute",
         help="compute - the slow rank is SIGSTOP-cycled (S2); link (megatron or fsdp, root) - "
         "every rank in its own network namespace, the link between ranks 0 and 1 shaped with "
@@ -188,7 +188,10 @@ def register(sub: Any) -> None:
         "faulty GPU): reattempt, then dual-phase replay names the machine, evicted onto the "
         "standby; matmul (deepspeed) - from 2/7 of the run every nn.Linear output of "
         "--slow-rank's machine is 8x too large: the stop-time checks' bitwise-alignment step "
-        "names the machine, evicted onto the standby",
+        "names the machine, evicted onto the standby; slow (deepspeed) - from 2/7 of the run "
+        "--slow-rank's rank spends 0.6 s per step in a slow data loader, every rank healthy in "
+        "the validation round: rounds of stack samples name its machine, evicted onto the "
+        "standby",
     )
     p.add_argument(
         "--no-standby",

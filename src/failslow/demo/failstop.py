@@ -45,6 +45,14 @@ jumps; the ladder's first rung runs the stop-time checks on every machine - a GE
 ring and one step of a reference model compared bit for bit - and the reference step names the
 machine, evicted onto the standby; ``summary.json`` adds the checks' table and the ``suspects``.
 
+``--fault slow`` (DeepSpeed): from 2/7 of the run on, ``--slow-rank``'s rank spends 0.6 s per
+step in a slow data loader (a plugin). Every step gets slower, yet the controller's validation
+round finds every rank's GEMM and links healthy: nothing localized. The launcher
+(``--decline-every 2``) takes 5 rounds of 5 stack samples of every rank, evicts the machine
+flagged in more than half of them onto the standby while the step time is still up, and
+restarts every rank from memory (byterobust 5.1, MFU decline); ``summary.json`` adds the rounds
+(``declines.jsonl``) and the ``suspects``.
+
 ``--framework megatron`` runs the same with Megatron-core's GPT on TP1 x PP2 x DP2
 (:mod:`failslow.demo.megatron_worker`); with ``--no-standby`` the launcher chooses each smaller
 world's grid (odyssey's reroute or reconfigure), named in the action, and the final model is
@@ -73,6 +81,10 @@ from failslow import envvars
 from failslow.demo import fault_plugin, rank_launch
 from failslow.demo.rank_launch import READY, RESUMED
 from failslow.errors import FailslowError
+
+DECLINE_EVERY_S = 2.0
+"""``--fault slow``: a round of stack samples this often (the paper's 10 s, shortened
+for a demo)."""
 
 
 @dataclass
@@ -199,7 +211,7 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
                 run.events.append("reference done")
                 refresh()
         stops = rank_launch.failstops(tmp / "chaos-state")
-        for name in ("hangs.jsonl", "incidents.jsonl"):
+        for name in ("hangs.jsonl", "incidents.jsonl", "declines.jsonl"):
             found = tmp / "chaos-state" / name
             if found.exists():
                 (out / name).write_text(found.read_text())
@@ -219,11 +231,15 @@ def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: 
         _, slot, step = opts.injected
         fault[fault_plugin.ENV] = json.dumps({"kind": kind, "slot": slot, "step": step})
         fault[envvars.PLUGINS] = fault_plugin.__name__  # its stop-time check hook, too
+        if kind == "slow":  # one GEMM at a time in the validation round (2 shared cores)
+            fault["FAILSLOW__VALIDATION__GEMM_SERIAL"] = "true"
     env = rank_launch.job_env(job_out, opts.steps, opts.framework, **fault)
     argv = rank_launch.command(
         tmp, "chaos", world_size=opts.world_size, standbys=opts.standbys,
         restarts=max(1, len(opts.kill_steps)), min_ranks=opts.min_ranks,
         framework=opts.framework, hang_after_s=opts.hang_after_s if kind == "hang" else None,
+        decline_every_s=DECLINE_EVERY_S if kind == "slow" else None,
+        threshold=2.0 if kind == "slow" else None,
     )  # fmt: skip
     log_path = out / "job.log"
     with open(log_path, "w") as log:
@@ -296,23 +312,26 @@ def _scan(text: str, run: _Run, opts: FailstopDemoOptions, kind: str | None) -> 
         event = line.removeprefix("failslow run: ")
         shown = (" died (", " hung (", "hang: ", "reattempt: ", "roll back code: ",
                  "needs a person: ", "replay (", "replay: ", "stop-time checks",
-                 "evict: ")  # fmt: skip
+                 "evict: ", "decline: ")  # fmt: skip
         if any(x in line for x in shown) or event.startswith("odyssey "):
             if event not in run.events:
                 run.events.append(event)
         seen = {"hang": " hung (", "nan": "failslow run: reattempt: rank ",
-                "sdc": " corrupts its steps (", "matmul": " failed the stop-time checks"}.get(
-                    kind or "")  # fmt: skip
+                "sdc": " corrupts its steps (", "matmul": " failed the stop-time checks",
+                "slow": " slows the job ("}.get(kind or "")  # fmt: skip
         if seen is not None and seen in line and not run.kills:
             # the faulty rank is the incident's "kill", after the last step done well: a hung
             # one did not end the step after the fault's, a NaN one's peers may have, a
             # corrupt step is never done well
             fault = opts.injected[2] if opts.injected is not None else run.step
-            last = {"nan": max(fault, run.step), "sdc": fault - 1}.get(kind or "", fault)
+            last = {"nan": max(fault, run.step), "sdc": fault - 1,
+                    "slow": run.step}.get(kind or "", fault)  # fmt: skip
             rank = int(re.search(r"rank (\d+)", line).group(1))  # type: ignore[union-attr]
+            # a slowdown's "seen" counts from its first slow step to the eviction
+            began = fault if kind == "slow" else last
             run.kills.append(
                 {"rank": rank, "pid": 0, "step_done": last,
-                 "at": run.seen.get(last, time.time()),
+                 "at": run.seen.get(began, time.time()),
                  "last_step_seen_at": run.seen.get(last), "warm": READY in text}
             )  # fmt: skip
 
@@ -362,7 +381,7 @@ def _summary(
         )
     kind = opts.injected[0] if opts.injected is not None else "kill"
     incident = {"hang": _hang_summary, "nan": _ladder_summary, "sdc": _ladder_summary,
-                "matmul": _ladder_summary}.get(kind)  # fmt: skip
+                "matmul": _ladder_summary, "slow": _decline_summary}.get(kind)  # fmt: skip
     return {
         **(incident(out) if incident is not None else {}),
         "framework": opts.framework,
@@ -392,6 +411,33 @@ def _hang_summary(out: Path) -> dict[str, Any]:
         "rungs": rungs,
         "suspects": named[0]["suspects"] if named else None,
         "hang_looks": looks,
+    }
+
+
+def _decline_summary(out: Path) -> dict[str, Any]:
+    """The unexplained slowdown's incident, the rungs taken and the suspects (the launcher's
+    ``declines.jsonl``, copied into the run directory): the group flagged most over the last
+    tally's rounds."""
+    path = out / "declines.jsonl"
+    rounds = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    last = [r for r in rounds if r["attempt"] == rounds[-1]["attempt"]] if rounds else []
+    flags: dict[tuple[str, tuple[int, ...]], int] = {}
+    for r in last:
+        if r["flagged"][1]:
+            key = (r["flagged"][0], tuple(r["flagged"][1]))
+            flags[key] = flags.get(key, 0) + 1
+    top = max(flags.items(), key=lambda kv: kv[1]) if flags else None
+    named = top is not None and top[1] * 2 > len(last)
+    rungs = ["step time up, every rank healthy in the validation round: a decline",
+             f"{len(rounds)} rounds of stack samples"]  # fmt: skip
+    if named:
+        rungs += ["evict the flagged group's machines", "restart every rank from memory"]
+    return {
+        "incident": "decline",
+        "rungs": rungs,
+        "suspects": {"ranks": list(top[0][1]), "kind": top[0][0], "rounds": top[1]}
+        if named and top is not None else None,
+        "decline_rounds": [{"round": r["round"], "flagged": r["flagged"]} for r in rounds],
     }
 
 
@@ -458,7 +504,9 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    hang, nan, sdc, matmul = (summary["fault"] == f for f in ("hang", "nan", "sdc", "matmul"))
+    hang, nan, sdc, matmul, slow = (
+        summary["fault"] == f for f in ("hang", "nan", "sdc", "matmul", "slow")
+    )
     title = "fail-stops: killed, seen, every rank restarted from memory"
     if hang:
         title = "a machine hangs: found by its stacks, every rank restarted from memory"
@@ -468,8 +516,11 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
         title = "a silent corruption: named by dual-phase replay, evicted, restarted from memory"
     if matmul:
         title = "a faulty matmul: named by the stop-time checks, evicted, restarted from memory"
+    if slow:
+        title = "an unexplained slowdown: named by rounds of stacks, evicted, restarted from memory"
     after = {"hang": "hung after step", "nan": "last step done", "sdc": "last good step",
-             "matmul": "last good step"}.get(summary["fault"], "killed after step")  # fmt: skip
+             "matmul": "last good step", "slow": "last step done"}.get(
+                 summary["fault"], "killed after step")  # fmt: skip
     table = Table(title=title)
     for col in ("rank", after, "seen", "resumed at",
                 "lost steps", "downtime", "warm", "restarted", "its state from"):  # fmt: skip
@@ -483,7 +534,7 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
         )  # fmt: skip
     console = Console()
     console.print(table)
-    if hang:
+    if hang or slow:
         suspects = summary["suspects"]
         named = f"ranks {suspects['ranks']} ({suspects['kind']})" if suspects else "nobody"
         console.print(f"rungs: {' -> '.join(summary['rungs'])}; stack aggregation named {named}")

@@ -48,6 +48,7 @@ def command(
     min_ranks: int | None = None,
     framework: str = "deepspeed",
     hang_after_s: float | None = None,
+    decline_every_s: float | None = None,
 ) -> list[str]:
     """``failslow run`` of the demo job: rings, state and snapshots under ``tmp/<name>-*``,
     one spare per rank two seconds after each launch, one slot per host."""
@@ -55,6 +56,8 @@ def command(
     extra = ["--threshold", str(threshold)] if threshold is not None else []
     if hang_after_s is not None:
         extra += ["--hang-after", str(hang_after_s)]
+    if decline_every_s is not None:
+        extra += ["--decline-every", str(decline_every_s)]
     if min_ranks is not None:
         extra += ["--min-ranks", str(min_ranks)]
     return [
