@@ -201,7 +201,7 @@ def test_the_launcher_evicts_the_flagged_rank_onto_a_standby(tmp_path: Path) -> 
     env = {**os.environ, "SLOW_RANK": str(SLOW), "FAILSLOW_STATE_DIR": str(tmp_path / "state")}
     try:
         group = launcher.spawn([str(script)], env, str(tmp_path))
-        launcher.decline_watch.sample_gap_s = 0.05
+        launcher.decline_watch.samples = 2  # the launcher's loop ticks every ~0.5 s
         decline_trigger(launcher)(
             event("state", state="diagnosed", detail={"healthy": True, "recheck": False})
         )

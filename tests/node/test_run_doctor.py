@@ -156,6 +156,8 @@ def test_run_returns_the_child_exit_status(tmp_path: Path) -> None:
         ("run", "--no-shim", "--", "/nonexistent/failslow-cmd"),
         ("run", "--no-shim", "--", "README.md"),
         ("run", "--no-shim", "--capacity", "1000", "--", "true"),
+        ("run", "--no-shim", "--decline-every", "10", "--", "true"),
+        ("run", "--no-shim", "--nproc-per-node", "2", "--decline-every", "-1", "--", "true"),
     ],
 )
 def test_run_user_errors_are_one_line(args: tuple[str, ...]) -> None:
