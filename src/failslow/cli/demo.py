@@ -137,7 +137,7 @@ def _strategies(args: argparse.Namespace) -> list[str] | None:
             )
         if args.iterations is not None or args.slow_end is not None:
             raise SystemExit(
-                "failslow demo --strategies S4: the job ends 60 steps after its restart and the "
+                "failslow demo --strategies S4: the job ends 30 steps after its restart and the "
                 "slowdown with the slow process; --iterations and --slow-end do not apply"
             )
     elif args.framework == "torch" or args.fault == "kill":

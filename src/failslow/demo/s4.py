@@ -85,7 +85,7 @@ class S4DemoOptions:
     later): the restart is then the one a long job gets."""
     stopped_fraction: float = 0.75
     throttle_period_s: float = 0.02
-    after_steps: int = 60
+    after_steps: int = 30
     """Steps the job runs after every rank resumed (then it ends at a common step)."""
     max_steps: int = 1500
     """The job ends here at the latest (S4 not bought: the demo fails)."""
