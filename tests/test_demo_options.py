@@ -41,10 +41,11 @@ def test_bad_fault_options_are_one_line(options, message):
         (["--framework", "torch", "--strategies", "S2"], "needs a demo with mitigation"),
         (["--framework", "deepspeed", "--no-standby"], "--no-standby goes with --fault kill"),
         (["--framework", "fsdp", "--fault", "kill"], "--fault kill needs --framework deepspeed or"),
-        (["--framework", "megatron", "--fault", "hang"], "--fault hang needs --framework deep"),
+        (["--framework", "fsdp", "--fault", "hang"], "hang needs --framework deepspeed or meg"),
+        (["--framework", "megatron", "--fault", "nan"], "--fault nan needs --framework deepspeed"),
         (["--framework", "fsdp", "--fault", "nan"], "--fault nan needs --framework deepspeed"),
         (["--framework", "megatron", "--fault", "sdc"], "--fault sdc needs --framework deeps"),
-        (["--framework", "megatron", "--fault", "slow"], "--fault slow needs --framework deep"),
+        (["--framework", "accelerate", "--fault", "slow"], "slow needs --framework deepspeed or"),
     ],
 )
 def test_bad_strategies_are_one_line_before_anything_starts(argv, message, capsys):
@@ -119,25 +120,25 @@ def test_the_kill_demo_names_odyssey_s_choice_and_compares_a_model_split_over_ra
     assert not compare_parameters(tmp_path / "a", tmp_path / "b", "bitwise")["equal"]
 
 
-def test_the_slowdown_demo_names_the_group_flagged_in_most_rounds_of_the_last_tally(tmp_path):
+def test_the_slowdown_demo_names_the_group_of_the_tally_that_evicted(tmp_path):
     """``--fault slow``'s summary from the launcher's ``declines.jsonl``: the suspects are the
-    group flagged in more than half the rounds of the tally that ended the decline (an earlier
-    tally that named nobody does not count); with no such group, nobody."""
+    group flagged in more than half the rounds of the first tally that had one (the eviction);
+    a tally that named nobody before it, or a later decline after the restart, does not count;
+    with no such tally, nobody."""
     from failslow.demo.failstop import _decline_summary
 
-    def write(rounds):
-        lines = [
-            {"round": i + 1, "attempt": attempt, "flagged": flagged}
-            for i, (attempt, flagged) in enumerate(rounds)
-        ]
+    def write(tallies):
+        lines = [{"round": i + 1, "flagged": flagged}
+                 for tally in tallies for i, flagged in enumerate(tally)]  # fmt: skip
         (tmp_path / "declines.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
         return _decline_summary(tmp_path)
 
-    host1, none = ["host", [1]], ["none", []]
-    first = [(1, host1), (1, none), (1, ["host", [2]]), (1, none), (1, none)]  # nobody
-    summary = write([*first, (2, host1), (2, host1), (2, none), (2, host1), (2, ["host", [3]])])
-    assert summary["suspects"] == {"ranks": [1], "kind": "host", "rounds": 3}
+    pp, none = ["pp", [0, 2]], ["none", []]
+    nobody = [["host", [1]], none, ["host", [3]], none, none]
+    evicted = [pp, pp, none, pp, ["host", [3]]]
+    after_restart = [["ranks", [1]], none, none, none, none]  # the step time came back
+    summary = write([nobody, evicted, after_restart])
+    assert summary["suspects"] == {"ranks": [0, 2], "kind": "pp", "rounds": 3}
+    assert summary["rungs"][1] == "15 rounds of stack samples (3 tallies)"
     assert summary["rungs"][-1] == "restart every rank from memory"
-    assert len(summary["decline_rounds"]) == 10
-    nobody = write([(1, host1), (1, none), (1, host1), (1, none)])  # 2 of 4: not more than half
-    assert nobody["suspects"] is None and len(nobody["rungs"]) == 2
+    assert write([[pp, none, pp, none]])["suspects"] is None  # 2 of 4: not more than half

@@ -45,8 +45,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         moved = summary["slow_rank_moved"]  # restarted away onto a standby
         return 0 if moved and summary["parameters"].get("equal", True) else 1
     if args.fault in ("hang", "nan", "sdc", "matmul", "slow"):
-        if args.framework != "deepspeed":
-            raise SystemExit(f"failslow demo: --fault {args.fault} needs --framework deepspeed")
+        machine = args.fault in ("hang", "slow")  # the machine's: any framework's ranks
+        if args.framework != "deepspeed" and not (machine and args.framework == "megatron"):
+            needs = "deepspeed or megatron" if machine else "deepspeed"
+            raise SystemExit(f"failslow demo: --fault {args.fault} needs --framework {needs}")
         from failslow.demo.failstop import FailstopDemoOptions, run_failstop_demo
 
         steps = args.iterations or FailstopDemoOptions.steps
@@ -59,6 +61,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 injected=(args.fault, args.slow_rank % args.world_size, steps * 2 // 7),
                 out_dir=out_dir,
                 live=not args.no_live,
+                framework=args.framework,
+                # a pipeline stage's fault stalls its whole pipeline: stack aggregation
+                # over-evicts both machines of it (byterobust Fig. 7), each onto a standby
+                standbys=2 if args.framework == "megatron" else 1,
             )
         )
         return 0 if summary["parameters"].get("equal", True) else 1
@@ -180,15 +186,17 @@ def register(sub: Any) -> None:
         "tc (S3 swaps roles in place); kill (deepspeed or megatron) - --slow-rank and another "
         "rank are SIGKILLed at 2/7 and 9/14 of the run, the job restarts from memory on warm "
         "standbys and its parameters are compared with a run without kills; hang "
-        "(deepspeed) - --slow-rank's machine hangs at 2/7 of the run, the launcher finds it by "
-        "stack aggregation and restarts the job from memory without it; nan (deepspeed) - "
+        "(deepspeed or megatron) - --slow-rank's machine hangs at 2/7 of the run, the launcher "
+        "finds it by stack aggregation (on megatron: its whole pipeline, two standbys) and "
+        "restarts the job from memory without it; nan (deepspeed) - "
         "--slow-rank's model gets a NaN at 2/7 of the run (once, a transient fault), its loss "
         "goes NaN and the job rolls back to the newest snapshot before it; sdc (deepspeed) - "
         "from 2/7 of the run --slow-rank's machine computes a gradient 10,000x too large (a "
         "faulty GPU): reattempt, then dual-phase replay names the machine, evicted onto the "
         "standby; matmul (deepspeed) - from 2/7 of the run every nn.Linear output of "
         "--slow-rank's machine is 8x too large: the stop-time checks' bitwise-alignment step "
-        "names the machine, evicted onto the standby; slow (deepspeed) - from 2/7 of the run "
+        "names the machine, evicted onto the standby; slow (deepspeed or megatron) - from 2/7 of "
+        "the run "
         "--slow-rank's rank spends 0.6 s per step in a slow data loader, every rank healthy in "
         "the validation round: rounds of stack samples name its machine, evicted onto the "
         "standby",

@@ -61,6 +61,7 @@ compared by Megatron's layout-free tensor names.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -416,27 +417,35 @@ def _hang_summary(out: Path) -> dict[str, Any]:
 
 def _decline_summary(out: Path) -> dict[str, Any]:
     """The unexplained slowdown's incident, the rungs taken and the suspects (the launcher's
-    ``declines.jsonl``, copied into the run directory): the group flagged most over the last
-    tally's rounds."""
+    ``declines.jsonl``, copied into the run directory): the first tally (rounds numbered from
+    1) whose most flagged group was flagged in more than half of its rounds - the one the
+    launcher evicted on. A later decline (a restart's warm-up, say) that named nobody does not
+    take it back."""
     path = out / "declines.jsonl"
     rounds = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    last = [r for r in rounds if r["attempt"] == rounds[-1]["attempt"]] if rounds else []
-    flags: dict[tuple[str, tuple[int, ...]], int] = {}
-    for r in last:
-        if r["flagged"][1]:
-            key = (r["flagged"][0], tuple(r["flagged"][1]))
-            flags[key] = flags.get(key, 0) + 1
-    top = max(flags.items(), key=lambda kv: kv[1]) if flags else None
-    named = top is not None and top[1] * 2 > len(last)
+    tallies: list[list[dict[str, Any]]] = []
+    for r in rounds:
+        if r["round"] == 1 or not tallies:
+            tallies.append([])
+        tallies[-1].append(r)
+    suspects = None
+    for tally in tallies:
+        flags = collections.Counter(
+            (r["flagged"][0], tuple(r["flagged"][1])) for r in tally if r["flagged"][1]
+        )
+        top = flags.most_common(1)
+        if top and top[0][1] * 2 > len(tally):
+            (kind, ranks), n = top[0]
+            suspects = {"ranks": list(ranks), "kind": kind, "rounds": n}
+            break
     rungs = ["step time up, every rank healthy in the validation round: a decline",
-             f"{len(rounds)} rounds of stack samples"]  # fmt: skip
-    if named:
+             f"{len(rounds)} rounds of stack samples ({len(tallies)} tallies)"]  # fmt: skip
+    if suspects is not None:
         rungs += ["evict the flagged group's machines", "restart every rank from memory"]
     return {
         "incident": "decline",
         "rungs": rungs,
-        "suspects": {"ranks": list(top[0][1]), "kind": top[0][0], "rounds": top[1]}
-        if named and top is not None else None,
+        "suspects": suspects,
         "decline_rounds": [{"round": r["round"], "flagged": r["flagged"]} for r in rounds],
     }
 

@@ -8,7 +8,8 @@ model, optimizer, scheduler)``, and ``fs.forward_backward(...)`` where the loop 
 from ``$FAILSLOW_RING_DIR`` (both set by the launcher, as ``failslow run --controller`` does);
 the slowdown is injected from outside. The worker records its step times and, at the end, every
 rank's parameters (``parameters-rank<r>.npz``; rank 0's also as ``parameters.npz``; by
-Megatron's layout-free names as ``model-rank<r>.npz``).
+Megatron's layout-free names as ``model-rank<r>.npz``). Faults for the demo and tests come
+through the plugin API (``FAILSLOW_DEMO_FAULT``, :mod:`failslow.demo.fault_plugin`).
 
 Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (and _HOST), FAILSLOW_DEMO_STEPS,
 FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica), FAILSLOW_DEMO_MICRO_BATCH_SIZE,
@@ -33,6 +34,7 @@ def main() -> None:
     import numpy as np
 
     import failslow.megatron
+    from failslow.demo import fault_plugin
     from failslow.demo.megatron_job import GptShape, build_gpt, train_step
     from failslow.demo.worker_io import (
         all_ranks_see,
@@ -66,6 +68,9 @@ def main() -> None:
         micro_batch_size=shape.micro_batch_size,
     )
     data = fs.data_iterator(job.dataset)
+    # tests and demos: a fault through the plugin API (hang, slow: the machine's, by slot)
+    for fault in fault_plugin.from_env(job.model[0], lambda: fs.iteration):
+        fs.session.pm.register(fault)
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     resumed = fs.session.resumed_step  # a restart in place (hot update) resumes from memory
     announce_start(rank, resumed)
