@@ -71,13 +71,13 @@ downtime; ``lost`` is how many steps were done twice).
   cost.
 
 - **an unexplained slowdown** (``--ways slow``, with ``--steps 120``; the same launcher with
-  ``--decline-every 2 --threshold 2.0``): from step 50 on, rank 1's machine spends 0.6 s per step in a slow
-  data loader (the fault plugin): every step is slower, yet the controller's validation round
-  finds every rank's GEMM and links healthy. The launcher's decline watch takes 5 rounds of 5
-  stack samples 2 s apart, flags machine 1 and evicts it onto the standby; the job restarts
-  from memory. "kill -> seen" is the slowdown's first step to the eviction (detection,
-  validation, the rounds); the downtime is the restart's gap less one step from before the
-  slowdown.
+  ``--decline-every 2 --threshold 2.0``): from step 50 on, rank 1's machine spends 0.6 s per
+  step in a slow data loader (the fault plugin): every step is slower, yet the controller's
+  validation round finds every rank's GEMM and links healthy. The launcher's decline watch
+  takes 5 rounds of 5 stack samples 2 s apart, flags machine 1 and evicts it onto the standby;
+  the job restarts from memory. "kill -> seen" is the slowdown's first step to the eviction
+  (detection, validation, the rounds); the downtime is the restart's gap less one step from
+  before the slowdown.
 
 - **Megatron: reroute vs reconfigure** (``--ways reroute,reconfigure``; the GPT job,
   ``failslow.demo.megatron_worker``, TP1 x PP2 x DP2, hidden 256, 8 micro-batches of 8 per step,

@@ -194,7 +194,8 @@ def _check_options(options: RunOptions) -> None:
         raise ConfigError(f"--metrics-port must be a port (0-65535), got {options.metrics_port}")
     if options.code_dir is not None and not options.code_dir.is_dir():
         raise ConfigError(f"--code-dir {options.code_dir}: not a directory")
-    if options.decline_every_s > 0 and not (options.nproc_per_node and options.controller_world_size):
+    local = options.nproc_per_node and options.controller_world_size
+    if options.decline_every_s > 0 and not local:
         raise ConfigError(
             "--decline-every needs --nproc-per-node and --controller: the controller's "
             "validation round finds a slowdown unexplained, and the node's launcher dumps its "
