@@ -79,6 +79,7 @@ from typing import Any
 import numpy as np
 
 from failslow import envvars
+from failslow.core.diagnosis.stacks import DeclineTally
 from failslow.demo import fault_plugin, rank_launch
 from failslow.demo.rank_launch import READY, RESUMED
 from failslow.errors import FailslowError
@@ -429,14 +430,14 @@ def _decline_summary(out: Path) -> dict[str, Any]:
             tallies.append([])
         tallies[-1].append(r)
     suspects = None
-    for tally in tallies:
-        flags = collections.Counter(
+    for tally in tallies:  # the launcher's rule: DeclineTally.degrader
+        counted = DeclineTally(rounds=len(tally), seen=len(tally), flags=collections.Counter(
             (r["flagged"][0], tuple(r["flagged"][1])) for r in tally if r["flagged"][1]
-        )
-        top = flags.most_common(1)
-        if top and top[0][1] * 2 > len(tally):
-            (kind, ranks), n = top[0]
-            suspects = {"ranks": list(ranks), "kind": kind, "rounds": n}
+        ))  # fmt: skip
+        degrader = counted.degrader()
+        if degrader is not None:
+            kind, ranks = degrader
+            suspects = {"ranks": list(ranks), "kind": kind, "rounds": counted.flags[degrader]}
             break
     rungs = ["step time up, every rank healthy in the validation round: a decline",
              f"{len(rounds)} rounds of stack samples ({len(tallies)} tallies)"]  # fmt: skip
