@@ -60,6 +60,7 @@ def test_a_machine_that_reported_nothing_is_named_unless_nobody_reported() -> No
     assert verdict.table[1]["digest"] is None
     nobody = judge({}, 3)
     assert nobody.suspects == [] and "did not run" in nobody.why
+    assert [row["verdict"] for row in nobody.table] == ["reported nothing"] * 3  # a row each
 
 
 def test_the_machine_on_every_bad_link_is_named_else_both_ends() -> None:

@@ -61,8 +61,9 @@ def judge(results: Mapping[int, Mapping[str, Any] | None], machines: int) -> Che
     (hex) and ``link`` (``{"from", "ok", "why", "seconds"}``, what it received from the
     previous machine in the ring; absent on one machine or before the link test ran)."""
     reported = {r: res for r in range(machines) if (res := results.get(r)) is not None}
-    if not reported:
-        return CheckVerdict([], "no machine reported its stop-time checks: they did not run")
+    if not reported:  # a row per machine still, each saying so
+        table = [_row(r, None, ["reported nothing"]) for r in range(machines)]
+        return CheckVerdict([], "no machine reported its stop-time checks: they did not run", table)
     reasons: dict[int, list[str]] = {r: [] for r in range(machines)}
     for r in range(machines):
         if r not in reported:
