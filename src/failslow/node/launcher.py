@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -380,7 +379,7 @@ def run(options: RunOptions) -> int:
         if control is not None and control.plane is not None:
             control.plane.observers.append(decline_trigger(ranks))
             if control.publisher is not None:
-                ranks.step_time = node_step_time(control.publisher)
+                ranks.step_time = control.publisher.step_time
         if launch.snapshot_dir is not None:
             agent.replay = _replayer(ranks, state_dir, say)
             if options.stop_checks:
@@ -451,17 +450,6 @@ def decline_trigger(ranks: Any) -> Callable[[dict[str, Any]], None]:
             watch.cancel()
 
     return observe
-
-
-def node_step_time(publisher: Any) -> Callable[[], float | None]:
-    """The node's current step time: the median of its ranks' recent iteration times as the
-    node publisher last published them (None before it has any)."""
-
-    def step_time() -> float | None:
-        medians = [s["median_s"] for s in (publisher.latest_states or {}).values()]
-        return statistics.median(medians) if medians else None
-
-    return step_time
 
 
 def _checker(ranks: Any, state_dir: Path, say: Any) -> Any:

@@ -83,6 +83,11 @@ class NodePublisher:
             wait = min(2 * wait, idle_s) if idle else self.next_wait(poll_s, idle_s)
             time.sleep(wait)
 
+    def step_time(self) -> float | None:
+        """The node's current step time: the median of its ranks' recent iteration times
+        (None before any is known)."""
+        return self._iteration_s or None
+
     def next_wait(self, poll_s: float, idle_s: float) -> float:
         """The wait after a poll that read records: one of this node's iterations (the median
         of its ranks' recent ones), within ``[poll_s, idle_s]``, so that a poll reads about one

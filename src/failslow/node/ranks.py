@@ -217,8 +217,9 @@ class LocalRanks:
         self.decline_watch: Any = None
         """The unexplained slowdown's rounds of stack aggregation (``decline_every_s``)."""
         self.step_time: Callable[[], float | None] = lambda: None
-        """The node's current step time (the launcher's node publisher), for the decline
-        watch's last guard: is the step time still up when its rounds end."""
+        """The node's current step time (the launcher's node publisher,
+        :meth:`~failslow.node.publisher.NodePublisher.step_time`), for the decline watch's last
+        guard: is the step time still up when its rounds end."""
 
     # -- the agent's spawn ---------------------------------------------------------------------
     def spawn(self, command: list[str], env: dict[str, str], cwd: str | None) -> RankGroup:

@@ -113,14 +113,14 @@ def test_an_mfu_decline_s_degrader_is_the_group_flagged_most_over_five_rounds() 
             ProcessStack(r, r, RANK, _frames("gemm" if r in outliers else "wait")) for r in range(8)
         ]
         assert tally.degrader() is None
-        tally.add(aggregate(stacks, topo), topo)
+        tally.add([aggregate(stacks, topo)], topo)
     assert tally.done and tally.degrader() == ("pp", tuple(slow_pipeline))
     noise = DeclineTally(rounds=5)  # the most flagged group, but in 2 rounds of 5: nobody
     for outliers in [slow_pipeline, [1], slow_pipeline, [], [3]]:
         stacks = [
             ProcessStack(r, r, RANK, _frames("gemm" if r in outliers else "wait")) for r in range(8)
         ]
-        noise.add(aggregate(stacks, topo), topo)
+        noise.add([aggregate(stacks, topo)], topo)
     assert noise.done and noise.flags[("pp", tuple(slow_pipeline))] == 2
     assert noise.degrader() is None
 
@@ -144,7 +144,7 @@ def test_a_round_of_samples_flags_the_group_outlying_in_most_of_them() -> None:
     assert round_flag(unknown, None) == ("ranks", (2,))  # no topology known
     tally = DeclineTally(rounds=2)
     assert tally.add([sample(2), sample(1)], topo) == ("none", ())
-    assert tally.add(sample(3), topo) == ("host", (3,))
+    assert tally.add([sample(3)], topo) == ("host", (3,))
     assert tally.seen == 2 and tally.flags == {("host", (3,)): 1}
     assert tally.degrader() is None  # 1 of 2 rounds is not more than half
 

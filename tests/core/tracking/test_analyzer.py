@@ -118,6 +118,7 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
     store = open_store("tcp://127.0.0.1:0?master=1")
     writer = RingWriter(ring_path(tmp_path, 0, 1), capacity=1 << 10, global_rank=0)
     pub = publisher_module.NodePublisher(LocalAnalyzer(tmp_path), store)
+    assert pub.step_time() is None  # no iteration yet
     waits: list[float] = []
     t = 0
 
@@ -141,6 +142,7 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
     assert waits[10:12] == [pytest.approx(0.16, rel=0.01), 0.2]
     assert waits[12] == 0.2  # one iteration, at most idle_s
     assert pub.iterations[0] > 60
+    assert pub.step_time() == pytest.approx(0.5, rel=0.01)  # the node's step time now
 
 
 def test_the_publisher_tells_its_process_when_it_wrote_an_event(tmp_path) -> None:

@@ -236,12 +236,12 @@ class DeclineTally:
     seen: int = 0
 
     def add(
-        self, samples: Aggregation | Sequence[Aggregation], topology: Topology | None
+        self, samples: Sequence[Aggregation], topology: Topology | None
     ) -> tuple[str, tuple[int, ...]]:
         """Count one round of one or more samples; returns the group it flags
         (``("none", ())`` if nothing stood out, or two groups tied)."""
         self.seen += 1
-        flagged = round_flag([samples] if isinstance(samples, Aggregation) else samples, topology)
+        flagged = round_flag(samples, topology)
         if flagged[1]:
             self.flags[flagged] += 1
         return flagged
