@@ -65,7 +65,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(90
 STEPS = 100_000  # the chaos job ends by its stop file; the reference runs as many steps
 READY = "warm spares ready"
 SEED = int(os.environ.get("FAILSLOW_CHAOS_SEED", "16"))
-SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
+SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": []}}
 
 
 WORKERS = {
