@@ -104,6 +104,7 @@ def _launch(
     extra: tuple[str, ...] = (),
     framework: str = "deepspeed",
     env_extra: dict[str, str] | None = None,
+    threshold: str = "2.0",
 ) -> tuple[subprocess.Popen[str], Path]:
     out = tmp / name
     out.mkdir()
@@ -116,7 +117,7 @@ def _launch(
     command = [
         sys.executable, "-m", "failslow.cli", "run", "--controller", "4",
         *(["--store", store] if store else []),
-        "--threshold", "2.0", "--ring-dir", str(tmp / f"{name}-rings"),
+        "--threshold", threshold, "--ring-dir", str(tmp / f"{name}-rings"),
         "--state-dir", str(tmp / f"{name}-state"),
         "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
         "--nproc-per-node", "4", "--standbys", str(standbys), "--preload", preload,
@@ -547,9 +548,9 @@ def test_an_unexplained_slowdown_is_localized_by_rounds_of_stacks_and_evicted(
     pytest.importorskip("failslow.node.stacks").py_spy()  # a test dependency
     fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "slow", "slot": 1, "step": 45}),
              "FAILSLOW__VALIDATION__GEMM_SERIAL": "true"}  # fmt: skip
-    proc, out = _launch(
-        tmp_path, "chaos", 1, extra=("--decline-every", "2"), env_extra=fault
-    )  # fmt: skip
+    proc, out = _launch(  # threshold 3: beside a CPU hog the ranks' serial GEMMs took 2.07x
+        tmp_path, "chaos", 1, extra=("--decline-every", "2"), env_extra=fault, threshold="3.0"
+    )  # fmt: skip  # of each other (a "compute" diagnosis naming healthy ranks 0 and 3)
     job = Job(tmp_path, proc, out)
     job.restarted_then_ended(stops=1, steps_after=6)
     [stop] = job.stops()
