@@ -9,8 +9,12 @@ iteration time at a time to each detector. ``life`` (the default,
 :mod:`failslow.sim.training_life`) is the normal life of a training job around its
 fail-slows: periodic eval / checkpoint / logging steps of 1-3 iterations at 1.1-4x, GC bursts,
 compile warm-up, drift, heavy tails, sub-10% shifts, and fail-slows with ramps, wandering
-congestion and ladders. ``v1`` (:mod:`failslow.sim.traces`) is the first corpus: clean level
-shifts among single spikes, on which even the sliding window scored 100%. Scoring
+congestion and ladders; each iteration also has its collective-call count, which periodic
+steps change in some jobs and fail-slows never do. ``BOCD+V`` is fed the counts as the node's
+LocalAnalyzer feeds them (special steps, :mod:`failslow.core.tracking.special`); ``BOCD+V
+(times only)`` and the baselines see the iteration times alone. ``v1``
+(:mod:`failslow.sim.traces`) is the first corpus: clean level shifts among single spikes, on
+which even the sliding window scored 100%. Scoring
 (:func:`failslow.sim.traces.score_job`):
 
 - A labeled onset ``o`` is *matched* by the first not-yet-used reported onset whose report
@@ -59,8 +63,12 @@ CORPORA = {"life": life_corpus, "v1": generate_corpus}
 DETECTORS: dict[str, Callable[[], Detector]] = {
     "SlidingWindow": SlidingWindowDetector,
     "BOCD": BOCDDetector,
+    "BOCD+V (times only)": FailSlowDetector,
     "BOCD+V": FailSlowDetector,
 }
+CALLS = {"BOCD+V"}
+"""Detectors fed each iteration's collective-call count as well (the LocalAnalyzer's, from
+the tracker); the others see the iteration times only."""
 
 
 def summarize(scores: Sequence[JobScore]) -> dict[str, Any]:
@@ -110,9 +118,11 @@ def run(seed: int, jobs: int, corpus_name: str = "life") -> dict[str, Any]:
         for trace in corpus:
             det = factory()
             events = []
+            calls = trace.calls if name in CALLS and trace.calls is not None else None
+            counts = [None] * trace.times.size if calls is None else calls.tolist()
             start = time.perf_counter()
-            for x in trace.times.tolist():
-                events.extend(det.update(x))
+            for x, n in zip(trace.times.tolist(), counts, strict=True):
+                events.extend(det.update(x, n))
             elapsed += time.perf_counter() - start
             updates += trace.times.size
             scores[trace.category].append(score_job(trace, events))

@@ -44,9 +44,18 @@ class Analysis:
 
 def job_iteration_times(trace: Trace) -> tuple[np.ndarray, int | None]:
     """The job's iteration times in seconds and the call period of the lowest rank (if any)."""
+    times, period, _ = job_steps(trace)
+    return times, period
+
+
+def job_steps(trace: Trace) -> tuple[np.ndarray, int | None, np.ndarray | None]:
+    """:func:`job_iteration_times`, and the collective calls of each iteration on the lowest
+    rank that completed any (None for a trace of iteration times): an eval, checkpoint or
+    logging step makes other calls than the usual step (:mod:`failslow.core.tracking.special`)."""
     if trace.iteration_times is not None:
-        return trace.iteration_times, None
+        return trace.iteration_times, None, None
     per_rank = []
+    calls: np.ndarray | None = None
     period: int | None = None
     for rank in sorted(trace.records_by_rank):
         result = iteration_times(trace.records_by_rank[rank])
@@ -54,16 +63,18 @@ def job_iteration_times(trace: Trace) -> tuple[np.ndarray, int | None]:
             period = result.period_calls
         if len(result.seconds):
             per_rank.append(np.asarray(result.seconds, dtype=np.float64))
+            if calls is None:
+                calls = result.calls
     if not per_rank:
-        return np.empty(0), period
+        return np.empty(0), period, None
     n = min(len(s) for s in per_rank)
     stacked = np.stack([s[len(s) - n :] for s in per_rank])
-    return np.median(stacked, axis=0), period
+    return np.median(stacked, axis=0), period, None if calls is None else calls[len(calls) - n :]
 
 
 def analyze_trace(trace: Trace) -> Analysis:
-    times, period = job_iteration_times(trace)
-    events = detect(times, FailSlowDetector()) if len(times) else []
+    times, period, calls = job_steps(trace)
+    events = detect(times, FailSlowDetector(), calls) if len(times) else []
     return Analysis(
         path=trace.path,
         iteration_times=times,

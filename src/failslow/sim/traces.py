@@ -74,6 +74,7 @@ class Trace:
     times: np.ndarray
     failslows: tuple[FailSlow, ...]
     distractors: dict[str, list[int]] = field(default_factory=dict)
+    calls: np.ndarray | None = None  # collective calls of each iteration, where modelled
 
     @property
     def labels(self) -> list[tuple[int, int, float]]:

@@ -21,6 +21,17 @@ come from. Every trace here has, none of it labeled:
 - **Heavy-tailed noise** - Gaussian 1-3% (x1.6 for high-variance jobs) plus Student-t (3-4
   degrees of freedom) sequence-length noise of 0.3-1.5%.
 
+**Calls.** Each iteration also has its count of collective calls, as the tracker measures it
+between step markers (:meth:`failslow.core.tracking.IterationTracker.feed_steps`): the usual
+step's count (3-500), and 1-200 more on a periodic step that makes calls of its own - in half
+the jobs for logging (an all-reduce of the loss or a norm), 70% for evaluation (forward passes
+with no gradient reduction, plus a metric all-reduce; a DDP job with rank-local metrics makes
+none) and 60% for checkpointing (the barriers and gathers of a save; a rank-0 ``torch.save``
+without a barrier makes none). In 5% of the jobs the count varies from step to step (30-90% of
+steps make 1-7 more: data-dependent calls), so it says nothing. GC, warm-up, drift, shifts and
+fail-slows never change it (greyhound 3: a fail-slow slows the same calls). The calls are drawn
+after everything else, so the iteration times are those of the corpus before they existed.
+
 The fail-slows keep the characterization's categories (:data:`.traces.SPECS`: durations,
 slowdowns, congestion noise) and add the shapes of greyhound Figures 4-6: ramps of 1-3
 iterations, congestion that wanders, and ladders (one or two further steps of >= 20% on top,
@@ -128,6 +139,28 @@ def _gc(rng: np.random.Generator, n: int) -> tuple[np.ndarray, list[int]]:
     return excess, sorted(hit)
 
 
+VISIBLE: dict[str, float] = {"log": 0.5, "eval": 0.7, "checkpoint": 0.6}
+"""Share of jobs whose periodic steps of each kind make other collective calls than the usual
+step (module docstring, "Calls")."""
+VARYING = 0.05
+"""Share of jobs whose call count varies from step to step (data-dependent calls)."""
+
+
+def _calls(rng: np.random.Generator, n: int, where: dict[str, list[int]]) -> np.ndarray:
+    """Collective calls of each iteration: the usual step's count, more on visible periodic
+    steps, and in a few jobs a count that varies from step to step."""
+    usual = int(rng.integers(3, 500))
+    calls = np.full(n, usual, dtype=np.int64)
+    for name, share in VISIBLE.items():
+        extra = int(rng.integers(1, 200))
+        if rng.random() < share and name in where:
+            calls[where[name]] += extra
+    if rng.random() < VARYING:
+        varying = rng.random(n) < rng.uniform(0.3, 0.9)
+        calls[varying] += rng.integers(1, 8, int(varying.sum()))
+    return calls
+
+
 def _drift(rng: np.random.Generator, n: int) -> np.ndarray:
     """A smooth wander of up to +-12% over the job, at most ~3% per 100 iterations."""
     knots = int(rng.integers(3, 7))
@@ -168,6 +201,7 @@ def life_trace(
         times,
         tuple(events),
         {"level_shifts": shifts, "gc": gc_hit, **where, "ramped_onsets": ramped},
+        _calls(rng, n, where),  # drawn last: the times are those of the corpus without calls
     )
 
 

@@ -217,3 +217,35 @@ def test_a_ring_that_keeps_its_settled_word_is_tracked_without_the_horizon_lag(t
     assert analyzer.ranks[1].iterations < 10  # held behind a 45 s horizon
     assert analyzer.dropped() == 0
     analyzer.close()
+
+
+@pytest.mark.parametrize("eval_calls", [0, 3])
+def test_the_first_eval_step_is_left_out_by_the_calls_it_made(tmp_path, eval_calls) -> None:
+    """Tracking v2 (issue 19): the job's first eval step (three iterations at 1.6x) with a GC
+    pause right after it is four slow points at one level - an onset on times alone. Where the
+    eval made its own calls (three all-reduces per iteration, between the step markers), the
+    analyzer leaves its iterations out and reports nothing."""
+    rng = np.random.default_rng(5)
+    durations = 0.2 * np.exp(0.01 * rng.standard_normal(300))
+    durations[150:154] *= 1.6
+    writer = RingWriter(ring_path(tmp_path, 0, 3), capacity=1 << 12, global_rank=0)
+    t = 0
+    for i, d in enumerate(durations):
+        step = int(d * 1e9)
+        extra = eval_calls if 150 <= i < 153 else 0
+        for k in range(2 + extra):
+            start = t + (k + 1) * step // (4 + extra)
+            writer.write(
+                t_start_ns=start, t_end_ns=start + 1000, nbytes=4 << 20 if k < 2 else 8,
+                group_key=11, op=OpCode.ALLREDUCE,
+            )  # fmt: skip
+        t += step
+        writer.write(t_start_ns=t - 1000, t_end_ns=t - 1000, nbytes=0, group_key=5, op=OpCode.STEP)
+    analyzer = LocalAnalyzer(tmp_path)
+    analyzer.poll()
+    state = analyzer.ranks[0]
+    assert state.tracker.marked and state.iterations >= 290
+    events = [e.type for e in state.events]
+    assert events == ([] if eval_calls else ["onset", "relief"])
+    assert state.detector.skipped == (3 if eval_calls else 0)
+    analyzer.close()

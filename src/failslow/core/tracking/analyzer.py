@@ -143,8 +143,7 @@ class LocalAnalyzer:
             if not len(records):
                 continue
             epoch = state.tracker.epoch
-            ends, times = state.tracker.feed_with_ends(records)
-            times = np.asarray(times, dtype=np.float64)
+            ends, times, calls = state.tracker.feed_steps(records)
             if state.tracker.epoch != epoch and state.iterations:
                 # The call pattern was re-detected (more data, or a topology change): times
                 # before and after measure different things, so the baseline starts afresh.
@@ -156,8 +155,8 @@ class LocalAnalyzer:
             first = state.iterations
             events: list[ChangeEvent] = []
             reported_at: list[int] = []
-            for i, t in enumerate(times.tolist()):
-                new = state.detector.update(t)
+            for i, (t, n) in enumerate(zip(times.tolist(), calls.tolist(), strict=True)):
+                new = state.detector.update(t, n)  # n: the calls it made (special steps)
                 events.extend(new)
                 reported_at.extend([first + i] * len(new))
             state.iterations += len(times)

@@ -56,7 +56,7 @@ class BOCDDetector(Detector):
         self._armed = True
         self._level: float | None = None
 
-    def update(self, x_seconds: float) -> list[ChangeEvent]:
+    def update(self, x_seconds: float, calls: int | None = None) -> list[ChangeEvent]:
         y, t = self._observe(x_seconds)
         probs = self.bocd.update(y, self._level)
         seg = self.history.window(max(self._seg_start, t - self.ref_window), t + 1)
@@ -98,7 +98,7 @@ class SlidingWindowDetector(Detector):
         self._baseline = 0.0
         self._quiet_until = 0
 
-    def update(self, x_seconds: float) -> list[ChangeEvent]:
+    def update(self, x_seconds: float, calls: int | None = None) -> list[ChangeEvent]:
         _, t = self._observe(x_seconds)
         c = t + 1 - self.window
         if c - self.history_len < 0 or t < self._quiet_until:

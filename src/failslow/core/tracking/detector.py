@@ -39,6 +39,11 @@ iterations, sub-10% level shifts - cannot pass it:
 - a relief needs the *upper tercile* after the candidate back within 10% of the baseline.
 The reported "after" is the median of the points after the change.
 
+Special steps (:mod:`.special`): where the tracker gives each iteration's collective-call count,
+an iteration whose count is not the usual step's (an eval, checkpoint or logging step making
+calls of its own) is left out of the series before anything else sees it - its first
+occurrence included, which the rhythm cannot know yet.
+
 The job's rhythm (:mod:`.rhythm`): once a slow step has recurred four times with one period,
 its later occurrences are left out of the series altogether - no BOCD update, no place in any
 window - so a fail-slow that begins beside an eval step is judged on its own iterations. Slow
@@ -64,6 +69,7 @@ rejected by it; both are absorbed by the rolling "before" window.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,6 +80,7 @@ import numpy as np
 from failslow.core.arrays import median
 from failslow.core.tracking.bocd import RunLengthPosterior
 from failslow.core.tracking.rhythm import Rhythm
+from failslow.core.tracking.special import SpecialSteps
 
 FIRST_STEP = math.log(2.0)
 """A slowdown at least this large (log) needs one more point than ``min_post`` while no slow
@@ -111,8 +118,9 @@ class Detector(abc.ABC):
     history: LogHistory
 
     @abc.abstractmethod
-    def update(self, x_seconds: float) -> list[ChangeEvent]:
-        """Absorb the next iteration time; return events reported at this iteration."""
+    def update(self, x_seconds: float, calls: int | None = None) -> list[ChangeEvent]:
+        """Absorb the next iteration time (and its collective-call count, where the detector
+        uses it); return events reported at this iteration."""
 
     @property
     def slow(self) -> bool:
@@ -191,6 +199,7 @@ class FailSlowDetector(Detector):
         candidate_mass: float = 0.05,
         margin_z: float = 1.5,
         rhythm: bool = True,
+        special: bool = True,
         warmup: int = 32,
     ) -> None:
         if threshold <= 0:
@@ -214,6 +223,8 @@ class FailSlowDetector(Detector):
         self.skipped = 0  # iterations left out as predicted periodic slow steps
         self._held: list[tuple[float, int]] = []  # slow points in a slot, until the run ends
         self._held_step = 0  # duration of the rhythm whose slot holds them
+        self.special = SpecialSteps() if special else None
+        self._special_held: list[tuple[float, int]] = []  # iterations of another call count
 
     @property
     def baseline_s(self) -> float | None:
@@ -223,10 +234,43 @@ class FailSlowDetector(Detector):
         pre = self.history.window(max(self._seg_start, c - self.ref_window), c)
         return median(pre) if pre.size >= min_points else None
 
-    def update(self, x_seconds: float) -> list[ChangeEvent]:
+    def update(self, x_seconds: float, calls: int | None = None) -> list[ChangeEvent]:
+        """The next iteration's time, and the collective calls it made if known: an iteration
+        whose count is not the usual step's (an eval, checkpoint or logging step) is left out
+        (:mod:`.special`). Events carry this iteration's index as ``detected_at``."""
         y = math.log(check_time(x_seconds))
         it = self.iterations
         self.iterations += 1
+        events: list[ChangeEvent] = []
+        if self.special is not None:
+            verdict = self.special.judge(calls)
+            if verdict.drop:  # a special step ended: its iterations stay out, unless ...
+                ended = self._special_held[: verdict.drop]
+                del self._special_held[: verdict.drop]
+                if len(ended) == 1 and not verdict.hold and self._high(y):
+                    # ... it was one iteration and the slowdown outlasts it (a logging step:
+                    # onsets often begin in one, as for the rhythm's one-iteration slots)
+                    events += self._point(*ended[0])
+                else:
+                    self.skipped += len(ended)
+            if verdict.release:  # the usual step changed: they were regular after all
+                held, self._special_held = self._special_held, []
+                for held_y, held_it in held:
+                    events += self._point(held_y, held_it)
+            if verdict.hold:
+                self._special_held.append((y, it))
+                return events
+        events += self._point(y, it)
+        return [
+            e if e.detected_at == it else dataclasses.replace(e, detected_at=it) for e in events
+        ]
+
+    def _high(self, y: float) -> bool:
+        """Is log time ``y`` above the current level by the threshold?"""
+        return self._level is not None and y - self._level >= self.log_threshold
+
+    def _point(self, y: float, it: int) -> list[ChangeEvent]:
+        """One regular iteration: the rhythm's slots, then BOCD and the verification."""
         events: list[ChangeEvent] = []
         if self.rhythm is not None and self._level is not None:
             excess = y - self._level
@@ -444,10 +488,18 @@ class FailSlowDetector(Detector):
         )
 
 
-def detect(times: Sequence[float], detector: Detector | None = None) -> list[ChangeEvent]:
-    """Run a detector (default: :class:`FailSlowDetector`) over a whole series of times."""
+def detect(
+    times: Sequence[float] | np.ndarray,
+    detector: Detector | None = None,
+    calls: Sequence[int] | np.ndarray | None = None,
+) -> list[ChangeEvent]:
+    """Run a detector (default: :class:`FailSlowDetector`) over a whole series of times, with
+    each iteration's collective-call count where known (``calls``, as long as ``times``)."""
     det = FailSlowDetector() if detector is None else detector
+    if calls is not None and len(calls) != len(times):
+        raise ValueError(f"{len(calls)} call counts for {len(times)} iteration times")
+    counts = [None] * len(times) if calls is None else [int(c) for c in calls]
     events: list[ChangeEvent] = []
-    for x in times:
-        events.extend(det.update(x))
+    for x, n in zip(times, counts, strict=True):
+        events.extend(det.update(x, n))
     return events

@@ -111,6 +111,7 @@ class IterationTimes:
     period_calls: int | None  # calls per iteration of the dominant pattern (last one seen)
     end_ns: np.ndarray  # t_start_ns of the anchor call that closes each iteration
     seconds: np.ndarray  # duration of each iteration
+    calls: np.ndarray | None = None  # collective calls of each iteration (feed_steps)
 
     def __len__(self) -> int:
         return int(self.seconds.size)
@@ -159,6 +160,8 @@ class IterationTracker:
         self._other: tuple[int, int] = (0, 0)  # (key, run) of markers of another key in a row
         self._calls = 0  # calls fed so far
         self._per_step: list[int] = []  # calls between the last few pairs of markers
+        self._last_anchor_at = 0  # token index of the anchor at ``_last_anchor_t``
+        self._step_calls: list[int] = []  # calls of each iteration the current feed completes
 
     @property
     def period_calls(self) -> int | None:
@@ -181,6 +184,17 @@ class IterationTracker:
         """Like :meth:`feed`, also returning the anchor ``t_start_ns`` closing each iteration."""
         return self._feed(records)
 
+    def feed_steps(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Like :meth:`feed_with_ends`, also returning how many collective calls each iteration
+        made (between its step markers, or from its anchor call to the next, that one
+        included): an eval, checkpoint or logging step makes others than the usual step
+        (:mod:`.special`)."""
+        ends, secs = self._feed(records)
+        calls = np.asarray(self._step_calls, dtype=np.int64)
+        if calls.size != secs.size:  # cannot happen: every emitted iteration notes its calls
+            raise AssertionError(f"{calls.size} call counts for {secs.size} iterations")
+        return ends, secs, calls
+
     def flush(self) -> np.ndarray:
         """Try a detection on what is buffered now (end of an offline trace)."""
         return self._flush()[1]
@@ -188,14 +202,17 @@ class IterationTracker:
     # -- internals ---------------------------------------------------------------------------
 
     def _flush(self) -> tuple[np.ndarray, np.ndarray]:
+        self._step_calls = []
         if self._pattern is not None or self._total - self._search_from < 4:
             return _none()
         found = self._attempt()
         if self._marker_key is not None:  # the period only: markers measure the iterations
+            self._step_calls = []
             return _none()
         return found
 
     def _feed(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self._step_calls = []
         recs = _check_records(records)
         if recs.size == 0:
             return _none()
@@ -208,6 +225,7 @@ class IterationTracker:
         if self._marker_key is None:
             self._adopt(int(recs["group_key"][marks][0]))
         self._feed_calls(recs[~marks])  # the period, and a new epoch on a new pattern
+        self._step_calls = []  # (its anchors' iterations are not the ones measured)
         return self._feed_markers(recs, marks)
 
     def _feed_markers(self, recs: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -239,6 +257,7 @@ class IterationTracker:
                 ends.append(t)
                 secs.append((t - self._marker_t) / 1e9)
                 self._per_step = [*self._per_step[-7:], calls - self._marker_calls]
+                self._step_calls.append(calls - self._marker_calls)
             self._marker_t = max(self._marker_t, t)
             self._marker_calls = calls
         if not ends:
@@ -312,9 +331,9 @@ class IterationTracker:
         self._last_anchor_idx = start + int(pos[-1])
         if self._marker_key is not None:  # markers measure the iterations; anchors only the
             return _none()  # period (their times unused)
-        return self._emit(t[pos])
+        return self._emit(t[pos], start + pos)
 
-    def _emit(self, anchor_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _emit(self, anchor_t: np.ndarray, anchor_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Iteration times between consecutive anchor calls.
 
         Batches are sorted by start time, but a record that arrives in a later batch than
@@ -324,7 +343,9 @@ class IterationTracker:
         keep = np.maximum.accumulate(np.concatenate(([self._last_anchor_t], anchor_t)))
         fresh = np.concatenate(([False], np.diff(keep) > 0))
         at = np.concatenate(([self._last_anchor_t], keep[fresh]))
-        self._last_anchor_t = int(at[-1])
+        index = np.concatenate(([self._last_anchor_at], anchor_at[fresh[1:]]))
+        self._last_anchor_t, self._last_anchor_at = int(at[-1]), int(index[-1])
+        self._step_calls.extend(np.diff(index).tolist())
         return at[1:], np.diff(at) / 1e9
 
     def _buffered(self, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -357,8 +378,8 @@ class IterationTracker:
         self._next_recheck = self._total + self._recheck_gap
         pos = np.flatnonzero(tok == pattern.anchor)
         self._last_anchor_idx = first + int(pos[-1])
-        self._last_anchor_t = int(t[pos[0]])
-        return self._emit(t[pos[1:]])
+        self._last_anchor_t, self._last_anchor_at = int(t[pos[0]]), first + int(pos[0])
+        return self._emit(t[pos[1:]], first + pos[1:])
 
     def _recheck(self) -> None:
         self._recheck_gap = min(self.recheck, 2 * self._recheck_gap)
@@ -377,7 +398,7 @@ class IterationTracker:
         if pattern.anchor != self._pattern.anchor:
             pos = np.flatnonzero(tok == pattern.anchor)
             self._last_anchor_idx = first + int(pos[-1])
-            self._last_anchor_t = int(t[pos[-1]])
+            self._last_anchor_t, self._last_anchor_at = int(t[pos[-1]]), first + int(pos[-1])
         self._pattern = pattern
 
 
@@ -388,7 +409,8 @@ def iteration_times(records: np.ndarray, **tracker_options: int | float) -> Iter
         window = int(options.get("window", 8192))
         options["min_tokens"] = max(64, min(window, len(records)))
     tracker = IterationTracker(**options)  # type: ignore[arg-type]
-    ends, secs = tracker._feed(records)
+    ends, secs, calls = tracker.feed_steps(records)
     more_ends, more_secs = tracker._flush()
+    more_calls = np.asarray(tracker._step_calls, dtype=np.int64)
     ends, secs = np.concatenate((ends, more_ends)), np.concatenate((secs, more_secs))
-    return IterationTimes(tracker.period_calls, ends, secs)
+    return IterationTimes(tracker.period_calls, ends, secs, np.concatenate((calls, more_calls)))
