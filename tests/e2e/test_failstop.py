@@ -432,16 +432,32 @@ def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
     of the three is lost: the reroute to PP1 x DP2 or PP2 x DP1, as odyssey estimates. The
     global batch stays 8 micro-batches, weighted as S2 weights them.
 
+    Before the losses, a NaN (byterobust 4.1-4.2): rank 3's model gets one when step 3 ends
+    (the fault plugin, first launch only). The worker reports Megatron's loss (the last stage)
+    and ``optimizer.step()``'s gradient norm beside its logging line, as a Megatron-LM user
+    would, so step 4's NaN asks for a rollback: the stop-time checks pass on every machine and
+    every rank resumes before step 4 from memory (reattempt). The model compared below went
+    through that too.
+
     Tolerance: the same micro-batch gradients summed in another grouping (fp32 rounding, ~1e-7
     per step), which Adam carries on; measured 1.3e-7 per tensor norm and 1.2e-7 absolute per
     element. Asserted: 1e-5 per tensor norm, and per element 1e-5 relative or 1e-6 absolute
     (Adam moves near-zero elements by its rounding noise). Without the micro-batch weights the
     reconfigured model is 8e-3 off (tests/adapters/megatron/test_reshard.py)."""
     pytest.importorskip("megatron.core", reason="needs the Megatron extra: failslow[megatron]")
+    nan = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "nan", "slot": 3, "step": 3})}
     proc, out = _launch(
-        tmp_path, "chaos", 2, standbys=0, extra=("--min-ranks", "2"), framework="megatron"
-    )
+        tmp_path, "chaos", 2, standbys=0, extra=("--min-ranks", "2"), framework="megatron",
+        env_extra=nan,
+    )  # fmt: skip
     job = Job(tmp_path, proc, out)
+    incidents = tmp_path / "chaos-state" / "incidents.jsonl"
+    job.wait(lambda: incidents.exists() and len(incidents.read_text().splitlines()) >= 3)
+    rungs = [json.loads(line) for line in incidents.open()]
+    assert [(r["rung"], r["before_step"]) for r in rungs] == [
+        ("diagnose", 4), ("checks result", 4), ("reattempt", 4),
+    ], rungs  # fmt: skip
+    assert rungs[0]["incident"]["kind"] == "nan" and rungs[1]["checks"]["suspects"] == []
     pids: list[int] = []
     lose = functools.partial(job.lose, killed=pids)
     lose(2, 8)

@@ -169,8 +169,10 @@ class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self.tokens[i]
 
 
-def train_step(job: GptJob, adapter: Any, data: Any) -> Any:
-    """One iteration of the Megatron-LM loop with failslow's ``forward_backward``."""
+def train_step(job: GptJob, adapter: Any, data: Any) -> tuple[list[Any], float | None]:
+    """One iteration of the Megatron-LM loop with failslow's ``forward_backward``: the
+    micro-batches' losses (the last pipeline stage's; empty on the others) and the gradient
+    norm ``optimizer.step()`` returned (all-reduced over the model-parallel groups)."""
     for chunk in job.model:
         chunk.zero_grad_buffer()
     job.optimizer.zero_grad()
@@ -183,7 +185,7 @@ def train_step(job: GptJob, adapter: Any, data: Any) -> Any:
         micro_batch_size=job.shape.micro_batch_size,
         forward_only=False,
     )
-    ok, _grad_norm, _ = job.optimizer.step()
+    ok, grad_norm, _ = job.optimizer.step()
     if ok:
         job.scheduler.step(increment=adapter.split.micro_batches * job.shape.micro_batch_size)
-    return losses
+    return list(losses or []), None if grad_norm is None else float(grad_norm)

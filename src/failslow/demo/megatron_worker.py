@@ -8,8 +8,11 @@ model, optimizer, scheduler)``, and ``fs.forward_backward(...)`` where the loop 
 from ``$FAILSLOW_RING_DIR`` (both set by the launcher, as ``failslow run --controller`` does);
 the slowdown is injected from outside. The worker records its step times and, at the end, every
 rank's parameters (``parameters-rank<r>.npz``; rank 0's also as ``parameters.npz``; by
-Megatron's layout-free names as ``model-rank<r>.npz``). Faults for the demo and tests come
-through the plugin API (``FAILSLOW_DEMO_FAULT``, :mod:`failslow.demo.fault_plugin`).
+Megatron's layout-free names as ``model-rank<r>.npz``). Beside where Megatron-LM logs them,
+each step's loss (the last pipeline stage's) and gradient norm go to
+``failslow.report_metrics`` (byterobust 4.1: a NaN, Inf or 5x jump asks for a rollback). Faults
+for the demo and tests come through the plugin API (``FAILSLOW_DEMO_FAULT``,
+:mod:`failslow.demo.fault_plugin`).
 
 Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (and _HOST), FAILSLOW_DEMO_STEPS,
 FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica), FAILSLOW_DEMO_MICRO_BATCH_SIZE,
@@ -33,6 +36,7 @@ def main() -> None:
 
     import numpy as np
 
+    import failslow
     import failslow.megatron
     from failslow.demo import fault_plugin
     from failslow.demo.megatron_job import GptShape, build_gpt, train_step
@@ -79,7 +83,13 @@ def main() -> None:
     for step in range(first, steps):
         if stop_file and all_ranks_see(stop_file):
             break  # the launcher ends the job here (every rank at the same step)
-        train_step(job, fs, data)
+        losses, grad_norm = train_step(job, fs, data)
+        # beside Megatron's training_log (byterobust 4.1): the loss where the last stage has
+        # it, the gradient norm everywhere; a NaN, Inf or 5x jump asks for a rollback
+        metrics = {} if grad_norm is None else {"grad_norm": grad_norm}
+        if losses:
+            metrics["loss"] = sum(float(x["lm loss"]) for x in losses) / len(losses)
+        failslow.report_metrics(step, **metrics)
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
             write_progress(out, rank, step_end, first, step)
