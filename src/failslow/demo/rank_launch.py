@@ -72,12 +72,17 @@ def command(
 
 
 def job_env(
-    job_out: Path, steps: int, framework: str = "deepspeed", **extra: str
+    job_out: Path,
+    steps: int,
+    framework: str = "deepspeed",
+    settings: dict[str, Any] | None = None,
+    **extra: str,
 ) -> dict[str, str]:
-    """The demo job's environment, writing its progress and parameters to ``job_out``."""
+    """The demo job's environment, writing its progress and parameters to ``job_out``
+    (``settings``: its failslow config, default :data:`SETTINGS`)."""
     job_out.mkdir(parents=True, exist_ok=True)
     return launch_env(
-        job_out, steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS),
+        job_out, steps, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS if settings is None else settings),
         FAILSLOW_DEMO_MICRO_BATCH_SIZE=WORKERS[framework][2], **extra,
     )  # fmt: skip
 
@@ -123,9 +128,11 @@ def run_reference(
     tmp: Path, out: Path, steps: int, *, world_size: int, standbys: int, timeout_s: float,
     framework: str = "deepspeed",
 ) -> Path:  # fmt: skip
-    """The same job without the fault, ``steps`` steps, into ``out/reference``."""
+    """The same job without the fault, ``steps`` steps, into ``out/reference``. It runs with no
+    mitigation strategy: on shared cores its controller can read noise as a straggler (a GEMM
+    1.5x its peers' under load), and a micro-batch plan would change the model it stands for."""
     ref_out = out / "reference"
-    env = job_env(ref_out, steps, framework)
+    env = job_env(ref_out, steps, framework, {**SETTINGS, "planner": {"strategies": []}})
     argv = command(
         tmp, "reference", world_size=world_size, standbys=standbys, restarts=0,
         framework=framework,

@@ -21,7 +21,8 @@ a count is robust to calls whose sizes vary from step to step.
   its run's held iterations are given back (:class:`Verdict`), so the detector is late by
   nothing but the wait.
 - An iteration with another count is held until the usual count comes back; then it is left
-  out (the caller counts it as skipped).
+  out (the caller counts it as skipped). The detector feeds a one-iteration special step after
+  all when the slowdown outlasts it: onsets often begin in a logging step.
 - A job whose count varies from step to step (data-dependent calls) carries no signal: while
   more than ``max_share`` (1/4) of the last ``window`` (64) iterations had another count than
   the usual one, every iteration is regular (and the newest count is the usual one).
