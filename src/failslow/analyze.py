@@ -42,16 +42,11 @@ class Analysis:
         }
 
 
-def job_iteration_times(trace: Trace) -> tuple[np.ndarray, int | None]:
-    """The job's iteration times in seconds and the call period of the lowest rank (if any)."""
-    times, period, _ = job_steps(trace)
-    return times, period
-
-
 def job_steps(trace: Trace) -> tuple[np.ndarray, int | None, np.ndarray | None]:
-    """:func:`job_iteration_times`, and the collective calls of each iteration on the lowest
-    rank that completed any (None for a trace of iteration times): an eval, checkpoint or
-    logging step makes other calls than the usual step (:mod:`failslow.core.tracking.special`)."""
+    """The job's iteration times in seconds, the call period of the lowest rank (if any), and
+    the collective calls of each iteration on the lowest rank that completed any (None for a
+    trace of iteration times): an eval, checkpoint or logging step makes other calls than the
+    usual step (:mod:`failslow.core.tracking.special`)."""
     if trace.iteration_times is not None:
         return trace.iteration_times, None, None
     per_rank = []

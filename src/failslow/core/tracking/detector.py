@@ -261,6 +261,8 @@ class FailSlowDetector(Detector):
                 self._special_held.append((y, it))
                 return events
         events += self._point(y, it)
+        if not events:  # nearly every iteration
+            return events
         return [
             e if e.detected_at == it else dataclasses.replace(e, detected_at=it) for e in events
         ]

@@ -180,15 +180,11 @@ class IterationTracker:
         """Take new records of this rank; return the iteration times (s) completed by them."""
         return self._feed(records)[1]
 
-    def feed_with_ends(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Like :meth:`feed`, also returning the anchor ``t_start_ns`` closing each iteration."""
-        return self._feed(records)
-
     def feed_steps(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Like :meth:`feed_with_ends`, also returning how many collective calls each iteration
-        made (between its step markers, or from its anchor call to the next, that one
-        included): an eval, checkpoint or logging step makes others than the usual step
-        (:mod:`.special`)."""
+        """Like :meth:`feed`, also returning the ``t_start_ns`` closing each iteration (its step
+        marker or anchor call) and how many collective calls each iteration made (between its
+        step markers, or from its anchor call to the next, that one included): an eval,
+        checkpoint or logging step makes others than the usual step (:mod:`.special`)."""
         ends, secs = self._feed(records)
         calls = np.asarray(self._step_calls, dtype=np.int64)
         if calls.size != secs.size:  # cannot happen: every emitted iteration notes its calls
