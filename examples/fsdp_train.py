@@ -9,7 +9,10 @@ whose shard ranks each compute on their own part of its micro-batches. ``failslo
 after ``fully_shard``; ``fs.train_step`` is one global step (this replica's micro-batches under
 the plan in effect, the optimizer and scheduler step). Pure FSDP allows micro-batch plans only
 with ``unshard_once=True`` (parameters gathered once per step); HSDP always does (the
-cross-replica all-reduce runs once per step). Runs on CPUs with gloo, or on GPUs with NCCL.
+cross-replica all-reduce runs once per step). ``--eval-every N`` evaluates on a held-out set
+after every N steps, as training loops do: failslow's detector leaves such steps out by the
+calls they make (the eval's loss all-reduce), so they raise no alarm. Runs on CPUs with gloo, or
+on GPUs with NCCL.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def main() -> None:
     parser.add_argument("--hsdp", action="store_true", help="2 replicas x N/2 shards")
     parser.add_argument("--accumulation", type=int, default=4, help="micro-batches per replica")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per micro-batch")
+    parser.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -62,12 +66,36 @@ def main() -> None:
     )
     batches = itertools.chain.from_iterable(itertools.repeat(fs.loader(dataset)))  # failslow
     data = ((x.to(device), y.to(device)) for x, y in batches)
+    held_out = torch.utils.data.TensorDataset(
+        torch.randn(8192, 64, generator=g), torch.randn(8192, 64, generator=g)
+    )
     for step in range(fs.iteration, args.steps):  # a restart in place resumes at its step
         loss = fs.train_step(data, torch.nn.functional.mse_loss)  # failslow: one global step
         if step % 10 == 0 and dist.get_rank() == 0:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            eval_loss = evaluate(model, held_out, args.batch_size, device)
+            if dist.get_rank() == 0:
+                print(f"eval after step {step}: loss {eval_loss:.4f}", flush=True)
     fs.close()
     dist.destroy_process_group()
+
+
+def evaluate(
+    model: torch.nn.Module, dataset: torch.utils.data.Dataset, batch_size: int, device: str
+) -> float:
+    """The mean loss over the held-out set, each rank on its own share of it."""
+    sampler = torch.utils.data.DistributedSampler(dataset, shuffle=False)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    model.eval()
+    total = torch.zeros(2, device=device)
+    with torch.no_grad():
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+            total += torch.stack([loss * len(x), torch.tensor(float(len(x)), device=device)])
+    dist.all_reduce(total)
+    model.train()
+    return (total[0] / total[1]).item()
 
 
 if __name__ == "__main__":

@@ -24,11 +24,15 @@ class Analysis:
     period_calls: int | None
     events: list[ChangeEvent] = field(default_factory=list)
     ranks: int = 0
+    left_out: int = 0  # iterations the detector left out: the job's periodic slow steps ...
+    special_steps: int = 0  # ... of which steps that made other calls (eval, checkpoint, log)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "iterations": len(self.iteration_times),
             "period_calls": self.period_calls,
+            "left_out": self.left_out,
+            "special_steps": self.special_steps,
             "events": [
                 {
                     "type": e.type,
@@ -69,11 +73,14 @@ def job_steps(trace: Trace) -> tuple[np.ndarray, int | None, np.ndarray | None]:
 
 def analyze_trace(trace: Trace) -> Analysis:
     times, period, calls = job_steps(trace)
-    events = detect(times, FailSlowDetector(), calls) if len(times) else []
+    detector = FailSlowDetector()
+    events = detect(times, detector, calls) if len(times) else []
     return Analysis(
         path=trace.path,
         iteration_times=times,
         period_calls=period,
         events=events,
         ranks=len(trace.records_by_rank),
+        left_out=detector.skipped,
+        special_steps=detector.special_skipped,
     )

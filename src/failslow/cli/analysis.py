@@ -46,6 +46,9 @@ def _print_analyses(analyses: list) -> None:
             head += f", {a.ranks} ranks"
         if len(times):
             head += f", median {float(np.median(times)):.4f} s"
+        if a.left_out:
+            head += f"; left out: {a.left_out} periodic slow steps"
+            head += f" ({a.special_steps} with calls of their own)" if a.special_steps else ""
         console.print(head, soft_wrap=True)
         if not a.events:
             console.print("  no fail-slow detected")

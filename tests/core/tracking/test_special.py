@@ -86,6 +86,7 @@ def test_every_iteration_is_fed_or_left_out_exactly_once(counts: list[int | None
         det.update(1.0 + 0.01 * (i % 3), c)
     assert det.special is not None
     assert det.history.n + det.skipped + len(det._special_held) == len(counts)
+    assert det.skipped == det.special_skipped  # no rhythm: every left-out point was special
     assert len(det._special_held) == det.special.held
 
 
@@ -103,7 +104,9 @@ def test_the_first_eval_step_with_a_gc_spike_beside_it_is_no_fail_slow() -> None
     calls = np.full(400, 40)
     calls[200:203] += 12
     assert [e.type for e in detect(times)] == ["onset", "relief"]
-    assert detect(times, calls=calls) == []
+    det = FailSlowDetector()
+    assert detect(times, det, calls) == []
+    assert det.special_skipped == 3  # what `failslow analyze` reports as special steps
 
 
 def test_a_fail_slow_that_begins_on_a_logging_step_is_reported_as_soon() -> None:

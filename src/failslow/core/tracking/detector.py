@@ -220,7 +220,8 @@ class FailSlowDetector(Detector):
         self.warmup = warmup  # no change is reported before this many points (start-up)
         self.rhythm = Rhythm() if rhythm else None
         self.iterations = 0  # iterations fed (the history holds those not skipped)
-        self.skipped = 0  # iterations left out as predicted periodic slow steps
+        self.skipped = 0  # iterations left out: predicted periodic slow steps, special steps
+        self.special_skipped = 0  # of those, steps that made other calls than the usual step
         self._held: list[tuple[float, int]] = []  # slow points in a slot, until the run ends
         self._held_step = 0  # duration of the rhythm whose slot holds them
         self.special = SpecialSteps() if special else None
@@ -253,6 +254,7 @@ class FailSlowDetector(Detector):
                     events += self._point(*ended[0])
                 else:
                     self.skipped += len(ended)
+                    self.special_skipped += len(ended)
             if verdict.release:  # the usual step changed: they were regular after all
                 held, self._special_held = self._special_held, []
                 for held_y, held_it in held:
