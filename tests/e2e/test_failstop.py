@@ -57,6 +57,7 @@ import numpy as np
 import pytest
 
 from failslow.core.control.stop import EXIT_UNRESTORABLE
+from failslow.demo.rank_launch import COMPARED
 from failslow.demo.worker_io import launch_env
 from failslow.node.stacks import rank_pids
 
@@ -65,7 +66,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(90
 STEPS = 100_000  # the chaos job ends by its stop file; the reference runs as many steps
 READY = "warm spares ready"
 SEED = int(os.environ.get("FAILSLOW_CHAOS_SEED", "16"))
-SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": []}}
+SETTINGS = COMPARED  # runs compared bitwise: no mitigation strategy
 
 
 WORKERS = {

@@ -29,16 +29,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from failslow.demo.rank_launch import COMPARED
 from failslow.demo.worker_io import launch_env
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = 60
-# No mitigation strategy: the control plane still detects and validates, but a straggler it
-# reads into a loaded machine's noise (once: rank 0's GEMM 2.3x the others') must not rebalance
-# micro-batches in one run and not the other - that changes the sums' order, and the runs are
-# compared bitwise.
-SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": []}}
+SETTINGS = COMPARED  # runs compared bitwise: no mitigation strategy
 
 
 WORKERS = {

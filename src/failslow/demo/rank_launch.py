@@ -27,6 +27,11 @@ from failslow.errors import FailslowError
 READY = "warm spares ready"
 """What the launcher says once every rank has a warm spare (a restart then skips imports)."""
 SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
+COMPARED = {**SETTINGS, "planner": {"strategies": []}}
+"""The settings of a run whose model is compared with another's, bitwise: every-step snapshots,
+no mitigation strategy. The control plane still detects and validates, but on shared cores it
+can read noise as a straggler (a GEMM 1.5-2.3x its peers' under load), and a micro-batch plan in
+one run and not the other changes the order of the gradient sums."""
 """The job's failslow block: a snapshot (and its backup) every step."""
 RESUMED = re.compile(r"rank 0: resumed at step (\d+)")
 """Rank 0's line once a launch restored every rank from memory."""
@@ -128,11 +133,10 @@ def run_reference(
     tmp: Path, out: Path, steps: int, *, world_size: int, standbys: int, timeout_s: float,
     framework: str = "deepspeed",
 ) -> Path:  # fmt: skip
-    """The same job without the fault, ``steps`` steps, into ``out/reference``. It runs with no
-    mitigation strategy: on shared cores its controller can read noise as a straggler (a GEMM
-    1.5x its peers' under load), and a micro-batch plan would change the model it stands for."""
+    """The same job without the fault, ``steps`` steps, into ``out/reference``, with the
+    :data:`COMPARED` settings (a micro-batch plan would change the model it stands for)."""
     ref_out = out / "reference"
-    env = job_env(ref_out, steps, framework, {**SETTINGS, "planner": {"strategies": []}})
+    env = job_env(ref_out, steps, framework, COMPARED)
     argv = command(
         tmp, "reference", world_size=world_size, standbys=standbys, restarts=0,
         framework=framework,
