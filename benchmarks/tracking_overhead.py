@@ -17,8 +17,11 @@ cancels within each pair of rounds. Meanwhile the launcher process runs the node
 over a :class:`failslow.core.tracking.analyzer.LocalAnalyzer` of the rings (ACF tracker + BOCD
 detector), with the product's poll cadence (about one poll per iteration, never more often than
 ``--poll-interval`` s; :meth:`~failslow.node.publisher.NodePublisher.next_wait`), publishing
-group summaries and rank states to the job's TCPStore every second - the "tracking" half,
-competing for the same cores as the ranks, as it would on a real node. During off blocks it
+rank states to the job's TCPStore every second and reading the controller's request counter at
+every poll (a node without the controller; ``--controller-here``: the node that hosts it, asked
+directly, reads no counter) - the "tracking" half, competing for the same cores as the ranks, as
+it would on a real node. No controller profiles here, so no group summary is made (they are
+made only when asked since 2026-11-26; before, every second). During off blocks it
 keeps polling, finds nothing new and backs off to 0.2 s.
 
 Step time = wall time between optimizer steps, averaged over ranks (the ranks are in lock-step).
@@ -180,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # product's poll cadence, publishing to the job's store.
     publisher = NodePublisher(LocalAnalyzer(ring_dir, keep_history=False),
                               open_store(f"tcp://127.0.0.1:{store.port}"))
+    publisher.asked_here = args.controller_here
     analyzer = publisher.analyzer
     node = {"thread_cpu": 0.0, "poll_cpu": 0.0, "polls": 0, "iterations": 0,
             "poll_cpu_records": 0.0, "polls_records": 0, "summaries_cpu": 0.0, "summaries": 0}
@@ -334,6 +338,7 @@ def summarize(per_rank: list[dict[str, Any]], args: argparse.Namespace,
     return {
         "world": args.world, "rounds": args.rounds, "steps_per_block": args.steps_per_block,
         "warmup": args.warmup, "batch": args.batch, "poll_interval_s": args.poll_interval,
+        "controller_here": args.controller_here,
         "analyzer": not args.no_analyzer, "malloc": args.malloc,
         "kernel": "native" if all(p.get("native") for p in per_rank) else "python",
         "mean_step_on_s": statistics.fmean(on_steps), "mean_step_off_s": mean_off,
@@ -525,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="glibc's mmap threshold in the ranks: fixed (default) or dynamic")
     ap.add_argument("--kernel", choices=("native", "python"), default="native",
                     help="the hook's kernel in the ranks: native (C++, default) or python")
+    ap.add_argument("--controller-here", action="store_true",
+                    help="the node hosts the controller: no request counter read per poll")
     ap.add_argument("--keep", metavar="DIR", help="keep the rings and per-rank block times")
     ap.add_argument("--no-analyzer", action="store_true",
                     help="do not run the node publisher (isolates the hook's own cost)")

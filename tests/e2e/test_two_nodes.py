@@ -164,6 +164,12 @@ def test_a_straggler_on_the_second_node_is_diagnosed_through_a_shared_store(make
         assert "controller (4 ranks), store rediss://:***@10.77.0.254" in logs[0], tail
         assert "node publisher, store rediss://:***@10.77.0.254" in logs[1], tail
         assert "with@odd" not in logs[0] + logs[1]  # the password never printed
+        # the controller asked for the summaries it profiled, and both nodes' publishers
+        # answered for their ranks through the shared store
+        journal = work / "node0-rings" / "diagnoses" / "events.jsonl"
+        states = [json.loads(line) for line in journal.read_text().splitlines()]
+        validating = [e for e in states if e.get("state") == "validating"]
+        assert validating and validating[0]["detail"]["summarized"] == 4, validating[:1]
     finally:
         for p in procs:
             if p.poll() is None:

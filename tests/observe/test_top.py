@@ -77,7 +77,7 @@ def populate(store: Store, tmp_path: Path, *, dp: int, slow_rank: int) -> list[i
         publisher.iterations[rank] = 140
         publisher.recent[rank] = collections.deque([0.5 * factor] * 9, maxlen=9)
         publisher.slow[rank] = rank == slow_rank
-    publisher.publish_summaries()
+    publisher.publish_states()
 
     diagnosis = Diagnosis(
         Kind.COMPUTE,

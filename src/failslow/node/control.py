@@ -60,6 +60,8 @@ class JobControl:
         self.publisher = NodePublisher(LocalAnalyzer(ring_dir), store) if ring_dir else None
         if self.publisher is not None and self.plane is not None:
             self.publisher.on_event = self.plane.controller.wake.set  # react at once
+            self.plane.controller.wake_publisher = self.publisher.ask  # answer at once
+            self.publisher.asked_here = True
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False

@@ -70,7 +70,7 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
         while len(find_rings(ring_dir)) < WORLD:
             assert time.monotonic() < deadline, "rings did not appear"
             time.sleep(0.05)
-        publisher = NodePublisher(LocalAnalyzer(ring_dir), control, summary_every_s=0.5)
+        publisher = NodePublisher(LocalAnalyzer(ring_dir), control)
         node = threading.Thread(target=publisher.run, args=(done.is_set,), daemon=True)
         node.start()  # the node's loop as `failslow run` hosts it, with its poll cadence
         onset_iteration = None
@@ -87,6 +87,8 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
                 # not what this test is about (the detector's false alarms are benchmarked)
                 controller = Controller(control, **settings, on_diagnosis=diagnosed.append)
                 publisher.on_event = controller.wake.set  # as failslow run wires them
+                controller.wake_publisher = publisher.ask
+                publisher.asked_here = True
                 ctl = threading.Thread(target=controller.run, args=(done.is_set,), daemon=True)
                 ctl.start()
                 onset_iteration = publisher.iterations[SLOW]

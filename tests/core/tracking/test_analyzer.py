@@ -132,7 +132,7 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
         if len(waits) == 12:
             _write_steps(writer, np.full(20, 0.5), t)
 
-    monkeypatch.setattr(publisher_module.time, "sleep", sleep)
+    monkeypatch.setattr(pub.wake, "wait", sleep)  # the wait between polls
     try:
         pub.run(lambda: len(waits) >= 15, poll_s=0.05, idle_s=0.2)
     finally:
@@ -168,6 +168,61 @@ def test_the_publisher_tells_its_process_when_it_wrote_an_event(tmp_path) -> Non
         assert calls == [0, 1]  # once each, during that poll
     finally:
         store.close()
+
+
+def test_summaries_are_published_when_the_controller_asks_and_only_then(tmp_path) -> None:
+    """No group summary is made while nobody profiles (they were a quarter of the node's
+    tracking CPU). A request is answered with the summaries of that moment and the number of
+    ranks answered, which is what the controller waits for: by a publisher in the controller's
+    process at once (asked directly, its long wait cut short), by one on another node at its
+    next poll (it reads the request counter). Nobody answering ends the wait too."""
+    import threading
+
+    from failslow.core.control import keys
+    from failslow.core.control.controller import Controller
+    from failslow.core.control.store import open_store
+    from failslow.node.publisher import NodePublisher
+
+    writers = [RingWriter(ring_path(tmp_path, r, 1 + r), capacity=1 << 12, global_rank=r)
+               for r in range(2)]  # fmt: skip
+    for w in writers:
+        _write_steps(w, np.full(60, 0.2))
+    store = open_store("tcp://127.0.0.1:0?master=1")
+    done = threading.Event()
+    pub = NodePublisher(LocalAnalyzer(tmp_path), store)
+    node = threading.Thread(target=lambda: None)
+    try:
+        pub.poll()
+        assert store.keys(f"{keys.NODE}/summaries/") == []
+        assert store.keys(f"{keys.NODE}/ranks/") == [f"{keys.NODE}/ranks/{r}" for r in range(2)]
+        controller = Controller(store, world_size=2)
+        controller.summary_wait_s = 5.0
+        for here, idle_s in ((True, 30.0), (False, 0.2)):
+            pub.asked_here = here
+            controller.wake_publisher = pub.ask if here else None
+            done.clear()
+            node = threading.Thread(target=pub.run, args=(done.is_set,), kwargs={"idle_s": idle_s})
+            node.start()
+            time.sleep(0.3)  # the publisher waits between polls now
+            store.delete(f"{keys.NODE}/summaries/0")
+            t0 = time.monotonic()
+            assert controller.request_summaries() == 2, here  # both ranks answered
+            assert time.monotonic() - t0 < 2.0, here  # not after a 30 s wait
+            for r in range(2):
+                summaries = store.get_json(f"{keys.NODE}/summaries/{r}")
+                assert summaries and {s["rank"] for s in summaries} == {r}, here
+            done.set()
+            pub.wake.set()
+            node.join(10)
+        controller.summary_wait_s = 0.2
+        assert controller.request_summaries() == 0  # nobody answers: the wait ends
+    finally:
+        done.set()
+        pub.wake.set()
+        node.join(10)
+        store.close()
+        for w in writers:
+            w.close()
 
 
 def test_the_shim_ring_and_the_hook_ring_of_one_process_are_read_as_one(tmp_path) -> None:

@@ -117,6 +117,30 @@ class Controller:
         self.wake = threading.Event()
         """Set by a node publisher in the same process when it has written an onset or relief
         (``failslow run`` hosts both): :meth:`run` ticks at once instead of after ``tick_s``."""
+        self.wake_publisher: Callable[[], None] | None = None
+        """A node publisher in the same process (``failslow run`` hosts both): asked directly
+        when summaries are requested (:meth:`failslow.node.publisher.NodePublisher.ask`)."""
+        self.summary_wait_s = 0.5
+        """How long :meth:`request_summaries` waits for every rank's (a publisher polls at
+        least every 0.2 s)."""
+
+    def request_summaries(self) -> int:
+        """Ask every node publisher for its ranks' group summaries of this moment (greyhound
+        4.1: the GlobalAnalyzer asks when it profiles) and wait until publishers of every rank
+        answered or :attr:`summary_wait_s` passed - a node that does not answer leaves its last
+        summaries in place. Returns how many ranks answered. One counter add, then one read
+        per 5 ms: the controller's cost, never a rank's."""
+        prefix = f"{self.node_prefix}/{keys.PROFILE}"
+        n = self.store.add(prefix, 1)
+        if self.wake_publisher is not None:
+            self.wake_publisher()
+        deadline = time.monotonic() + self.summary_wait_s
+        world = self._world()
+        while True:
+            answered = self.store.add(f"{prefix}/{n}/ranks", 0)
+            if answered >= world or time.monotonic() >= deadline:
+                return answered
+            time.sleep(0.005)
 
     def _enter(self, state: State, **detail: Any) -> None:
         self.state = state
@@ -196,6 +220,7 @@ class Controller:
         from failslow.core.localize.profiling import degraded_groups, group_profiles, late_ranks
         from failslow.core.localize.summaries import GroupSummary
 
+        answered = self.request_summaries()
         summaries = []
         for rank in range(self._world()):
             items = self.store.get_json(f"{self.node_prefix}/summaries/{rank}") or []
@@ -204,7 +229,9 @@ class Controller:
         suspects = degraded_groups(profiles, threshold=self.detection.threshold)
         suspects += late_ranks(profiles)
         self._suspects = suspects
-        self._enter(State.VALIDATING, suspects=[s.to_dict() for s in suspects])
+        self._enter(
+            State.VALIDATING, suspects=[s.to_dict() for s in suspects], summarized=answered
+        )
 
     def _target(self, widen: float) -> dict[str, int] | None:
         """Where every rank pauses, ahead of its published position: ``{"step": S}`` when

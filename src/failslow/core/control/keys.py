@@ -21,6 +21,9 @@ VALIDATE = "failslow/validate"
 NODE = "failslow/node"
 """What node publishers write: onsets, reliefs, group summaries
 (:mod:`failslow.node.publisher`)."""
+PROFILE = "profile"
+"""Below the node prefix: the controller's counter of summary requests, and per request ``n``
+``profile/{n}/ranks``, the ranks whose publishers answered (:mod:`failslow.node.publisher`)."""
 PLANS = "failslow/plans"
 """The two-phase plan channel (:mod:`failslow.core.control.plan_channel`)."""
 STANDBYS = "failslow/standbys"
