@@ -154,8 +154,10 @@ class NodePublisher:
 
     def _answer_requests(self) -> None:
         requested = self.store.add(f"{self.prefix}/{keys.PROFILE}", 0)
-        if requested > self._answered:
+        if requested != self._answered:  # lower: a store that restarted counts from 0 again
             self._answered = requested
+            if requested <= 0:
+                return
             self.publish_summaries()
             answer = f"{self.prefix}/{keys.PROFILE}/{requested}/ranks"
             self.store.add(answer, len(self.analyzer.ranks))

@@ -216,6 +216,10 @@ def test_summaries_are_published_when_the_controller_asks_and_only_then(tmp_path
             node.join(10)
         controller.summary_wait_s = 0.2
         assert controller.request_summaries() == 0  # nobody answers: the wait ends
+        pub._answered = 50  # as if the store restarted: its counter is lower than answered
+        n = store.add(f"{keys.NODE}/{keys.PROFILE}", 0)
+        pub.poll()
+        assert store.add(f"{keys.NODE}/{keys.PROFILE}/{n}/ranks", 0) == 2
     finally:
         done.set()
         pub.wake.set()
