@@ -170,9 +170,10 @@ class Job:
         self.wait(lambda: self.pid_of(rank, set(killed)) is not None)
         pid = self.pid_of(rank, set(killed))
         assert pid is not None
+        stopped = len(self.stops())
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
-        self.wait(lambda: len(self.stops()) == len(killed))
+        self.wait(lambda: len(self.stops()) == stopped + 1)
         offset = len(self.log.read_text())
         self.wait(lambda: "rank 0: resumed at step" in self.log.read_text()[offset:])
 
@@ -422,23 +423,28 @@ def _model(out: Path) -> dict[str, np.ndarray]:
 def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
     tmp_path: Path,
 ) -> None:
-    """odyssey (III-IV) on Megatron-core, no standby left: the GPT job on TP1 x PP2 x DP2
-    (``failslow.demo.megatron_worker``, Adam, 8 micro-batches per step) under ``failslow run
-    --standbys 0 --min-ranks 2``. Rank 2 (stage 1 of replica 0) is SIGKILLed: from the ranks'
-    layout notes the launcher's odyssey estimates the reroute (PP2 x DP1: the replica that lost
-    a stage dropped) against every grid the survivors fill, and reconfigures to PP1 x DP3 (3
-    micro-batches of 4 layers per step against 9 pipeline slots of 2); the script builds its
-    grid from ``failslow.megatron.parallel_sizes`` and every tensor is gathered by its sharded
-    identity from the four old ranks' memory (rank 2's from its holder's backup). Then a rank
-    of the three is lost: the reroute to PP1 x DP2 or PP2 x DP1, as odyssey estimates. The
-    global batch stays 8 micro-batches, weighted as S2 weights them.
+    """odyssey (III-IV) and byterobust's dual-phase replay (4.2, Alg. 1) on Megatron-core, no
+    standby left: the GPT job on TP1 x PP2 x DP2 (``failslow.demo.megatron_worker``, Adam, 8
+    micro-batches per step) under ``failslow run --standbys 0 --min-ranks 2``.
 
-    Before the losses, a NaN (byterobust 4.1-4.2): rank 3's model gets one when step 3 ends
-    (the fault plugin, first launch only). The worker reports Megatron's loss (the last stage)
-    and ``optimizer.step()``'s gradient norm beside its logging line, as a Megatron-LM user
-    would, so step 4's NaN asks for a rollback: the stop-time checks pass on every machine and
-    every rank resumes before step 4 from memory (reattempt). The model compared below went
-    through that too.
+    1. From step 10 on, slot 2's machine (rank 2: stage 1 of replica 0) computes its first
+       parameter's gradient 10,000x too large (the fault plugin, every launch: a faulty
+       device). The worker reports Megatron's loss (the last stage) and ``optimizer.step()``'s
+       gradient norm beside its logging line, as a Megatron-LM user would, so step 10's jump
+       climbs the ladder: the stop-time checks pass, the reattempt from memory brings it back,
+       no code update to roll back, then replay of step 10 with TP and PP kept and DP 1. The
+       machines are (replica, stage): horizontally the job's own pipelines, ranks {0, 2} and
+       {1, 3}; vertically re-formed ones, ranks {0, 1} (rank 1 takes stage 1) and {2, 3} (rank
+       2 takes stage 0, its state gathered from the old world's snapshots). {0, 2} and {2, 3}
+       come out faulty: rank 2's machine is named and evicted.
+    2. With no standby the job goes on without it: from the ranks' layout notes the launcher's
+       odyssey estimates the reroute (PP2 x DP1: the replica that lost a stage dropped) against
+       every grid the survivors fill, and reconfigures to PP1 x DP3 (3 micro-batches of 4
+       layers per step against 9 pipeline slots of 2); the script builds its grid from
+       ``failslow.megatron.parallel_sizes`` and every tensor is gathered by its sharded
+       identity from the four old ranks' memory, from before step 10.
+    3. Then a rank of the three is SIGKILLed: the reroute to PP1 x DP2 or PP2 x DP1, as odyssey
+       estimates. The global batch stays 8 micro-batches, weighted as S2 weights them.
 
     Tolerance: the same micro-batch gradients summed in another grouping (fp32 rounding, ~1e-7
     per step), which Adam carries on; measured 1.3e-7 per tensor norm and 1.2e-7 absolute per
@@ -446,23 +452,30 @@ def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
     (Adam moves near-zero elements by its rounding noise). Without the micro-batch weights the
     reconfigured model is 8e-3 off (tests/adapters/megatron/test_reshard.py)."""
     pytest.importorskip("megatron.core", reason="needs the Megatron extra: failslow[megatron]")
-    nan = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "nan", "slot": 3, "step": 3})}
+    sdc = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "sdc", "slot": 2, "step": 10})}
     proc, out = _launch(
         tmp_path, "chaos", 2, standbys=0, extra=("--min-ranks", "2"), framework="megatron",
-        env_extra=nan,
+        env_extra=sdc,
     )  # fmt: skip
     job = Job(tmp_path, proc, out)
-    incidents = tmp_path / "chaos-state" / "incidents.jsonl"
-    job.wait(lambda: incidents.exists() and len(incidents.read_text().splitlines()) >= 3)
-    rungs = [json.loads(line) for line in incidents.open()]
+    job.wait(lambda: len(job.stops()) == 1, timeout=400)
+    rungs = [json.loads(line) for line in (tmp_path / "chaos-state" / "incidents.jsonl").open()]
     assert [(r["rung"], r["before_step"]) for r in rungs] == [
-        ("diagnose", 4), ("checks result", 4), ("reattempt", 4),
+        ("diagnose", 10), ("checks result", 10), ("reattempt", 10), ("replay", 10),
+        ("replay result", 10),
     ], rungs  # fmt: skip
-    assert rungs[0]["incident"]["kind"] == "nan" and rungs[1]["checks"]["suspects"] == []
+    incident = rungs[0]["incident"]
+    assert (incident["kind"], incident["metric"]) == ("jump", "grad_norm"), incident
+    assert rungs[1]["checks"]["suspects"] == []
+    replay = rungs[4]["replay"]
+    assert replay["suspects"] == [2], replay
+    verdicts = [[(g["ranks"], g["reproduced"]) for g in p["groups"]] for p in replay["phases"]]
+    assert verdicts == [[([0, 2], True), ([1, 3], False)], [([0, 1], False), ([2, 3], True)]]
+    assert job.stops()[0]["cause"] == "replay"
+    offset = len(job.log.read_text())
+    job.wait(lambda: "rank 0: resumed" in job.log.read_text()[offset:])
     pids: list[int] = []
-    lose = functools.partial(job.lose, killed=pids)
-    lose(2, 8)
-    lose(1, 18)  # past the 16 steps after which the 3-rank world logs its measured step
+    job.lose(1, 18, killed=pids)  # past the 16 steps after which the 3-rank world logs its step
     resumed = job.step()
     job.wait(lambda: job.step() >= resumed + 6)
     (tmp_path / "chaos-stop").touch()

@@ -37,6 +37,8 @@ SCRIPT = textwrap.dedent(
     assert source["directory"] == source["readable"][str(source["rank"])]
     assert os.environ["FAILSLOW_SNAPSHOT_DIR"].startswith(os.environ["REPLAY_BASE"])
     slot = int(os.environ["FAILSLOW_SLOT"])
+    roles = json.loads(os.environ.get("ROLES", "{}")).get(spec["name"], {})
+    assert source["rank"] == roles.get(str(slot), slot), (spec["name"], slot, source)
     if slot in json.loads(os.environ.get("CRASH_SLOTS", "[]")):
         sys.exit(1)
     bad = slot in json.loads(os.environ["BAD_SLOTS"])
@@ -63,6 +65,8 @@ def _replay(
         **os.environ, "FAILSLOW_STATE_DIR": str(state), "FAILSLOW_SNAPSHOT_DIR": str(base),
         "FAILSLOW_STORE": "tcp://127.0.0.1:1", "BAD_SLOTS": json.dumps(bad),
         "CRASH_SLOTS": json.dumps(list(crash)), "REPLAY_BASE": str(base / "replay-"),
+        # on the PP2 x DP2 grid, the place each slot's rank takes in a re-formed pipeline
+        "ROLES": json.dumps({"v0": {"1": 3}, "v1": {"2": 0}} if pipelines else {}),
     }  # fmt: skip
     try:
         assert ranks.spawn([str(script)], env, str(tmp_path)).wait(timeout=60) == 0
@@ -108,8 +112,19 @@ def test_a_group_that_does_not_finish_its_replay_counts_as_faulty(tmp_path: Path
     assert (group["members"], group["finished"], group["status"]) == ([2, 3], False, 1)
 
 
-def test_a_job_on_a_pipeline_grid_is_not_replayed(tmp_path: Path) -> None:
-    """Groups of a PP job would have to hold whole pipelines: not built, so the ladder ends
-    with a person rather than evict a machine on a replay that cannot be right."""
-    outcome = _replay(tmp_path, [1], pipelines=True)
-    assert outcome.suspects == [] and "TP1 x PP2 grid" in outcome.why and not outcome.phases
+@pytest.mark.parametrize("bad", [1, 2])
+def test_a_pipeline_grid_is_replayed_on_whole_then_re_formed_pipelines(
+    tmp_path: Path, bad: int
+) -> None:
+    """PP2 x DP2 in Megatron's order: ranks 0, 1 are stage 0 of replicas 0, 1 and ranks 2, 3
+    stage 1, so the machines (replica, stage) are ranks 0, 2, 1, 3. Horizontally the groups
+    are the job's pipelines, ranks {0, 2} and {1, 3}; vertically {0, 1}, where rank 1 takes
+    stage 1 (rank 3's place: the script checks it is told so), and {2, 3}, where rank 2 takes
+    stage 0 (rank 0's). Either way the bad machine is found, whatever stage it replayed."""
+    outcome = _replay(tmp_path, [bad], pipelines=True)
+    assert outcome.suspects == [bad], outcome.why
+    assert "TP1 x PP2 grid" in outcome.why
+    verdicts = [[(g["ranks"], g["reproduced"]) for g in p["groups"]] for p in outcome.phases]
+    assert verdicts == [
+        [([0, 2], bad == 2), ([1, 3], bad == 1)], [([0, 1], bad == 1), ([2, 3], bad == 2)],
+    ]  # fmt: skip

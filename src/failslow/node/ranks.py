@@ -255,26 +255,30 @@ class LocalRanks:
 
     def spawn_replay(
         self, command: list[str], env: dict[str, str], cwd: str | None, name: str,
-        ranks: list[int], replay: dict[str, Any],
+        ranks: list[int], replay: dict[str, Any], roles: list[int] | None = None,
     ) -> RankGroup:  # fmt: skip
         """Start a replay group of the stop-time ladder (byterobust 4.2): the current world's
-        ``ranks`` (machines), on their slots, as a world of their own that resumes the
-        world's snapshot before ``replay["until"]`` - every old rank's state read where it
-        is kept (every machine is alive during a replay) - and trains to it
-        (``$FAILSLOW_REPLAY``; its ranks write their results in the state directory). No
-        slot changes, no control store, nothing is written to the world's snapshots."""
+        ``ranks`` (machines), on their slots, as a world of their own (in the current world's
+        layout) that resumes the world's snapshot before ``replay["until"]`` - every old
+        rank's state read where it is kept (every machine is alive during a replay) - and
+        trains to it (``$FAILSLOW_REPLAY``; its ranks write their results in the state
+        directory). ``roles``: per rank, the old rank whose place it takes (a re-formed
+        pipeline's stage; default: its own). No slot changes, no control store, nothing is
+        written to the world's snapshots."""
         world = self.worlds[-1]
         slots = [world.slots[r] for r in ranks]
         base = self._snapshot_base
-        replay_world = World(None if base is None else base / f"replay-{name}", slots)
+        replay_world = World(
+            None if base is None else base / f"replay-{name}", slots, layout=world.layout
+        )
         readable = {
             str(j): str(d) for j, slot in enumerate(world.slots)
             if (d := self._dir(world, slot)) is not None
         }  # fmt: skip
         memory = []
-        for r, slot in zip(ranks, slots, strict=True):
+        for role, slot in zip(roles or ranks, slots, strict=True):
             own = self._memory(replay_world, [], slot)
-            source = {"directory": readable.get(str(r)), "rank": r, "readable": readable,
+            source = {"directory": readable.get(str(role)), "rank": role, "readable": readable,
                       "before": int(replay["until"])}  # fmt: skip
             own[envvars.RESHARD_FROM] = json.dumps([source])
             own[envvars.REPLAY] = json.dumps({**replay, "name": name})
@@ -309,13 +313,22 @@ class LocalRanks:
     def grid(self) -> tuple[int, int]:
         """``(TP, PP)`` of the current world as its ranks noted them with their snapshots
         (``(1, 1)`` when they noted nothing: a data-parallel job)."""
+        notes = self._notes()
+        return (max((int(n.get("tp") or 1) for n in notes), default=1),
+                max((int(n.get("pp") or 1) for n in notes), default=1))  # fmt: skip
+
+    def coords(self) -> dict[int, tuple[int, int, int]]:
+        """Each rank's ``(t, d, s)`` in the current world's grid, as it noted it."""
+        return {int(n["rank"]): (int(n["coord"][0]), int(n["coord"][1]), int(n["coord"][2]))
+                for n in self._notes() if len(n.get("coord") or ()) == 3}  # fmt: skip
+
+    def _notes(self) -> list[dict[str, Any]]:
         from failslow.core.checkpoint.layout_notes import read_notes
 
         world = self.worlds[-1]
-        places = [(d, r) for r, slot in enumerate(world.slots) if (d := self._dir(world, slot))]
-        notes = read_notes(places)
-        return (max((int(n.get("tp") or 1) for n in notes), default=1),
-                max((int(n.get("pp") or 1) for n in notes), default=1))  # fmt: skip
+        return read_notes(
+            [(d, r) for r, slot in enumerate(world.slots) if (d := self._dir(world, slot))]
+        )
 
     def forget_replay(self, name: str) -> None:
         """Remove replay group ``name``'s own snapshots (of no use once it ended)."""

@@ -11,11 +11,14 @@ bad step - reading every old rank's state where it is kept, read-only - trains t
 and reports whether the incident came back there. The machine in the one faulty group of each
 phase is the suspect; the agent evicts it and restarts the job from memory without it.
 
-A phase whose groups all came out clean (the fault did not reproduce), or more than one faulty,
-names nobody: the ladder ends with a person. So does a job on a TP or PP grid (its ranks' layout
-notes say so): its groups would have to hold whole pipelines, numbered contiguously - not built.
-A group that did not finish its replay (a crash, the timeout) counts as faulty - a healthy group
-replays the step cleanly.
+On a TP x PP grid (its ranks' layout notes say so) a machine is one TP group and the groups
+hold whole pipelines (:class:`~failslow.core.diagnosis.replay.Grid`): the horizontal ones are
+the job's own pipelines, the vertical ones re-form pipelines from machines of any stages - each
+replay rank gathers the state of the stage it takes from the old world's snapshots (the
+adapter's resharded restore, as when a job goes on without lost ranks), in the world's
+layout. A phase whose groups all came out clean (the fault did not reproduce), or more than one
+faulty, names nobody: the ladder ends with a person. A group that did not finish its replay (a
+crash, the timeout) counts as faulty - a healthy group replays the step cleanly.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from failslow.core.control.stop import REPLAYS, take_rank_results
-from failslow.core.diagnosis.replay import plan
+from failslow.core.diagnosis.replay import Grid, ReplayWorld, plan
 
 
 @dataclass
@@ -64,13 +67,20 @@ def run(
     started = time.monotonic()
     world = ranks.worlds[-1]
     tp, pp = ranks.grid()
-    if tp * pp > 1:  # a group must hold whole TP x PP grids, numbered contiguously: not built
-        return ReplayOutcome([], f"the job runs a TP{tp} x PP{pp} grid: replaying groups of "
-                                 "whole pipelines is not built yet")  # fmt: skip
     try:
-        replay = plan(len(world.slots), pp)
+        grid = Grid.from_coords(ranks.coords(), tp, pp) if tp * pp > 1 else None
+        replay = plan(len(world.slots) if grid is None else grid.machines, pp)
     except ValueError as exc:
         return ReplayOutcome([], f"no replay groups: {exc}")
+
+    def world_of(machines: list[int]) -> ReplayWorld:
+        return ReplayWorld(machines, machines) if grid is None else grid.world(machines)
+
+    def ranks_of(machines: list[int]) -> list[int]:
+        if grid is None:
+            return machines
+        return [r for x in machines for r in grid.machine_ranks(x)]
+
     metric, level = incident.get("metric"), incident.get("level")
     spec = {"until": until, "jump": jump,
             "level": {metric: level} if metric and level else {}}  # fmt: skip
@@ -82,7 +92,10 @@ def run(
         running: dict[str, Any] = {}
         try:
             for name, members in zip(names, groups, strict=True):
-                running[name] = ranks.spawn_replay(command, env, cwd, name, members, spec)
+                replay_world = world_of(members)
+                running[name] = ranks.spawn_replay(
+                    command, env, cwd, name, replay_world.ranks, spec, roles=replay_world.roles
+                )
         except BaseException:  # no group of a failed start outlives it
             for group in running.values():
                 group.signal_group(signal.SIGKILL)
@@ -92,10 +105,12 @@ def run(
         for (name, group), members in zip(running.items(), groups, strict=True):
             status = _wait(group, timeout_s - (time.monotonic() - started))
             results = list(take_rank_results(state_dir, REPLAYS, name).values())
-            done = len(results) == len(members)
+            done = len(results) == len(members) * (1 if grid is None else grid.tp)
             came_back = any(r.get("reproduced") for r in results) or not done
-            report.append({"group": name, "members": members, "reproduced": came_back,
-                           "finished": done, "status": status})  # fmt: skip
+            report.append({
+                "group": name, "members": members, "ranks": world_of(members).ranks,
+                "reproduced": came_back, "finished": done, "status": status,
+            })  # fmt: skip
             ranks.forget_replay(name)
         phases.append({"phase": phase, "groups": report})
         faulty = [i for i, r in enumerate(report) if r["reproduced"]]
@@ -110,11 +125,14 @@ def run(
             )
             return ReplayOutcome([], why, phases, time.monotonic() - started)
         found.append(faulty[0])
-    suspects = replay.locate(found[0], found[1])
+    machines = replay.locate(found[0], found[1])
+    suspects = ranks_of(machines)
     why = (
         f"the incident came back in horizontal group {replay.horizontal()[found[0]]} and "
-        f"vertical group {replay.vertical()[found[1]]}: machine(s) {suspects}"
+        f"vertical group {replay.vertical()[found[1]]}: machine(s) {machines}"
     )
+    if grid is not None:
+        why += f" (rank(s) {suspects} of the TP{tp} x PP{pp} grid)"
     return ReplayOutcome(suspects, why, phases, time.monotonic() - started)
 
 

@@ -62,6 +62,11 @@ class SnapshotService:
         self._profile = profile
         """The rank's step profile, kept in each snapshot: a smaller world that resumes it
         estimates its own step from the old world's (odyssey Eq. 12-13)."""
+        self._resumed_profile: dict[str, Any] | None = None
+        """The step profile of the snapshot this world resumed, kept in its snapshots until
+        this launch measured its own: a rank lost right after a restart in place (a
+        reattempt, an eviction by the stop-time ladder) leaves notes that still say what a
+        step of this layout costs, for odyssey's choice."""
         self.config = config
         self.hooks = hooks
         self.rank = rank
@@ -148,7 +153,7 @@ class SnapshotService:
         if agree(anything, self.world_size)[1] == 0:
             # a fresh job (no rank has a snapshot or a backup), or a smaller world's first start
             if sources:
-                return self.resume_resharded(sources)
+                return self.resume_resharded(sources, before)
             if before is not None:  # never a silent start from scratch
                 self._cannot_resume(f"no snapshot before step {before} to roll back to")
             return None
@@ -160,7 +165,7 @@ class SnapshotService:
             except restore.RestoreError as exc:
                 if sources:  # the smaller world's snapshots are not complete yet
                     log.warning("failslow: %s; gathering a larger world's states instead", exc)
-                    return self.resume_resharded(sources)
+                    return self.resume_resharded(sources, before)
                 self._cannot_resume(exc)
             step, state, source_kind = found.step, found.state(), found.source
         else:
@@ -170,7 +175,9 @@ class SnapshotService:
             step, state = loaded
             source_kind = "local"
         if isinstance(state, dict):
-            state.pop(PROFILE, None)
+            resumed_profile = state.pop(PROFILE, None)
+            if isinstance(resumed_profile, dict):
+                self._resumed_profile = resumed_profile
             self._resume_metrics(state.pop(METRICS, None))
         if not self.hooks.failslow_restore_state(state=state, step=step):
             raise Unsupported("snapshots", "no plugin restored the snapshot")
@@ -202,10 +209,14 @@ class SnapshotService:
             "backups of steps %s", self.rank, step, gone or "none", sorted(held) or "none",
         )  # fmt: skip
 
-    def resume_resharded(self, sources: list[dict[str, Any]]) -> int:
+    def resume_resharded(self, sources: list[dict[str, Any]], before: int | None = None) -> int:
         """Gather every old rank's state of one step (:mod:`~failslow.core.checkpoint.reshard`)
         from the newest larger world in ``sources`` all of whose ranks' states survive, and let
-        the adapter re-cut it for this world (``failslow_restore_resharded``)."""
+        the adapter re-cut it for this world (``failslow_restore_resharded``). ``before``: a
+        rollback's first bad step (``$FAILSLOW_ROLLBACK_BEFORE``) - no state of it or later is
+        gathered, as none is resumed in a world that keeps its size (a machine that the
+        stop-time ladder evicted with no standby left: the job goes on without it, from before
+        the step it corrupted)."""
         from failslow.core.checkpoint.reshard import restore_resharded
         from failslow.core.checkpoint.restore import RestoreError
 
@@ -225,7 +236,7 @@ class SnapshotService:
                     old_holders=holders,
                     directory=directory,
                     readable={int(j): d for j, d in (source.get("readable") or {}).items()},
-                    before_step=source.get("before"),
+                    before_step=_earlier(source.get("before"), before),
                 )
             except RestoreError as exc:
                 errors.append(f"the {len(holders)}-rank world: {exc}")
@@ -358,6 +369,7 @@ class SnapshotService:
         if state is None:
             raise Unsupported("snapshots", "no plugin returned the training state")
         profile = self._profile() if self._profile is not None else None
+        profile = profile if profile is not None else self._resumed_profile
         if profile is not None and isinstance(state, dict):
             state = {**state, PROFILE: profile}
         if self._metrics is not None and isinstance(state, dict):
@@ -394,6 +406,11 @@ class SnapshotService:
             self.backup = None
         self.snapshots.close()
         self.snapshots = None
+
+
+def _earlier(a: int | None, b: int | None) -> int | None:
+    """The earlier of two optional step bounds."""
+    return b if a is None else a if b is None else min(int(a), int(b))
 
 
 def reshard_sources() -> list[dict[str, Any]]:

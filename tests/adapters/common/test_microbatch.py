@@ -32,6 +32,31 @@ def test_a_smaller_world_keeps_the_old_global_batch_and_gradient() -> None:
     assert torch.equal(torch.cat(old), torch.cat(new))  # the same samples, in the same order
 
 
+def test_a_restart_in_place_of_the_smaller_world_keeps_the_old_global_batch() -> None:
+    """The 3-replica world of the test above, restarted in place from its own snapshot: its
+    split is built for its configured 6 micro-batches again, and the snapshot's counts bring
+    back the old global batch of 8, its scale and the same samples from that step on (it
+    once failed: "micro-batch counts [3, 3, 2] must sum to the 6 micro-batches")."""
+    data = TensorDataset(torch.arange(64.0).reshape(64, 1))
+    resumed, restarted = [], []
+    for r in range(3):
+        split = ReplicaSplit(replica=r, replicas=3, micro_batches=6)
+        split.keep_global_batch(8)
+        loader = iter(split.loader(data, micro_batch_size=2, shuffle=True, seed=3))
+        batches = [next(loader)[0] for _ in range(2 * split.count)]  # steps 0 and 1
+        resumed += batches[split.count :]
+        state = split.state_dict(step=1)
+
+        again = ReplicaSplit(replica=r, replicas=3, micro_batches=6)
+        again.load_state_dict(state)
+        assert (again.micro_batches, again.counts) == (8, (3, 3, 2))
+        scale = again.loss_scale(framework_divides_by_accumulation=True)
+        assert scale == split.loss_scale(framework_divides_by_accumulation=True) == 6 / 8
+        loader = iter(again.loader(data, micro_batch_size=2, shuffle=True, seed=3, start_step=1))
+        restarted += [next(loader)[0] for _ in range(again.count)]
+    assert torch.equal(torch.cat(resumed), torch.cat(restarted))
+
+
 def test_keep_global_batch_refuses_what_it_cannot_keep() -> None:
     split = ReplicaSplit(replica=0, replicas=3, micro_batches=3, minimum=1)
     with pytest.raises(ConfigError, match="cannot give each of 3 DP replicas at least 1"):

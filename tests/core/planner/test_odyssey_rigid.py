@@ -33,6 +33,19 @@ def test_pp2_dp2_losing_a_rank_reconfigures_to_pp1_dp3_when_the_model_fits() -> 
     assert choice.before_s == pytest.approx(0.52)  # (4 + 1) * 0.1 + 0.02
 
 
+def test_with_no_step_measured_the_layout_that_keeps_the_most_ranks_wins() -> None:
+    """Ranks lost right after a restart, before anyone measured a step: every estimate is 0,
+    which must not make the reroute (it stands rank 3's replica partner by) win the tie."""
+    unmeasured = RigidJob(
+        tp=1, dp=2, pp=2, num_layers=4, micro_batches=8, coords=_job().coords,
+    )  # fmt: skip
+    choice = choose_rigid_layout(unmeasured, {2})
+    assert choice.alternatives == {"PP2xDP1": 0.0, "PP1xDP3": 0.0}
+    assert (choice.choice, choice.name, choice.keep) == ("reconfigure", "PP1xDP3", (0, 1, 3))
+    # what memory allows still bounds it: then the reroute is the only layout
+    assert choose_rigid_layout(unmeasured, {2}, max_stage_layers=2).name == "PP2xDP1"
+
+
 def test_when_a_rank_holds_at_most_a_stage_s_layers_the_lost_pipeline_is_dropped() -> None:
     choice = choose_rigid_layout(_job(), {2}, max_stage_layers=2)
     assert (choice.choice, choice.name, choice.counts) == ("reroute", "PP2xDP1", (8,))

@@ -233,7 +233,11 @@ class ReplicaSplit:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Counts and loader positions of a snapshot of this world. Its global batch is the
+        counts' sum: a world that went on from a larger one's snapshots kept that one's
+        (:meth:`keep_global_batch`), and an in-place restart of it keeps it too."""
         self.counts = tuple(int(c) for c in state["counts"])
+        self.micro_batches = sum(self.counts)
         pending = list(state["samplers"])
         for sampler in self.samplers:
             if pending:

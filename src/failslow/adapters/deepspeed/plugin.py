@@ -165,6 +165,8 @@ class DeepSpeedAdapter:
         restore_training_state(state, e.module, e.lr_scheduler, self._load_optimizer)
         restore_counters(e, state["counters"])
         self.split.load_state_dict(state["split"])
+        self.topology = replace(self.topology, micro_batches=self.split.micro_batches)
+        self._scale_for_the_global_batch()  # a world that went on from a larger one's
         if self.pipeline:
             e.micro_batches = self.split.count
         restore_rng_state(state["rng"])
@@ -208,16 +210,29 @@ class DeepSpeedAdapter:
         restore_counters(e, own["counters"])
         self.split.keep_global_batch(micro_batches)
         self.topology = replace(self.topology, micro_batches=micro_batches)
-        scale = self.split.loss_scale(framework_divides_by_accumulation=True)
-        if scale != 1.0:
-            backward = e.backward
-
-            def scaled_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-                return backward(loss * scale, *args, **kwargs)
-
-            e.backward = scaled_backward
+        self._scale_for_the_global_batch()
         restore_rng_state(own["rng"])
         return True
+
+    def _scale_for_the_global_batch(self) -> None:
+        """Each micro-loss times :meth:`ReplicaSplit.loss_scale` while this world runs a
+        larger one's global batch (DeepSpeed divides by its configured accumulation steps):
+        after a resharded restore, and after an in-place restart from this world's own
+        snapshots. Wraps ``engine.backward`` once; 1.0 leaves it as DeepSpeed made it."""
+        e = self.engine
+        scale = self.split.loss_scale(framework_divides_by_accumulation=True)
+        unscaled = getattr(self, "_unscaled_backward", None)
+        if scale == 1.0:
+            if unscaled is not None:
+                e.backward = unscaled
+            return
+        if unscaled is None:
+            unscaled = self._unscaled_backward = e.backward
+
+        def scaled_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return unscaled(loss * scale, *args, **kwargs)
+
+        e.backward = scaled_backward
 
     def _load_optimizer(self, state: Any) -> None:
         optimizer = self.engine.optimizer

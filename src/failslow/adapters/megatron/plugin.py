@@ -275,6 +275,7 @@ class MegatronAdapter(swap.InPlaceSwap):
         _restore_calculator(state["calculator"])
         if split:
             self.split.load_state_dict(state["split"])
+            self.topology = replace(self.topology, micro_batches=self.split.micro_batches)
 
     @hookimpl
     def failslow_restore_resharded(

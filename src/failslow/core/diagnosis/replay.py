@@ -85,3 +85,75 @@ def locate(machines: int, group_size: int, a: int, b: int) -> list[int]:
     first = a * m
     start = first + (b - first) % n  # the first x >= a*m with x mod n == b
     return list(range(start, first + m, n))
+
+
+# -- grids: machines are TP groups, groups are whole pipelines ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayWorld:
+    """One replay group of a TP x PP grid as a world of its own (TP and PP kept, DP ``k``)."""
+
+    ranks: list[int]
+    """The old world's ranks that run it, in its own rank order (Megatron-core's default
+    ``tp-cp-ep-dp-pp``: rank ``t + TP * (d + k * s)`` runs TP rank ``t`` of stage ``s`` of
+    replica ``d``)."""
+    roles: list[int]
+    """Per rank of it: the old rank whose place it takes (TP rank ``t`` of stage ``s`` in its
+    own old replica) - whose RNG state and metric history it resumes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """Where a TP x DP x PP world's ranks sit, for dual-phase replay: machine ``x = d * PP + s``
+    is the TP group of replica ``d``, stage ``s`` (byterobust's machine: one host holding a TP
+    group), so ``k * PP`` consecutive machines are ``k`` whole pipelines (the horizontal
+    groups). A vertical group (``x mod n``) holds machines of any stages; its ``i``-th machine
+    takes stage ``i mod PP`` of replica ``i // PP`` - byterobust re-forms the pipelines, and
+    every stage's state is in the old world's snapshots (a resharded restore gathers it)."""
+
+    tp: int
+    pp: int
+    dp: int
+    rank_of: dict[tuple[int, int, int], int]
+    """``(t, d, s)`` -> the old world's rank that runs that role."""
+
+    @classmethod
+    def from_coords(cls, coords: dict[int, tuple[int, int, int]], tp: int, pp: int) -> Grid:
+        """From each rank's ``(t, d, s)`` (its layout note); ValueError unless they fill a
+        ``tp x dp x pp`` grid exactly."""
+        n = len(coords)
+        if tp < 1 or pp < 1 or n % (tp * pp):
+            raise ValueError(f"{n} ranks do not fill a TP{tp} x PP{pp} grid")
+        dp = n // (tp * pp)
+        rank_of = {tuple(c): r for r, c in coords.items()}
+        want = {(t, d, s) for t in range(tp) for d in range(dp) for s in range(pp)}
+        if set(rank_of) != want:
+            raise ValueError(f"the ranks' coordinates do not fill a TP{tp} x DP{dp} x PP{pp} grid")
+        return cls(tp, pp, dp, rank_of)  # type: ignore[arg-type]
+
+    @property
+    def machines(self) -> int:
+        return self.dp * self.pp
+
+    def machine_ranks(self, x: int) -> list[int]:
+        """The old world's ranks of machine ``x`` (its TP group, in TP order)."""
+        d, s = divmod(x, self.pp)
+        return [self.rank_of[(t, d, s)] for t in range(self.tp)]
+
+    def world(self, machines: list[int]) -> ReplayWorld:
+        """The replay world of a group of ``k * PP`` machines (in the order the group lists
+        them: the ``i``-th takes stage ``i mod PP`` of replica ``i // PP``)."""
+        if not machines or len(machines) % self.pp:
+            raise ValueError(f"{len(machines)} machines are not whole pipelines of {self.pp}")
+        k = len(machines) // self.pp
+        ranks = [0] * (len(machines) * self.tp)
+        roles = [0] * len(ranks)
+        for i, x in enumerate(machines):
+            d_new, s_new = i // self.pp, i % self.pp
+            d_old = x // self.pp
+            for t in range(self.tp):
+                j = t + self.tp * (d_new + k * s_new)
+                ranks[j] = self.rank_of[(t, d_old, x % self.pp)]
+                roles[j] = self.rank_of[(t, d_old, s_new)]
+        return ReplayWorld(ranks, roles)

@@ -17,7 +17,10 @@ most-loaded replica, :func:`~.step_time.pipeline_time`) with a per-layer time me
 old layout (its ranks' time per micro-batch over their stage's layers, forward:backward 1:2)
 plus the optimizer's part, which scales with the layers a rank holds. Both options restart
 from memory (the same restart), so Eq. 8's horizon cancels and the fastest step wins; ties go to
-the reroute (no weights move). O(divisors of the layer count) candidates.
+the reroute (no weights move). With no step measured (no rank's note has a profile) every
+estimate is 0 and says nothing: the candidate that keeps the most ranks wins instead (ties,
+again, the reroute) - a reroute would stand healthy ranks by on no evidence. O(divisors of the
+layer count) candidates.
 """
 
 from __future__ import annotations
@@ -136,7 +139,10 @@ def choose_rigid_layout(
             f"odyssey: {len(survivors)} ranks admit no {job.num_layers}-layer layout at TP "
             f"{job.tp} with at least {min_ranks} ranks and at most {cap} layers per rank"
         )
-    step, _, choice, pp, dp = min(candidates)
+    if job.per_microbatch_s > 0:
+        step, _, choice, pp, dp = min(candidates)
+    else:  # nothing measured: keep the most ranks
+        step, _, choice, pp, dp = min(candidates, key=lambda c: (-c[3] * c[4], c[1]))
     return RigidChoice(
         choice=choice,
         pp=pp,
