@@ -57,6 +57,7 @@ import numpy as np
 import pytest
 
 from failslow.core.control.stop import EXIT_UNRESTORABLE
+from failslow.core.ring import find_rings
 from failslow.demo.rank_launch import COMPARED
 from failslow.demo.worker_io import launch_env
 from failslow.node.stacks import rank_pids
@@ -472,6 +473,12 @@ def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
     verdicts = [[(g["ranks"], g["reproduced"]) for g in p["groups"]] for p in replay["phases"]]
     assert verdicts == [[([0, 2], True), ([1, 3], False)], [([0, 1], False), ([2, 3], True)]]
     assert job.stops()[0]["cause"] == "replay"
+    # the replay groups' rings are their own (the warm processes' hook moved there): the node's
+    # analyzer never takes a replay rank for a restart of the job's rank 0 or 1
+    replays = sorted(p.name for p in job.rings.glob("replay-*"))
+    assert replays == ["replay-h0", "replay-h1", "replay-v0", "replay-v1"], replays
+    assert all(len(find_rings(job.rings / name)) == 2 for name in replays)
+    assert len(find_rings(job.rings)) == 2 * 4  # the first launch and the reattempt
     offset = len(job.log.read_text())
     job.wait(lambda: "rank 0: resumed" in job.log.read_text()[offset:])
     pids: list[int] = []

@@ -36,6 +36,9 @@ SCRIPT = textwrap.dedent(
     assert sorted(source["readable"]) == ["0", "1", "2", "3"]  # every old rank's memory
     assert source["directory"] == source["readable"][str(source["rank"])]
     assert os.environ["FAILSLOW_SNAPSHOT_DIR"].startswith(os.environ["REPLAY_BASE"])
+    rings = os.environ["FAILSLOW_RING_DIR"]  # its own, below the job's
+    assert rings == os.path.join(os.environ["JOB_RINGS"], "replay-" + spec["name"])
+    assert os.path.isdir(rings)
     slot = int(os.environ["FAILSLOW_SLOT"])
     roles = json.loads(os.environ.get("ROLES", "{}")).get(spec["name"], {})
     assert source["rank"] == roles.get(str(slot), slot), (spec["name"], slot, source)
@@ -65,6 +68,7 @@ def _replay(
         **os.environ, "FAILSLOW_STATE_DIR": str(state), "FAILSLOW_SNAPSHOT_DIR": str(base),
         "FAILSLOW_STORE": "tcp://127.0.0.1:1", "BAD_SLOTS": json.dumps(bad),
         "CRASH_SLOTS": json.dumps(list(crash)), "REPLAY_BASE": str(base / "replay-"),
+        "FAILSLOW_RING_DIR": str(tmp_path / "rings"), "JOB_RINGS": str(tmp_path / "rings"),
         # on the PP2 x DP2 grid, the place each slot's rank takes in a re-formed pipeline
         "ROLES": json.dumps({"v0": {"1": 3}, "v1": {"2": 0}} if pipelines else {}),
     }  # fmt: skip

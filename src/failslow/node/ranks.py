@@ -264,7 +264,8 @@ class LocalRanks:
         trains to it (``$FAILSLOW_REPLAY``; its ranks write their results in the state
         directory). ``roles``: per rank, the old rank whose place it takes (a re-formed
         pipeline's stage; default: its own). No slot changes, no control store, nothing is
-        written to the world's snapshots."""
+        written to the world's snapshots, and its rings go to ``replay-<name>`` below the
+        job's ring directory (the node's analyzer took them for restarts of the job's ranks)."""
         world = self.worlds[-1]
         slots = [world.slots[r] for r in ranks]
         base = self._snapshot_base
@@ -284,6 +285,10 @@ class LocalRanks:
             own[envvars.REPLAY] = json.dumps({**replay, "name": name})
             memory.append(own)
         replay_env = {k: v for k, v in env.items() if k != envvars.STORE}
+        if env.get(envvars.RING_DIR):  # its own rings, out of the node analyzer's sight
+            rings = Path(env[envvars.RING_DIR]) / f"replay-{name}"
+            rings.mkdir(parents=True, exist_ok=True)
+            replay_env[envvars.RING_DIR] = str(rings)
         store, started = self._start_ranks(self._key(env), command, replay_env, cwd, slots, memory)
         return RankGroup(
             started, launch=self.launches, on_failstop=lambda stop: stop,

@@ -75,6 +75,24 @@ def _move_pythonpath(old: str, new: str) -> None:
     importlib.invalidate_caches()
 
 
+def _capture_where_told() -> None:
+    """The Python hook that the job's environment installed as torch was imported records where
+    the activation says: a replay group's ranks get a ring directory of their own (else the
+    node's analyzer would take them for restarts of the job's ranks), a stop-time check none."""
+    hook = sys.modules.get("failslow.nccl_hook.capture")
+    capture = hook.installed() if hook is not None else None
+    if capture is None or not capture.active:
+        return
+    want = os.environ.get(envvars.RING_DIR)
+    if want and os.environ.get(envvars.CAPTURE) == "1":
+        if os.path.realpath(want) == str(capture.ring_dir):
+            return
+        hook.uninstall()
+        hook.install(want)
+    else:
+        hook.uninstall()
+
+
 def main() -> None:
     fd = int(os.environ.pop(envvars.WARM_FD))
     preload = [m for m in os.environ.pop(envvars.WARM_PRELOAD, "torch").split(",") if m]
@@ -105,6 +123,7 @@ def main() -> None:
     os.environ.clear()
     os.environ.update(message["env"])
     _move_pythonpath(started_with, os.environ.get("PYTHONPATH", ""))
+    _capture_where_told()
     if message.get("cwd"):
         os.chdir(message["cwd"])
     _run(list(message["argv"]))
