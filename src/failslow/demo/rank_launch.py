@@ -27,12 +27,12 @@ from failslow.errors import FailslowError
 READY = "warm spares ready"
 """What the launcher says once every rank has a warm spare (a restart then skips imports)."""
 SETTINGS = {"checkpoint": {"every_steps": 1}, "planner": {"strategies": ["S2"]}}
+"""The job's failslow block: a snapshot (and its backup) every step."""
 COMPARED = {**SETTINGS, "planner": {"strategies": []}}
 """The settings of a run whose model is compared with another's, bitwise: every-step snapshots,
 no mitigation strategy. The control plane still detects and validates, but on shared cores it
 can read noise as a straggler (a GEMM 1.5-2.3x its peers' under load), and a micro-batch plan in
 one run and not the other changes the order of the gradient sums."""
-"""The job's failslow block: a snapshot (and its backup) every step."""
 RESUMED = re.compile(r"rank 0: resumed at step (\d+)")
 """Rank 0's line once a launch restored every rank from memory."""
 WORKERS = {

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from failslow.core.topology import megatron_rank
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayPlan:
@@ -95,9 +97,8 @@ class ReplayWorld:
     """One replay group of a TP x PP grid as a world of its own (TP and PP kept, DP ``k``)."""
 
     ranks: list[int]
-    """The old world's ranks that run it, in its own rank order (Megatron-core's default
-    ``tp-cp-ep-dp-pp``: rank ``t + TP * (d + k * s)`` runs TP rank ``t`` of stage ``s`` of
-    replica ``d``)."""
+    """The old world's ranks that run it, in its own rank order (Megatron-core's default,
+    :func:`~failslow.core.topology.megatron_rank` with DP ``k``)."""
     roles: list[int]
     """Per rank of it: the old rank whose place it takes (TP rank ``t`` of stage ``s`` in its
     own old replica) - whose RNG state and metric history it resumes."""
@@ -126,11 +127,11 @@ class Grid:
         if tp < 1 or pp < 1 or n % (tp * pp):
             raise ValueError(f"{n} ranks do not fill a TP{tp} x PP{pp} grid")
         dp = n // (tp * pp)
-        rank_of = {tuple(c): r for r, c in coords.items()}
+        rank_of = {(int(t), int(d), int(s)): r for r, (t, d, s) in coords.items()}
         want = {(t, d, s) for t in range(tp) for d in range(dp) for s in range(pp)}
         if set(rank_of) != want:
             raise ValueError(f"the ranks' coordinates do not fill a TP{tp} x DP{dp} x PP{pp} grid")
-        return cls(tp, pp, dp, rank_of)  # type: ignore[arg-type]
+        return cls(tp, pp, dp, rank_of)
 
     @property
     def machines(self) -> int:
@@ -153,7 +154,7 @@ class Grid:
             d_new, s_new = i // self.pp, i % self.pp
             d_old = x // self.pp
             for t in range(self.tp):
-                j = t + self.tp * (d_new + k * s_new)
+                j = megatron_rank((t, d_new, s_new), tp=self.tp, dp=k)
                 ranks[j] = self.rank_of[(t, d_old, x % self.pp)]
                 roles[j] = self.rank_of[(t, d_old, s_new)]
         return ReplayWorld(ranks, roles)
