@@ -190,6 +190,62 @@ def test_unwritable_ring_dir_is_one_line_then_pass_through(rig: Rig, tmp_path: P
     assert len(lines) == 1 and "cannot create ring" in lines[0], out.stderr
 
 
+
+WARM_SCRIPT = """
+import ctypes, os, sys
+lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW | os.RTLD_LOCAL)  # as torch loads libnccl
+args = (ctypes.c_char_p * 2)(b"basic", b"1")
+sys.exit(lib.fls_scenario(2, args))
+"""
+
+
+@pytest.mark.parametrize("told", ["replay", "none"])
+def test_a_warm_process_s_shim_records_where_its_activation_says(
+    rig: Rig, tmp_path: Path, told: str
+) -> None:
+    """A warm rank process (failslow.node.warm) starts with the job's environment, shim
+    preloaded, and is given its rank - and a replay group's ring directory, or none for a
+    stop-time check - only at activation. The shim opens its ring at the first NCCL call, so
+    it must record where the activation says: a replay's ranks in ``replay-<name>`` (the node
+    analyzer would take rank 0 there for a restart of the job's rank 0), a check nowhere."""
+    import json
+    import socket
+
+    job_rings, replay_rings = tmp_path / "rings", tmp_path / "rings" / "replay-h0"
+    job_rings.mkdir()
+    script = tmp_path / "rank.py"
+    script.write_text(WARM_SCRIPT)
+    ours, theirs = socket.socketpair()
+    env = clean_env(LD_PRELOAD=rig.shim, FAILSLOW_RING_DIR=job_rings,
+                    FAILSLOW_WARM_FD=theirs.fileno(), FAILSLOW_WARM_PRELOAD="ctypes")  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "failslow.node.warm"], env=env,
+                               pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    theirs.close()
+    with ours:
+        assert ours.makefile().readline() == "ready\n"
+        rank_env = clean_env(LD_PRELOAD=rig.shim, RANK=0, STUB_WORLD=1)
+        if told == "replay":
+            rank_env["FAILSLOW_RING_DIR"] = str(replay_rings)
+        message = {"env": rank_env, "cwd": str(tmp_path), "argv": [str(script), str(rig.consumer)]}
+        ours.sendall(json.dumps(message).encode() + b"\n")
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0 and "ok basic" in out, out
+    assert find_rings(job_rings) == [], "the job's own ring directory got the ring"
+    if told == "replay":
+        (ring,) = find_rings(replay_rings)
+        plain = tmp_path / "plain"  # the same scenario in a process started as rank 0
+        run(rig, "basic", "1", FAILSLOW_RING_DIR=plain, RANK=0, STUB_WORLD=1)
+        got, want = RingReader(ring), RingReader(only_ring(plain))
+        try:
+            assert got.global_rank == 0
+            assert [tuple(r) for r in got.poll()[["op", "nbytes", "group_key"]]] == [
+                tuple(r) for r in want.poll()[["op", "nbytes", "group_key"]]
+            ]
+        finally:
+            got.close()
+            want.close()
+    else:
+        assert not replay_rings.exists()
 def test_device_timing_without_cuda_disables_cleanly(rig: Rig, tmp_path: Path) -> None:
     out = run(
         rig,
