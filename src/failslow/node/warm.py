@@ -78,7 +78,9 @@ def _move_pythonpath(old: str, new: str) -> None:
 def _capture_where_told() -> None:
     """The Python hook that the job's environment installed as torch was imported records where
     the activation says: a replay group's ranks get a ring directory of their own (else the
-    node's analyzer would take them for restarts of the job's ranks), a stop-time check none."""
+    node's analyzer would take them for restarts of the job's ranks), a stop-time check none.
+    The LD_PRELOAD shim needs nothing: it reads ``$FAILSLOW_RING_DIR`` at its first NCCL call,
+    after the activation set the environment (``tests/nccl_hook/test_shim.py``)."""
     hook = sys.modules.get("failslow.nccl_hook.capture")
     capture = hook.installed() if hook is not None else None
     if capture is None or not capture.active:
