@@ -328,6 +328,81 @@ def test_ranks_killed_at_random_steps_leave_the_model_of_an_uninterrupted_run(
     _bitwise_like_a_run_without_the_fault(reference, out, out / "steps-rank0-3.json")
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
+    tmp_path: Path, reference: Callable[[int], Any]
+) -> None:
+    """Two nodes, one launcher each, as a user runs them (``failslow run --nnodes 2
+    --node-rank K --nproc-per-node 2 --standbys 1 --store tcp://...``; node 0 hosts the job's
+    store and controller; ``$FAILSLOW_HOST`` names each node, so every rank's backup is kept on
+    the other node). The DeepSpeed job's rank 3 - node 1's second rank - is SIGKILLed: node 1's
+    launcher claims the launch's stop and moves rank 3 to its standby slot, node 0's launcher
+    stops its own ranks (their gloo peers reset: consequences, no fail-stop there), and both
+    relaunch together from memory, at node 0's new rendezvous. The job ends with the model of
+    the uninterrupted 4-rank run, bitwise."""
+    pytest.importorskip(
+        "deepspeed", reason="needs the deepspeed extra: pip install failslow[deepspeed]"
+    )
+    port, token = _free_port(), "two-launchers-token"
+    out, stop_file = tmp_path / "out", tmp_path / "stop"
+    out.mkdir()
+    env = launch_env(
+        out, STEPS, FAILSLOW_DEMO_CONFIG=json.dumps(SETTINGS), FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
+        FAILSLOW_DEMO_STOP_FILE=str(stop_file),
+    )  # fmt: skip
+    procs, logs = [], []
+    for node in (0, 1):
+        store = f"tcp://127.0.0.1:{port}" + ("?master=1" if node == 0 else "")
+        command = [
+            sys.executable, "-m", "failslow.cli", "run", *(["--controller", "4"] * (node == 0)),
+            "--store", store, "--job-token", token, "--threshold", "2.0",
+            "--nnodes", "2", "--node-rank", str(node), "--node-addr", "127.0.0.1",
+            "--ring-dir", str(tmp_path / f"rings{node}"),
+            "--state-dir", str(tmp_path / f"state{node}"),
+            "--snapshot-dir", str(tmp_path / f"snapshots{node}"), "--no-shim",
+            "--nproc-per-node", "2", "--standbys", "1", "--preload", "deepspeed",
+            "--spare-delay", "0", "--max-restarts", "2", "--", "-m", "failslow.demo.ds_worker",
+        ]  # fmt: skip
+        logs.append(tmp_path / f"node{node}.log")
+        proc = subprocess.Popen(
+            command, env={**env, "FAILSLOW_HOST": f"node{node}"}, stdout=logs[-1].open("w"),
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        _LAUNCHED.append(proc)
+        procs.append(proc)
+    job = Job(tmp_path, procs[0], out)
+    job.log = logs[0]
+    job.wait(lambda: job.step() >= 8)
+    rings = tmp_path / "rings1"
+    job.wait(lambda: rank_pids(rings).get(3) is not None)
+    victim = rank_pids(rings)[3]
+    os.kill(victim, signal.SIGKILL)
+    failstops = [tmp_path / f"state{node}" / "failstops.jsonl" for node in (0, 1)]
+    job.wait(lambda: failstops[1].exists() and bool(failstops[1].read_text().strip()))
+    job.wait(lambda: "rank 0: resumed at step" in logs[0].read_text())
+    resumed = job.step()
+    job.wait(lambda: job.step() >= resumed + 5)
+    stop_file.touch()
+    for proc, log in zip(procs, logs, strict=True):
+        assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
+
+    (stop,) = [json.loads(x) for x in failstops[1].read_text().splitlines()]
+    assert (stop["rank"], stop["pid"], stop["slot"], stop["replaced_by"]) == (3, victim, 1, 2)
+    assert stop["status"] == 128 + signal.SIGKILL
+    assert not failstops[0].exists() or not failstops[0].read_text().strip(), "a consequence"
+    text = logs[0].read_text()
+    assert "node 1's rank 3 failed (signal 9)" in text, text[-4000:]
+    assert "rank 3: resumed at step" in logs[1].read_text(), logs[1].read_text()[-4000:]
+    _bitwise_like_a_run_without_the_fault(reference, out, out / "steps-rank0-1.json")
+
+
 def test_a_ward_lost_with_its_backup_holder_ends_the_job_with_a_clear_message(
     tmp_path: Path,
 ) -> None:

@@ -190,7 +190,6 @@ def test_unwritable_ring_dir_is_one_line_then_pass_through(rig: Rig, tmp_path: P
     assert len(lines) == 1 and "cannot create ring" in lines[0], out.stderr
 
 
-
 WARM_SCRIPT = """
 import ctypes, os, sys
 lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW | os.RTLD_LOCAL)  # as torch loads libnccl
@@ -216,10 +215,14 @@ def test_a_warm_process_s_shim_records_where_its_activation_says(
     script = tmp_path / "rank.py"
     script.write_text(WARM_SCRIPT)
     ours, theirs = socket.socketpair()
-    env = clean_env(LD_PRELOAD=rig.shim, FAILSLOW_RING_DIR=job_rings,
-                    FAILSLOW_WARM_FD=theirs.fileno(), FAILSLOW_WARM_PRELOAD="ctypes")  # fmt: skip
-    process = subprocess.Popen([sys.executable, "-m", "failslow.node.warm"], env=env,
-                               pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    env = clean_env(
+        LD_PRELOAD=rig.shim, FAILSLOW_RING_DIR=job_rings, FAILSLOW_WARM_FD=theirs.fileno(),
+        FAILSLOW_WARM_PRELOAD="ctypes",
+    )  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "failslow.node.warm"], env=env, pass_fds=(theirs.fileno(),),
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     theirs.close()
     with ours:
         assert ours.makefile().readline() == "ready\n"
@@ -246,6 +249,8 @@ def test_a_warm_process_s_shim_records_where_its_activation_says(
             want.close()
     else:
         assert not replay_rings.exists()
+
+
 def test_device_timing_without_cuda_disables_cleanly(rig: Rig, tmp_path: Path) -> None:
     out = run(
         rig,

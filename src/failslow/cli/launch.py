@@ -49,6 +49,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         warm=args.warm,
         spare_delay_s=args.spare_delay,
         slots_as_hosts=args.slots_as_hosts,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        node_addr=args.node_addr,
+        rdzv_timeout_s=args.rdzv_timeout,
         agent=AgentOptions(
             max_restarts=args.max_restarts,
             probation_s=args.probation,
@@ -307,6 +311,29 @@ def register(sub: Any) -> None:
         action="store_true",
         help="with --nproc-per-node, one machine standing for several (tests, demos): each "
         "slot is a host with its own snapshot memory, lost when the slot is evicted",
+    )
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="with --nproc-per-node and --store: the job's nodes, each running failslow run "
+        "with its --node-rank; a rank that fails anywhere restarts every node's ranks from "
+        "memory (default 1)",
+    )
+    p.add_argument("--node-rank", type=int, default=0, help="this node's index (0: the first)")
+    p.add_argument(
+        "--node-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address the other nodes reach this node at: node 0 hosts each launch's "
+        "rendezvous there (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--rdzv-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long a node waits for node 0's rendezvous of each launch (default 600)",
     )
     p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_run, cmd=None)

@@ -25,10 +25,15 @@ from failslow.node.publisher import NodePublisher
 from failslow.plugins import plugin_manager
 
 
-def host_store() -> Store:
-    """An embedded control store in this process: a TCPStore on 127.0.0.1 and a free port
-    (its client URL is ``store.url``)."""
-    return open_store("tcp://127.0.0.1:0?master=1")
+def host_store(host: str = "127.0.0.1") -> Store:
+    """An embedded control store in this process: a TCPStore on ``host`` and a free port
+    (its client URL is ``store.url``, its port :func:`port_of`)."""
+    return open_store(f"tcp://{host}:0?master=1")
+
+
+def port_of(store: Store) -> int:
+    """The port of a TCPStore's URL (``tcp://HOST:PORT[?...]``)."""
+    return int(store.url.rsplit(":", 1)[1].split("?")[0])
 
 
 class JobControl:

@@ -123,6 +123,15 @@ class RunOptions:
     """Warm spares start this long after a launch, one at a time."""
     slots_as_hosts: bool = False
     """Each slot a host with its own memory (one machine standing for several: tests, demos)."""
+    nnodes: int = 1
+    """Nodes of the job, each with its own launcher and ``nproc_per_node`` ranks, agreeing on
+    every launch through ``--store`` (:mod:`failslow.node.nodes`)."""
+    node_rank: int = 0
+    node_addr: str = "127.0.0.1"
+    """The address the other nodes reach this node at (node 0 hosts each launch's rendezvous
+    there)."""
+    rdzv_timeout_s: float = 600.0
+    """How long a node waits for node 0's rendezvous of a launch."""
 
 
 @dataclass(slots=True)
@@ -243,6 +252,29 @@ def _check_options(options: RunOptions) -> None:
         raise ConfigError(
             "--standbys, --min-ranks, --preload and --slots-as-hosts need --nproc-per-node"
         )
+    _check_nodes(options)
+
+
+def _check_nodes(options: RunOptions) -> None:
+    """``--nnodes``: what several nodes' launchers need, and what they cannot do yet."""
+    from failslow.node.nodes import NodeOptions
+
+    if options.nnodes == 1 and options.node_rank == 0:
+        return
+    NodeOptions(nnodes=options.nnodes, node_rank=options.node_rank)  # the ranges, one line
+    if options.nproc_per_node is None:
+        raise ConfigError(
+            "--nnodes needs --nproc-per-node (or run torchrun --nnodes under failslow run)"
+        )
+    if options.store_url is None:
+        raise ConfigError("--nnodes needs --store: the job's store, the same on every node")
+    if options.min_ranks is not None or options.decline_every_s > 0:
+        raise ConfigError(
+            "--min-ranks and --decline-every work on one node only (each node would reshape "
+            "or evict on its own)"
+        )
+    if not options.rdzv_timeout_s > 0:
+        raise ConfigError(f"--rdzv-timeout must be > 0 seconds, got {options.rdzv_timeout_s}")
 
 
 def _find_executable(name: str, env: Mapping[str, str]) -> str:
@@ -342,7 +374,8 @@ def run(options: RunOptions) -> int:
     spawn_options: dict[str, Any] = (
         {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     )
-    ranks = _local_ranks(options, state_dir) if options.nproc_per_node else None
+    nodes = _node_group(options, launch.env[envvars.STORE]) if options.nnodes > 1 else None
+    ranks = _local_ranks(options, state_dir, nodes) if options.nproc_per_node else None
 
     def spawn(version: Version, env: dict[str, str]) -> Any:
         if ranks is not None:
@@ -380,7 +413,7 @@ def run(options: RunOptions) -> int:
             control.plane.observers.append(decline_trigger(ranks))
             if control.publisher is not None:
                 ranks.step_time = control.publisher.step_time
-        if launch.snapshot_dir is not None:
+        if launch.snapshot_dir is not None and options.nnodes == 1:
             agent.replay = _replayer(ranks, state_dir, say)
             if options.stop_checks:
                 agent.check = _checker(ranks, state_dir, say)
@@ -393,6 +426,8 @@ def run(options: RunOptions) -> int:
     finally:
         if ranks is not None:
             ranks.close()
+        if nodes is not None:
+            nodes.store.close()
         if metrics is not None:
             metrics[1].stop()
         if control is not None:
@@ -481,7 +516,37 @@ def _publish_standbys(store: Any, ranks: Any) -> None:
         _stderr_line(f"could not publish the free standby slots ({exc})")
 
 
-def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
+def _node_group(options: RunOptions, url: str) -> Any:
+    """This node's part in a job of several (``--nnodes``), joined to the job's run: its own
+    connection to the job's store, waited for up to ``--rdzv-timeout`` (node 0's launcher may
+    host the store and start later)."""
+    from failslow.core.control.store import StoreUnavailable, open_store
+    from failslow.node.nodes import NodeGroup, NodeOptions
+
+    node = NodeOptions(nnodes=options.nnodes, node_rank=options.node_rank,
+                       addr=options.node_addr, rdzv_timeout_s=options.rdzv_timeout_s)  # fmt: skip
+    deadline = time.monotonic() + options.rdzv_timeout_s
+    while True:
+        try:
+            store = open_store(url)
+            break
+        except StoreUnavailable as exc:
+            if time.monotonic() > deadline:
+                raise FailslowError(f"node {options.node_rank}: {exc}") from None
+            time.sleep(1.0)
+    group = NodeGroup(node, store, say=_stderr_line)
+    run = group.join()
+    n = options.nproc_per_node or 0
+    _stderr_line(
+        f"node {options.node_rank} of {options.nnodes} (run {run}): ranks "
+        f"{options.node_rank * n}-{options.node_rank * n + n - 1} of {options.nnodes * n}; "
+        "every launch starts together with the other nodes' (the hang watch, the stop-time "
+        "checks and replay work on one node only: off)"
+    )
+    return group
+
+
+def _local_ranks(options: RunOptions, state_dir: Path, nodes: Any = None) -> Any:
     """The node's ranks (``--nproc-per-node``); each fail-stop is also a line of
     ``<state dir>/failstops.jsonl``."""
     import json
@@ -501,7 +566,7 @@ def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
             standbys=options.standbys,
             min_ranks=options.min_ranks,
             max_stage_layers=options.max_stage_layers,
-            hang_after_s=options.hang_after_s,
+            hang_after_s=options.hang_after_s if nodes is None else 0.0,
             preload=tuple(preload),
             warm=options.warm,
             kill_grace_s=options.agent.kill_grace_s,
@@ -509,6 +574,7 @@ def _local_ranks(options: RunOptions, state_dir: Path) -> Any:
             slots_as_hosts=options.slots_as_hosts,
             check_spares=options.warm and options.stop_checks,
             decline_every_s=options.decline_every_s,
+            nodes=nodes,
         ),
         say=_stderr_line,
     )

@@ -97,6 +97,13 @@ ENDS_LAUNCH = (EXIT_UNRESTORABLE, EXIT_ROLLBACK)
 rank is stopped, and no peer that fails meanwhile is a fail-stop."""
 
 
+def _first(stop: dict[str, Any], at: float) -> bool:
+    """Did the failure another node claimed (``stop``) come before one here at ``at`` (wall)?
+    A rank killed by a signal always did: a peer's failure makes a rank raise (its collective
+    fails), never kills it, and a killed process leaves no time of its own."""
+    return int(stop.get("status", 0)) > 128 or float(stop.get("at", 0.0)) <= at
+
+
 def _status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -124,8 +131,23 @@ class RankGroup:
         store: Any = None,
         on_tick: Callable[[], None] | None = None,
         keep_going: bool = False,
+        nodes: Any = None,
+        on_remote: Callable[[dict[str, Any]], None] | None = None,
+        state_dir: str | None = None,
     ) -> None:
+        self._state_dir = state_dir
+        """Where the ranks' exception records are (``$FAILSLOW_STATE_DIR``)."""
         self.ranks = ranks
+        self._nodes = nodes
+        """The job's other nodes (:class:`failslow.node.nodes.NodeGroup`; None: one node)."""
+        self._on_remote = on_remote
+        self.remote: dict[str, Any] | None = None
+        """The stop another node claimed for this launch (its failed rank), once seen."""
+        self._held: dict[int, float] = {}
+        """This node's ranks that exited with a status, and when they failed (wall clock): a
+        consequence of another node's failure (their gloo peers reset) until ``settle_s``
+        passed without an earlier claim."""
+        self._next_check = 0.0
         self._keep_going = keep_going
         """A failed rank does not stop its peers (the stop-time checks: each machine's tests
         are its own)."""
@@ -158,6 +180,8 @@ class RankGroup:
             for rank, (_, process) in self.ranks.items()
             if (code := process.poll()) is not None
         }
+        if self._nodes is not None and self._released_at is None:
+            self._check_peers(now)
         if set(statuses.values()) & set(ENDS_LAUNCH):
             # before any peer is judged: a peer that failed because this rank left (its gloo
             # connection reset) exited after it, so it is in ``statuses`` only if this rank is
@@ -173,13 +197,15 @@ class RankGroup:
             # that was not ours (a rank that died together with the first: a lost machine)
             if self._released_at is None or (status == KILLED and not self._killed):
                 failed.append(rank)
+        if self._nodes is not None:
+            failed = self._first_here(failed, statuses)
         for rank in failed:
             self._fail(rank, statuses[rank])
         if self._released_at is not None and not self._killed:
             if now - self._released_at > self._kill_grace_s:
                 self._killed = True
                 self._send(signal.SIGKILL)
-        if len(statuses) < len(self.ranks):
+        if len(statuses) < len(self.ranks) or self._held:
             return None
         if self._released_at is not None:
             self._send(signal.SIGKILL)  # what is left of the ranks' process groups
@@ -191,6 +217,8 @@ class RankGroup:
             self.returncode = EXIT_ROLLBACK  # the agent climbs the ladder (node/incidents.py)
         elif self.failstops:
             self.returncode = self.failstops[0].status
+        elif self.remote is not None:  # another node's rank failed: the same restart here
+            self.returncode = int(self.remote["status"])
         elif bad:  # the agent stopped the ranks (a signal to the launcher)
             self.returncode = bad[0]
         elif {EXIT_FOR_RESTART, EXIT_EVICTED} & set(statuses.values()):
@@ -201,6 +229,76 @@ class RankGroup:
             self.returncode = 0
         self._store = None
         return self.returncode
+
+    def _check_peers(self, now: float) -> None:
+        """Every ``check_every_s`` while running: did another node claim this launch's stop?
+        Then this node's ranks are released (one store read per tick, not per rank)."""
+        if now < self._next_check:
+            return
+        self._next_check = now + self._nodes.options.check_every_s
+        stop = self._nodes.stopped(self.launch)
+        if stop is not None and stop.get("node") != self._nodes.node_rank:
+            self._remote_stop(stop)
+
+    def _remote_stop(self, stop: dict[str, Any]) -> None:
+        if self.remote is None:
+            self.remote = stop
+            if self._on_remote is not None:
+                self._on_remote(stop)
+        self._held.clear()  # consequences of it
+        self.release()
+
+    def _first_here(self, failed: list[int], statuses: dict[int, int]) -> list[int]:
+        """Which of this node's failed ranks are fail-stops (module docstring of
+        :mod:`failslow.node.nodes`): one killed by a signal at once (its claim published);
+        one that exited with a status is held until ``settle_s`` after it failed - its
+        exception's time where it left a record, else when it was seen - and is a consequence
+        if another node claims meanwhile a rank killed by a signal, or one that failed no
+        later than it."""
+        out = []
+        for rank in failed:
+            if statuses[rank] > 128 or self.remote is not None:
+                # a crash or kill here: a failure whoever claimed first (a lost machine)
+                self._claim(rank, statuses[rank], time.time())
+                out.append(rank)
+            elif rank not in self._held:
+                self._held[rank] = self._failed_at(rank)
+                self._recorded.add(rank)  # judged below, never again as a new failure
+                self.release()
+        if not self._held:
+            return out
+        nodes = self._nodes
+        stop = nodes.stopped(self.launch)
+        wall = time.time()
+        for rank, at in sorted(self._held.items(), key=lambda item: item[1]):
+            if stop is None and wall < at + nodes.options.settle_s:
+                continue
+            del self._held[rank]
+            claim = stop if stop is not None else self._claim(rank, statuses[rank], at)
+            mine = claim.get("node") == nodes.node_rank and claim.get("rank") == rank
+            if not mine and _first(claim, at):  # it failed first: this rank followed it
+                if claim.get("node") != nodes.node_rank:
+                    self._remote_stop(claim)
+                    return out
+                continue  # a consequence of this node's own first failure
+            out.append(rank)  # the first failure of the launch (or as early as the first)
+        return out
+
+    def _failed_at(self, rank: int) -> float:
+        """When ``rank`` failed: its uncaught exception's time if it recorded one (the
+        runtime's exception hook, under ``failslow run``), else now."""
+        if self._state_dir is not None:
+            from failslow.runtime.crash_record import raised_at
+
+            at = raised_at(self._state_dir, self.ranks[rank][1].pid)
+            if at is not None:
+                return min(at, time.time())
+        return time.time()
+
+    def _claim(self, rank: int, status: int, at: float) -> dict[str, Any]:
+        pid = self.ranks[rank][1].pid
+        record = {"rank": rank, "status": status, "at": at, "pid": pid}
+        return self._nodes.claim(self.launch, record)  # type: ignore[no-any-return]
 
     def running(self) -> bool:
         """Every rank runs and none was told to stop."""

@@ -33,8 +33,10 @@ rank agent itself:
 
 Rendezvous: the launcher hosts a fresh TCPStore per launch and the ranks use it as torchrun's
 agent store (``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``), so ``env://``
-initialization works unchanged. One node: a job of several machines runs ``torchrun`` (or
-``failslow run`` on each node with its own world) as before.
+initialization works unchanged. Several nodes (``--nnodes``, :mod:`failslow.node.nodes`): node
+0's launcher hosts it, each node's ranks are its part of the job's world, and a fail-stop on any
+node restarts every node's ranks (the hang watch, replay and the stop-time checks stay one
+node's).
 """
 
 from __future__ import annotations
@@ -170,6 +172,11 @@ class RankOptions:
     """Also keep one warm process per slot, torch imported, for the stop-time checks
     (:meth:`LocalRanks.spawn_check`), started after the job's own spares: the checks then skip
     torch's import (seconds per incident)."""
+    nodes: Any = None
+    """The job's other nodes (:class:`failslow.node.nodes.NodeGroup`, ``--nnodes``): this node
+    runs ranks ``node_rank * nproc ...`` of a world of ``nnodes * nproc``, each launch's
+    rendezvous is node 0's, and a fail-stop on any node restarts every node's ranks. None: the
+    job is this node's ranks."""
 
 
 CHECK_PRELOAD = ("torch",)
@@ -233,7 +240,9 @@ class LocalRanks:
         self._snapshot_base = Path(base) if base else None
         world, sources = self._world()
         memory = [self._memory(world, sources, slot) for slot in self.slots]
-        store, ranks = self._start_ranks(key, command, env, cwd, list(self.slots), memory)
+        store, ranks = self._start_ranks(
+            key, command, env, cwd, list(self.slots), memory, nodes=self.options.nodes
+        )  # fmt: skip
         group = RankGroup(
             ranks,
             launch=self.launches,
@@ -241,6 +250,9 @@ class LocalRanks:
             kill_grace_s=self.options.kill_grace_s,
             store=store,
             on_tick=self.tick,
+            nodes=self.options.nodes,
+            on_remote=self._remote_failure,
+            state_dir=env.get(envvars.STATE_DIR),
         )
         self.launches += 1
         self.group = group
@@ -345,7 +357,7 @@ class LocalRanks:
         (``replay``: dual-phase replay named its machine; ``checks``: the stop-time checks
         did): onto a standby while one is left,
         dropped with ``--min-ranks``, else it restarts in place."""
-        slot = self.slots[rank]
+        slot = self.slots[rank - self.first_rank]
         record = FailStop(rank=rank, slot=slot, pid=0, status=0, launch=self.launches - 1,
                           wall=time.time(), cause=cause)  # fmt: skip
         return self._failstop(record)
@@ -353,35 +365,44 @@ class LocalRanks:
     def _start_ranks(
         self, key: str, command: list[str], env: dict[str, str], cwd: str | None,
         slots: list[int], memory: list[dict[str, str]],
-        take: Callable[[str, dict[str, str]], _Warm] | None = None,
+        take: Callable[[str, dict[str, str]], _Warm] | None = None, nodes: Any = None,
     ) -> tuple[Any, dict[int, tuple[int, subprocess.Popen[bytes]]]]:  # fmt: skip
         """One rank per slot, from warm processes (``take``; default: the pool's), with a
-        fresh rendezvous store."""
-        from failslow.node.control import host_store
+        fresh rendezvous store (node 0's, with several nodes: ``nodes``, the job's launches
+        only). The ranks are keyed by their rank in the job."""
+        from failslow.node.control import host_store, port_of
 
-        store = host_store()  # a fresh rendezvous per launch: no stale keys from the last one
-        port = int(store.url.rsplit(":", 1)[1].split("?")[0])
         n = len(slots)
+        if nodes is None:
+            store = host_store()  # a fresh rendezvous per launch: no stale keys from the last one
+            addr, port = "127.0.0.1", port_of(store)
+            first, world, node, nnodes = 0, n, 0, 1
+        else:
+            store, addr, port = nodes.rendezvous(self.launches, host_store)
+            node, nnodes = nodes.node_rank, nodes.options.nnodes
+            first, world = node * n, nnodes * n
         ranks: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
         try:
-            for rank in range(n):
+            for local in range(n):
+                rank = first + local
                 warm = (take or self._take)(key, env)
                 rank_env = {
                     **env,
                     "RANK": str(rank),
-                    "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(n),
+                    "LOCAL_RANK": str(local),
+                    "WORLD_SIZE": str(world),
                     "LOCAL_WORLD_SIZE": str(n),
-                    "GROUP_RANK": "0",
+                    "GROUP_RANK": str(node),
+                    "GROUP_WORLD_SIZE": str(nnodes),
                     "ROLE_RANK": str(rank),
-                    "ROLE_WORLD_SIZE": str(n),
-                    "MASTER_ADDR": "127.0.0.1",
+                    "ROLE_WORLD_SIZE": str(world),
+                    "MASTER_ADDR": addr,
                     "MASTER_PORT": str(port),
                     "TORCHELASTIC_USE_AGENT_STORE": "True",
                     "TORCHELASTIC_RESTART_COUNT": str(self.launches),
-                    envvars.SLOT: str(slots[rank]),
+                    envvars.SLOT: str(slots[local]),
                 }
-                rank_env.update(memory[rank])
+                rank_env.update(memory[local])
                 message = {"env": rank_env, "cwd": cwd or os.getcwd(), "argv": list(command)}
                 try:
                     warm.sock.sendall(json.dumps(message).encode() + b"\n")
@@ -389,7 +410,7 @@ class LocalRanks:
                     why = f"its warm process is gone ({exc})"
                     raise FailslowError(f"cannot start rank {rank}: {why}") from None
                 warm.close()
-                ranks[rank] = (slots[rank], warm.process)
+                ranks[rank] = (slots[local], warm.process)
         except BaseException:
             for _, process in ranks.values():
                 _signal_group(process, signal.SIGKILL)
@@ -603,7 +624,7 @@ class LocalRanks:
         if self.standby_slots:
             replaced_by = self.standby_slots.pop(0)
             self.evicted.append(record.slot)
-            self.slots[record.rank] = replaced_by
+            self.slots[record.rank - self.first_rank] = replaced_by
             gone = True
         elif record.cause in ("died", "hung", "replay", "checks", "declined") and self._may_drop():
             self._dropping.append(record.slot)
@@ -625,6 +646,20 @@ class LocalRanks:
         for listener in self.listeners:
             listener(record)
         return record
+
+    @property
+    def first_rank(self) -> int:
+        """The job's rank of this node's first slot (0 on one node)."""
+        nodes = self.options.nodes
+        return 0 if nodes is None else nodes.node_rank * self.options.nproc
+
+    def _remote_failure(self, stop: dict[str, Any]) -> None:
+        status = int(stop["status"])
+        how = f"signal {status - 128}" if status > 128 else f"status {status}"
+        self.say(
+            f"node {stop['node']}'s rank {stop['rank']} failed ({how}): this node's ranks "
+            f"stop, and every node restarts from memory"
+        )
 
     def _may_drop(self) -> bool:
         k = self.options.min_ranks

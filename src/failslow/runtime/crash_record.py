@@ -54,3 +54,15 @@ def take(state_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every record in ``state_dir``, removed as read (unreadable ones are skipped)."""
     taken = take_json(Path(state_dir) / EXCEPTIONS, "pid*.json")
     return [record for _, record in taken if record is not None]
+
+
+def raised_at(state_dir: str | os.PathLike[str], pid: int) -> float | None:
+    """When process ``pid``'s uncaught exception reached its top level (``time.time()``), if it
+    left a record; the record stays for :func:`take`."""
+    import json
+
+    try:
+        record = json.loads((Path(state_dir) / EXCEPTIONS / f"pid{pid}.json").read_text())
+        return float(record["wall"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

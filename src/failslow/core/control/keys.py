@@ -30,6 +30,9 @@ STANDBYS = "failslow/standbys"
 """``{STANDBYS}/{node}``: the free standby slots of each node's rank launcher
 (``{"free": n, "slots": [...], "wall": t}``, written at every launch); S4 evicts no more hosts
 than they can replace."""
+NODES = "failslow/nodes"
+"""The launchers of a job of several nodes (``failslow run --nnodes``): the run's joins, each
+launch's rendezvous and its stop (:mod:`failslow.node.nodes`)."""
 STATUS = "failslow/status"
 """The control plane's status: state, last diagnosis, plan in effect, last action, newest step
 (:class:`failslow.core.control.journal.StatusBoard`; ``failslow top`` reads it)."""

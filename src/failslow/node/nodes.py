@@ -1,0 +1,154 @@
+"""Several nodes, one job: ``failslow run --nproc-per-node N --nnodes M --node-rank K`` on each
+node's launcher, and every launch of the job's ranks agreed through the job's control store
+(byterobust 6.2-6.3: a fail-stop anywhere restarts every rank from memory, and warm standbys
+are per machine).
+
+Each node's launcher starts its own ``N`` ranks from warm processes (:mod:`failslow.node.ranks`):
+node ``K``'s local rank ``i`` is the job's rank ``K * N + i``, in a world of ``M * N``. What the
+launchers must agree on goes through the store the job already has (``--store``), under
+:data:`failslow.core.control.keys.NODES`:
+
+- **the run**: each launcher adds one to ``{NODES}/joined`` as it starts; the ``j``-th join
+  belongs to run ``(j - 1) // M``, so a store that served an earlier run of the job (a Redis
+  server) keeps that run's keys apart - the launchers of one run must all start before the
+  next run's do (as with torchrun's rendezvous id, one store per job run is the simple rule);
+- **each launch's rendezvous** (``{NODES}/run{r}/launch{g}/master``): node 0's launcher hosts a
+  fresh TCPStore for launch ``g`` on ``--node-addr`` and writes its address; the other nodes
+  wait for it (``rdzv_timeout_s``). The ranks use it as torchrun's agent store, so
+  ``init_process_group("env://")`` works unchanged. Every launcher counts its launches the same
+  way (they end together), so ``g`` is the same on every node;
+- **who failed** (``{NODES}/run{r}/launch{g}/stop``): the node that sees one of its ranks
+  fail claims the launch's stop with compare-and-set (``{"node", "rank", "status", "at"}``);
+  the other launchers read that key at every tick of their rank group (one ``get``, O(1) per
+  node, never O(world)) and release their own ranks. A peer's ranks then fail too - their
+  gloo collectives raise when the connection resets - and those failures are consequences,
+  not fail-stops. So a rank killed by a signal (a crash, SIGKILL, the OOM killer) claims at
+  once, while a rank that exited with a status is held until ``settle_s`` after it failed
+  (its exception's time, from the record the runtime's exception hook leaves,
+  :mod:`failslow.runtime.crash_record`; else when it was seen) and is a consequence if a
+  claim names a killed rank or one that failed no later than it. The stop then names the rank
+  that really failed although its launcher looked last (a loaded machine; within
+  ``settle_s``), only its slot is evicted (onto its node's standby, else in place), and every
+  node relaunches; the agents count the same failure on every node, so ``--max-restarts``
+  runs out on all of them together. A store that is away leaves each node its own view (what
+  one node alone would decide).
+
+A launcher gives up with one line naming the node when a rendezvous does not come in time (a
+node that is gone: membership changes are not handled yet - the job needs a person).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from failslow.core.control import keys
+from failslow.errors import ConfigError, FailslowError
+
+
+@dataclass(kw_only=True, slots=True)
+class NodeOptions:
+    """Where this node is in the job (``--nnodes``, ``--node-rank``, ``--node-addr``)."""
+
+    nnodes: int
+    node_rank: int
+    addr: str = "127.0.0.1"
+    """The address the other nodes' ranks reach this node's rendezvous store at (node 0)."""
+    rdzv_timeout_s: float = 600.0
+    """How long a node waits for node 0's rendezvous of a launch."""
+    settle_s: float = 3.0
+    """How long a rank that exited with a status waits for another node's claim."""
+    check_every_s: float = 0.2
+    """How often a running launch reads whether another node stopped it."""
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(
+                f"--node-rank must be between 0 and --nnodes - 1 ({self.nnodes - 1}), "
+                f"got {self.node_rank}"
+            )
+
+
+@dataclass(slots=True)
+class NodeGroup:
+    """This node's side of the protocol (module docstring) over the job's control ``store``."""
+
+    options: NodeOptions
+    store: Any
+    say: Callable[[str], None] = print
+    run: int | None = None
+    """This run's index (:meth:`join`)."""
+    _warned: set[str] = field(default_factory=set)
+
+    @property
+    def node_rank(self) -> int:
+        return self.options.node_rank
+
+    def join(self) -> int:
+        """Count this launcher into the job's current run; its index."""
+        try:
+            joined = int(self.store.add(f"{keys.NODES}/joined", 1))
+        except FailslowError as exc:
+            raise FailslowError(f"node {self.node_rank} cannot join the job: {exc}") from None
+        self.run = (joined - 1) // self.options.nnodes
+        return self.run
+
+    def _key(self, launch: int, what: str) -> str:
+        if self.run is None:
+            self.join()
+        return f"{keys.NODES}/run{self.run}/launch{launch}/{what}"
+
+    def rendezvous(self, launch: int, host: Callable[[str], Any]) -> tuple[Any, str, int]:
+        """Launch ``launch``'s rendezvous store: node 0 hosts it (``host(addr)`` returns the
+        store) and publishes where; every other node waits for that. ``(store or None, address,
+        port)``."""
+        from failslow.node.control import port_of
+
+        key = self._key(launch, "master")
+        if self.node_rank == 0:
+            store = host(self.options.addr)
+            port = port_of(store)
+            self.store.set_json(key, {"addr": self.options.addr, "port": port,
+                                      "wall": time.time()})  # fmt: skip
+            return store, self.options.addr, port
+        timeout = self.options.rdzv_timeout_s
+        if not self.store.wait([key], timeout):
+            raise FailslowError(
+                f"node {self.node_rank}: node 0 did not start launch {launch} within "
+                f"{timeout:g} s (is its launcher running, with the same --store?)"
+            )
+        record = self.store.get_json(key)
+        return None, str(record["addr"]), int(record["port"])
+
+    def stopped(self, launch: int) -> dict[str, Any] | None:
+        """The launch's stop as claimed by any node (None: none yet, or the store is away)."""
+        try:
+            return self.store.get_json(self._key(launch, "stop"))  # type: ignore[no-any-return]
+        except (FailslowError, ValueError) as exc:
+            self._warn("read", exc)
+            return None
+
+    def claim(self, launch: int, record: dict[str, Any]) -> dict[str, Any]:
+        """Claim the launch's stop for ``record`` (one of this node's failed ranks): the stop
+        that holds - this one, or another node's that came first."""
+        claim = {**record, "node": self.node_rank}
+        key = self._key(launch, "stop")
+        raw = json.dumps(claim, sort_keys=True).encode()
+        try:
+            if self.store.compare_set(key, None, raw):
+                return claim
+            held = self.store.get_json(key)
+        except (FailslowError, ValueError) as exc:
+            self._warn("claim", exc)
+            return claim  # no store: this node's own view is all there is
+        return held if isinstance(held, dict) else claim
+
+    def _warn(self, action: str, exc: Exception) -> None:
+        if action not in self._warned:
+            self._warned.add(action)
+            self.say(f"node {self.node_rank}: cannot {action} the launch's stop ({exc})")

@@ -1,0 +1,247 @@
+"""Several nodes' launchers, one job (failslow.node.nodes): every launch agreed through the job's
+store, a rank that fails on one node restarts every node's ranks, and only that rank is a
+fail-stop.
+
+Two :class:`LocalRanks` in this process stand for two nodes' launchers, each with its own
+:class:`NodeGroup` connection to a real TCPStore (the job's store). Their ranks are real warm
+processes (preloading ``colorsys``, not torch) running a small script; a peer that "loses its
+gloo connection" is a rank that exits with status 1 as soon as the failed rank's process is
+gone - what a gloo rank does when its peer dies, and what makes the race the protocol settles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from failslow.core.control.store import open_store
+from failslow.errors import FailslowError
+from failslow.node.control import host_store
+from failslow.node.nodes import NodeGroup, NodeOptions
+from failslow.node.ranks import LocalRanks, RankGroup, RankOptions
+
+pytestmark = pytest.mark.timeout(120)
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    from failslow.runtime import teardown
+
+    teardown.install()  # what failslow run's hook does: an uncaught exception is recorded
+
+    out = Path(sys.argv[1])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+             "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FAILSLOW_SLOT")
+    record = {k: os.environ.get(k) for k in names}
+    record["pid"] = os.getpid()
+    tmp = out / f".rank{rank}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, out / f"rank{rank}.json")
+    mode, failing = os.environ.get("MODE", "ok"), int(os.environ.get("FAIL_RANK", "3"))
+    if mode == "ok":
+        sys.exit(0)
+    deadline = time.monotonic() + 30
+    while len(list(out.glob("rank*.json"))) < world and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if rank == failing:
+        if mode == "raise":
+            raise RuntimeError("a bad batch")
+        time.sleep(60)  # "kill": the test SIGKILLs it
+    # every other rank: its "gloo peer" is gone as soon as the failed rank exited (its
+    # sockets close then, reaped or not)
+    pid = json.loads((out / f"rank{failing}.json").read_text())["pid"]
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+        except (FileNotFoundError, ProcessLookupError):
+            state = "gone"
+        if state in ("Z", "X", "gone"):
+            raise RuntimeError("Connection closed by peer")  # what gloo raises
+        time.sleep(0.005)
+    """
+)
+
+
+def _nodes(store_url: str, nnodes: int = 2, **options: float) -> list[NodeGroup]:
+    return [
+        NodeGroup(NodeOptions(nnodes=nnodes, node_rank=k, **options), open_store(store_url))
+        for k in range(nnodes)
+    ]
+
+
+def _ranks(node: NodeGroup, said: list[str]) -> LocalRanks:
+    options = RankOptions(
+        nproc=2, standbys=1, preload=("colorsys",), kill_grace_s=10.0, refill_delay_s=0.0,
+        nodes=node,
+    )  # fmt: skip
+    return LocalRanks(options, say=lambda line: said.append(f"node {node.node_rank}: {line}"))
+
+
+def _spawn_all(tmp_path: Path, launchers: list[LocalRanks], mode: str, launch: int,
+               **env: str) -> tuple[list[RankGroup], Path]:  # fmt: skip
+    out = tmp_path / f"out-{mode}-{launch}"
+    out.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    full = {**os.environ, "MODE": mode, "FAILSLOW_STATE_DIR": str(tmp_path / "state"), **env}
+    # node 0 first: it hosts the rendezvous the other node waits for
+    return [r.spawn([str(script), str(out)], full, str(tmp_path)) for r in launchers], out
+
+
+def _wait_all(groups: list[RankGroup], timeout: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while None in (statuses := [g.poll() for g in groups]):  # every node's launcher polls
+        assert time.monotonic() < deadline, "the launches did not end"
+        time.sleep(0.01)
+    return statuses  # type: ignore[return-value]
+
+
+def _records(out: Path) -> dict[int, dict]:
+    return {int(json.loads(f.read_text())["RANK"]): json.loads(f.read_text())
+            for f in out.glob("rank*.json")}  # fmt: skip
+
+
+@pytest.fixture
+def job_store():
+    store = host_store()
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_rank_that_fails_on_one_node_restarts_every_node_and_only_it_is_a_fail_stop(
+    tmp_path: Path, job_store, how: str
+) -> None:
+    """Node 1's rank 3 dies - SIGKILLed, or of an exception, as a gloo peer's failure makes
+    the others die too - and node 0's ranks fail a moment later (their peer is gone), seen by
+    node 0's launcher before node 1's launcher even looks (a loaded machine). Only rank 3 is a
+    fail-stop: node 0 holds its ranks' failures, node 1 claims the launch's stop - a kill, or
+    an exception raised before theirs - and they are consequences. Rank 3's slot goes to node
+    1's standby, both launches end with rank 3's status, and the next launch starts on both
+    nodes with node 0's new rendezvous."""
+    said: list[str] = []
+    nodes = _nodes(job_store.url)
+    launchers = [_ranks(node, said) for node in nodes]
+    try:
+        groups, out = _spawn_all(tmp_path, launchers, how, 0)
+        if how == "kill":
+            deadline = time.monotonic() + 30
+            while len(_records(out)) < 4:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            os.kill(_records(out)[3]["pid"], signal.SIGKILL)
+        # node 1's launcher is slow to look (a loaded machine): node 0 sees its own ranks
+        # fail first, and for a while sees nothing else
+        deadline = time.monotonic() + 30
+        while any(process.poll() is None for _, process in groups[0].ranks.values()):
+            assert time.monotonic() < deadline
+            assert groups[0].poll() is None
+            time.sleep(0.01)
+        lag = time.monotonic() + 0.3
+        while time.monotonic() < lag:
+            assert groups[0].poll() is None  # held: they may be consequences
+            time.sleep(0.01)
+        statuses = _wait_all(groups)
+        status = 128 + signal.SIGKILL if how == "kill" else 1
+        assert statuses == [status, status], said
+        records = _records(out)
+        assert sorted(records) == [0, 1, 2, 3]
+        assert [(r["LOCAL_RANK"], r["GROUP_RANK"], r["WORLD_SIZE"]) for _, r in
+                sorted(records.items())] == [("0", "0", "4"), ("1", "0", "4"), ("0", "1", "4"),
+                                             ("1", "1", "4")]  # fmt: skip
+        (rendezvous,) = {(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in records.values()}
+        assert groups[0].failstops == [], said  # consequences of node 1's failure
+        assert groups[0].remote is not None and groups[0].remote["rank"] == 3
+        (stop,) = groups[1].failstops
+        assert (stop.rank, stop.slot, stop.replaced_by, stop.status) == (3, 1, 2, status)
+        assert launchers[1].slots == [0, 2] and launchers[0].slots == [0, 1]
+        assert any("node 1's rank 3 failed" in line for line in said), said
+
+        groups, out = _spawn_all(tmp_path, launchers, "ok", 1)
+        assert _wait_all(groups) == [0, 0]
+        records = _records(out)
+        assert [records[r]["FAILSLOW_SLOT"] for r in range(4)] == ["0", "1", "0", "2"]
+        (again,) = {(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in records.values()}
+        assert again != rendezvous  # node 0 hosts a fresh rendezvous per launch
+    finally:
+        for launcher in launchers:
+            launcher.close()
+        for node in nodes:
+            node.store.close()
+
+
+def test_the_run_of_each_launcher_is_counted_from_its_join(job_store) -> None:
+    """Each launcher's join counts: a second run of the job in the same store keeps its own
+    keys (its launch 0 is not the first run's)."""
+    first, second = _nodes(job_store.url), _nodes(job_store.url)
+    try:
+        assert [n.join() for n in first] == [0, 0]
+        assert [n.join() for n in second] == [1, 1]
+        first[1].claim(0, {"rank": 3, "status": 137})
+        assert second[0].stopped(0) is None
+        assert first[0].stopped(0) == {"rank": 3, "status": 137, "node": 1}
+        # the first claim holds
+        assert first[0].claim(0, {"rank": 0, "status": 1})["node"] == 1
+    finally:
+        for node in first + second:
+            node.store.close()
+
+
+def test_a_node_without_node_0_s_rendezvous_gives_up_with_one_line(
+    tmp_path: Path, job_store
+) -> None:
+    said: list[str] = []
+    (node,) = _nodes(job_store.url, nnodes=2, rdzv_timeout_s=0.5)[1:]
+    launcher = _ranks(node, said)
+    try:
+        with pytest.raises(FailslowError, match="node 1: node 0 did not start launch 0 within"):
+            _spawn_all(tmp_path, [launcher], "ok", 0)
+    finally:
+        launcher.close()
+        node.store.close()
+
+
+def test_node_options_are_checked() -> None:
+    with pytest.raises(Exception, match="--node-rank must be between 0 and"):
+        NodeOptions(nnodes=2, node_rank=2)
+    with pytest.raises(Exception, match="--nnodes must be >= 1"):
+        NodeOptions(nnodes=0, node_rank=0)
+
+
+def test_failslow_run_checks_what_several_nodes_need(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from failslow.errors import ConfigError
+    from failslow.node.launcher import RunOptions, _check_options
+
+    def check(**options: object) -> None:
+        base = {"command": ["job.py"], "nproc_per_node": 2, "nnodes": 2, "node_rank": 1,
+                "store_url": "tcp://127.0.0.1:1", "job_token": "t"}  # fmt: skip
+        _check_options(RunOptions(**{**base, **options}))  # type: ignore[arg-type]
+
+    check()  # fine
+    for options, message in [
+        ({"store_url": None}, "--nnodes needs --store"),
+        ({"nproc_per_node": None, "command": ["torchrun"]}, "--nnodes needs --nproc-per-node"),
+        ({"node_rank": 2}, "--node-rank must be between 0 and --nnodes - 1 (1), got 2"),
+        ({"min_ranks": 1}, "--min-ranks and --decline-every work on one node only"),
+        ({"rdzv_timeout_s": 0.0}, "--rdzv-timeout must be > 0 seconds"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            check(**options)
+    done = subprocess.run(  # the flags as users type them
+        [sys.executable, "-m", "failslow.cli", "run", "--ring-dir", str(tmp_path / "r"),
+         "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--", "job.py"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0 and "--nnodes needs --store" in done.stderr, done.stderr
