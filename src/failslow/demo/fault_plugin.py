@@ -16,7 +16,7 @@ The demo workers register what :func:`from_env` returns on their session's plugi
   Its loss of step ``N + 1`` is NaN, and so, through the gradient all-reduce, is every rank's
   model after it.
 - ``{"kind": "sdc", "slot": S, "step": N}``: from step ``N`` on, in every launch, the machine of
-  slot ``S`` computes the gradient of the model's first parameter 10,000 times too large
+  slot ``S`` computes the gradient of the model's largest parameter 10,000 times too large
   (:func:`corrupt`) - silent data corruption in a backward matmul, persistent as a faulty GPU's:
   the all-reduce hands it to every replica, and every rank's loss jumps a step later. A
   reattempt from memory replays it; dual-phase replay finds the machine.
@@ -65,9 +65,12 @@ SDC_FACTOR = 1e4
 
 
 def corrupt(model: Any, active: Any) -> None:
-    """While ``active()``, the gradient of ``model``'s first parameter comes out scaled by
-    :data:`SDC_FACTOR` (a tensor hook: the corruption happens where the gradient is made)."""
-    parameter = next(iter(model.parameters()))
+    """While ``active()``, the gradient of ``model``'s largest parameter (the first of them)
+    comes out scaled by :data:`SDC_FACTOR` (a tensor hook: the corruption happens where the
+    gradient is made). The largest, not the first: the first of a pipeline stage past the
+    first is a norm's weight, whose gradient was small enough that the grad-norm jump only
+    just cleared the 5x check (5.9x)."""
+    parameter = max(model.parameters(), key=lambda p: p.numel())
     parameter.register_hook(lambda grad: grad * SDC_FACTOR if active() else grad)
 
 
