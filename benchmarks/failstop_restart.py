@@ -17,6 +17,12 @@ downtime; ``lost`` is how many steps were done twice).
   launcher sees the rank die through its pidfd, releases the survivors, moves the rank to the
   standby slot and restarts every rank from warm processes (torch and DeepSpeed imported), which
   restore from /dev/shm;
+- **two nodes** (``--ways nodes``: two launchers, ``failslow run --nnodes 2 --node-rank K
+  --nproc-per-node 2 --standbys 1 --store ...``, node 0 hosting the job's store and
+  controller): the same job as two nodes of two ranks; node 1's second rank (the job's rank 3)
+  is killed, node 1's launcher claims the launch's stop and moves it to its standby slot, node
+  0's launcher stops its ranks when it reads the claim, and both relaunch from warm processes
+  at node 0's new rendezvous (:mod:`failslow.node.nodes`);
 - **cold restart in place** (``failslow run --max-restarts 1 -- torchrun ...``): torchrun sees
   the rank die and ends; the launcher restarts torchrun, every rank imports again and restores
   from /dev/shm (what failslow did before the node launched ranks itself);
@@ -158,11 +164,14 @@ def _kill_and_measure(
     job_env: dict[str, str] | None = None,
     fault: str | None = None,
     fault_at: int = HANG_AT,
+    nodes: int = 1,
 ) -> dict[str, Any]:
     """``planned``: an S4 restart plan evicts the victim's host instead of a kill;
     ``job_env``: the worker's settings over the DeepSpeed job's; ``fault``: no kill - after
     step ``HANG_AT`` the victim's machine hangs (``hang``: the launcher finds it), or its model
-    gets a NaN (``nan``: the job rolls back), through the fault plugin."""
+    gets a NaN (``nan``: the job rolls back), through the fault plugin; ``nodes``: that many
+    launchers (``--nnodes``, the job's store hosted by node 0's), the victim the last node's
+    local rank ``VICTIM``."""
     hang_at = fault_at if fault is not None else None
     out = tmp / name
     out.mkdir()
@@ -175,24 +184,39 @@ def _kill_and_measure(
         settings["FAILSLOW_DEMO_FAULT"] = json.dumps(spec)
         settings["FAILSLOW_PLUGINS"] = "failslow.demo.fault_plugin"  # the stop-time checks' too
     env = launch_env(out, steps, **settings)
-    rings, state = tmp / f"{name}-rings", tmp / f"{name}-state"
     shm = Path(tempfile.mkdtemp(prefix="failslow-fsbench-", dir="/dev/shm"))
     token = "failstop-restart-benchmark"
-    cmd = [sys.executable, "-m", "failslow.cli", "run", "--controller", "4", "--no-shim",
-           "--ring-dir", str(rings), "--state-dir", str(state), "--snapshot-dir", str(shm),
-           "--job-token", token, "--max-restarts", "1", *launcher]  # fmt: skip
+    port = _free_port() if nodes > 1 else 0
+    procs, logs = [], []
+    for node in range(nodes):  # node 0 hosts the controller (and the job's store)
+        tag = "" if node == 0 else f"-node{node}"
+        several = [] if nodes == 1 else [
+            "--nnodes", str(nodes), "--node-rank", str(node),
+            "--store", f"tcp://127.0.0.1:{port}" + ("?master=1" if node == 0 else ""),
+        ]  # fmt: skip
+        cmd = [sys.executable, "-m", "failslow.cli", "run",
+               *(["--controller", "4"] if node == 0 else []), "--no-shim",
+               "--ring-dir", str(tmp / f"{name}-rings{tag}"),
+               "--state-dir", str(tmp / f"{name}-state{tag}"),
+               "--snapshot-dir", str(shm / f"node{node}"), "--job-token", token,
+               "--max-restarts", "1", *several, *launcher]  # fmt: skip
+        logs.append(tmp / f"{name}{tag}.log")
+        node_env = env if nodes == 1 else {**env, "FAILSLOW_HOST": f"node{node}"}
+        procs.append(subprocess.Popen(cmd, env=node_env, stdout=logs[-1].open("w"),
+                                      stderr=subprocess.STDOUT))  # fmt: skip
+    victim = (nodes - 1) * 4 // nodes + VICTIM  # the job has 4 ranks
+    rings = tmp / f"{name}-rings{'' if nodes == 1 else f'-node{nodes - 1}'}"
+    state = tmp / f"{name}-state{'' if nodes == 1 else f'-node{nodes - 1}'}"
     plan: concurrent.futures.Future[int] | None = None
-    log = open(tmp / f"{name}.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     progress = out / "progress-rank0.json"
     seen: dict[int, float] = {}
     try:
         warm = launcher[0] == "--nproc-per-node"  # (torchrun has the flag too)
 
-        def due() -> bool:  # warm: once the launcher said its spares are ready
+        def due() -> bool:  # warm: once every launcher said its spares are ready
             if max(seen, default=-1) < KILL_AT:
                 return False
-            return not warm or READY in (tmp / f"{name}.log").read_text()
+            return not warm or all(READY in log.read_text() for log in logs)
 
         def poll() -> None:  # when each step was first seen done
             try:
@@ -205,8 +229,8 @@ def _kill_and_measure(
             time.sleep(0.02)
 
         while hang_at is None and not due():
-            if proc.poll() is not None:
-                raise SystemExit(f"{name}: the job ended early ({proc.returncode})")
+            if any(p.poll() is not None for p in procs):
+                raise SystemExit(f"{name}: the job ended early ({[p.poll() for p in procs]})")
             poll()
         killed_at = time.time()
         if hang_at is not None:
@@ -216,17 +240,18 @@ def _kill_and_measure(
             plan = pool.submit(_evict, tmp / f"{name}.log", token)
             pool.shutdown(wait=False)
         else:
-            ring = max(rings.glob(f"rank{VICTIM:05d}-pid*.ring"), key=lambda p: p.stat().st_mtime)
+            ring = max(rings.glob(f"rank{victim:05d}-pid*.ring"), key=lambda p: p.stat().st_mtime)
             pid = int(re.search(r"pid(\d+)", ring.name).group(1))  # type: ignore[union-attr]
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             poll()  # a planned restart comes a few steps after the plan
-        if proc.wait(timeout=1) != 0:
-            raise SystemExit(f"{name}: the job failed; see {tmp / (name + '.log')}")
+        if any(p.wait(timeout=1) != 0 for p in procs):
+            raise SystemExit(f"{name}: the job failed; see {', '.join(map(str, logs))}")
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
         shutil.rmtree(shm, ignore_errors=True)
     records = [json.loads(p.read_text()) for p in out.glob("steps-rank0*.json")]
     record = max(records, key=lambda r: r["first_step"])  # the launch after the restart
@@ -302,6 +327,14 @@ def _kill_and_measure(
     return result
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _core_share(ranks: int) -> float:
     """The cores one rank gets when ``ranks`` share this machine's."""
     return min(1.0, len(os.sched_getaffinity(0)) / ranks)
@@ -313,7 +346,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
         "--ways",
-        default="warm,cold,s4,shrink,hang,nan,nan-nochecks,sdc,matmul,reroute,reconfigure",
+        default="warm,nodes,cold,s4,shrink,hang,nan,nan-nochecks,sdc,matmul,reroute,reconfigure",
         help="comma-separated",
     )
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
@@ -341,6 +374,10 @@ def main() -> None:
     ways = {
         "warm": ("warm standby (memory)", [
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
+            "--", "-m", "failslow.demo.ds_worker",
+        ]),
+        "nodes": ("2 nodes x 2 ranks: both relaunch, the standby on node 1", [
+            "--nproc-per-node", "2", "--standbys", "1", "--preload", "deepspeed",
             "--", "-m", "failslow.demo.ds_worker",
         ]),
         "cold": ("cold restart in place (memory)", ["--", *TORCHRUN]),
@@ -399,7 +436,7 @@ def main() -> None:
                 console.print(f"run {i + 1}: {name} ...")
                 results[name] = _kill_and_measure(
                     Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
-                    fault_at=args.fault_at,
+                    fault_at=args.fault_at, nodes=2 if key == "nodes" else 1,
                     job_env=job_env[0] if job_env else None,
                     fault={"nan-nochecks": "nan"}.get(key, key)
                     if key in ("hang", "nan", "nan-nochecks", "sdc", "matmul", "slow") else None,

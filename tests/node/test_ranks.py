@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from failslow import envvars
 from failslow.core.control.stop import (
     EXIT_FOR_RESTART,
     EXIT_FOR_UPDATE,
@@ -594,3 +595,33 @@ def test_ranks_a_hang_names_are_evicted_and_the_launch_ends_for_a_restart(tmp_pa
         ranks.said[-1]
     )
     assert ranks.slots == [0, 3, 2]
+
+
+def test_the_next_launch_is_the_same_job_after_a_fail_stop_not_after_an_update_or_s4(
+    tmp_path: Path,
+) -> None:
+    """What the launcher tells the node's analyzer before a relaunch (``carry_over``): the
+    ranks' detectors go on only when the job restarts as it ran - after a fail-stop, with the
+    same command, environment and code - not after an update, an S4 plan or a dropped slot."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    ranks = _ranks(standbys=1, min_ranks=1)
+    try:
+        assert not ranks.same_job_next([str(script)], {}, None)  # nothing ran yet
+        for mode, same in (("fail", True), ("update", False), ("s4", False)):
+            out = tmp_path / f"out-{mode}"
+            out.mkdir()
+            command, env = [str(script), str(out)], {**os.environ, "MODE": mode}
+            ranks.spawn(command, env, str(tmp_path)).wait(timeout=100)
+            assert ranks.same_job_next(command, env, str(tmp_path)) is same, mode
+            assert not ranks.same_job_next(command, {**env, "X": "1"}, str(tmp_path))
+            assert not ranks.same_job_next([*command, "--new"], env, str(tmp_path))
+            env[envvars.RESTART] = "7"  # per launch: not the job's
+            assert ranks.same_job_next(command, env, str(tmp_path)) is same, mode
+        out = tmp_path / "out-fail-again"
+        out.mkdir()
+        command, env = [str(script), str(out)], {**os.environ, "MODE": "fail"}
+        ranks.spawn(command, env, str(tmp_path)).wait(timeout=100)  # the standby is taken: the
+        assert not ranks.same_job_next(command, env, str(tmp_path))  # slot is dropped
+    finally:
+        ranks.close()

@@ -379,6 +379,11 @@ def run(options: RunOptions) -> int:
 
     def spawn(version: Version, env: dict[str, str]) -> Any:
         if ranks is not None:
+            if control is not None and control.publisher is not None:
+                # the same job again after a fail-stop: its detectors go on (no warm-up, and a
+                # slower standby is a change they see)
+                same = ranks.same_job_next(list(version.command), env, version.code_dir)
+                control.publisher.analyzer.carry_over(same)
             group = ranks.spawn(list(version.command), env, version.code_dir)
             if control is not None:
                 control.start()

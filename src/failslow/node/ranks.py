@@ -184,6 +184,11 @@ _CHECK_DROPPED = (envvars.STORE, envvars.RING_DIR, envvars.CAPTURE, envvars.SNAP
 """Not in a stop-time check's environment: no rings, no control store, no snapshots."""
 
 
+def _launch_of(command: list[str], env: dict[str, str], cwd: str | None) -> str:
+    """What a launch runs, but its per-launch variables (:data:`PER_LAUNCH`)."""
+    return json.dumps([command, cwd, sorted((k, v) for k, v in env.items() if k not in PER_LAUNCH)])
+
+
 def _check_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in _CHECK_DROPPED}
 
@@ -215,6 +220,8 @@ class LocalRanks:
         """The last launch."""
         self._snapshot_base: Path | None = None
         self._dropping: list[int] = []
+        self._last_launch: str | None = None
+        """What the last launch ran: its command, environment (code included) and directory."""
         """Slots of dead ranks to drop at the next launch (``min_ranks``)."""
         self.worlds: list[World] = []
         """Each world size the job ran with, the current one last."""
@@ -236,6 +243,7 @@ class LocalRanks:
         if not command:
             raise FailslowError("no script to run: failslow run --nproc-per-node N -- SCRIPT ...")
         key = self._key(env)
+        self._last_launch = _launch_of(command, env, cwd)
         base = env.get(envvars.SNAPSHOT_DIR)
         self._snapshot_base = Path(base) if base else None
         world, sources = self._world()
@@ -646,6 +654,18 @@ class LocalRanks:
         for listener in self.listeners:
             listener(record)
         return record
+
+    def same_job_next(self, command: list[str], env: dict[str, str], cwd: str | None) -> bool:
+        """Whether the next launch runs the job as the last one did - the same world (no slot
+        dropped), command, environment and code - after a fail-stop or a rollback, not a
+        planned S4 restart or an update: its ranks' iteration times then go on measuring the
+        same thing (:meth:`~failslow.core.tracking.analyzer.LocalAnalyzer.carry_over`)."""
+        from failslow.core.control.stop import EXIT_FOR_RESTART, EXIT_FOR_UPDATE
+
+        last = self.group
+        if last is None or self._dropping or self._last_launch != _launch_of(command, env, cwd):
+            return False
+        return last.returncode not in (EXIT_FOR_RESTART, EXIT_FOR_UPDATE)
 
     @property
     def first_rank(self) -> int:

@@ -67,6 +67,52 @@ def test_restarted_rank_gets_a_fresh_state(tmp_path) -> None:
     analyzer.close()
 
 
+def _restart(tmp_path, after: np.ndarray, carry: bool) -> list[str]:
+    """A rank's 80 iterations at 0.2 s (2% noise), then its restarted process's ``after``,
+    polled as the node publisher does; the events of the restarted rank."""
+    rng = np.random.default_rng(7)
+    before = 0.2 * (1 + 0.02 * rng.standard_normal(80))
+    first = RingWriter(ring_path(tmp_path, 0, 1), capacity=1 << 12, global_rank=0)
+    analyzer = LocalAnalyzer(tmp_path, keep_history=False)
+    t = 0
+    for chunk in np.array_split(before, 8):
+        t = _write_steps(first, chunk, t0=t)
+        analyzer.poll()
+    assert analyzer.ranks[0].iterations >= 70 and not analyzer.ranks[0].events
+    analyzer.carry_over(carry)  # what the launcher says before it relaunches
+    first.path.unlink()
+    second = RingWriter(ring_path(tmp_path, 0, 2), capacity=1 << 12, global_rank=0)
+    events = []
+    for chunk in np.array_split(after, 10):
+        t = _write_steps(second, chunk, t0=t + int(3e9))
+        for update in analyzer.poll():
+            events += [e.type for e in update.events]
+    assert analyzer.ranks[0].reader.path == second.path
+    analyzer.close()
+    return events
+
+
+@pytest.mark.parametrize("carry", [True, False])
+def test_a_slower_standby_is_seen_when_the_launcher_carries_the_detector_over(
+    tmp_path, carry: bool
+) -> None:
+    """After a restart of the same job (a fail-stop onto a standby), the rank's detector goes
+    on: a standby 30% slower is an onset. A fresh detector (a new layout, an update) would learn
+    the slow level as the job's own and never see it."""
+    rng = np.random.default_rng(8)
+    after = 0.26 * (1 + 0.02 * rng.standard_normal(60))
+    after[:2] = 0.6  # the restart's first iterations (restore, lazy allocations): left out
+    events = _restart(tmp_path, after, carry)
+    assert events == (["onset"] if carry else [])
+
+
+def test_a_restart_carried_over_at_the_same_speed_raises_nothing(tmp_path) -> None:
+    rng = np.random.default_rng(9)
+    after = 0.2 * (1 + 0.02 * rng.standard_normal(60))
+    after[:2] = 0.6
+    assert _restart(tmp_path, after, carry=True) == []
+
+
 def test_an_idle_poll_does_not_list_the_directory(tmp_path, monkeypatch) -> None:
     """A poll with nothing new costs a stat of the ring directory, not a listing; a ring
     created later is still found on the next poll."""

@@ -39,6 +39,12 @@ class RankState:
     more: list[RingReader] = field(default_factory=list)
     """Other rings of the same process: under the C shim, the Python hook writes its calls
     and step markers beside the shim's ring (:func:`failslow.core.ring.ring_path`)."""
+    carried: int | None = None
+    """A restarted rank that goes on with its predecessor's detector (:meth:`LocalAnalyzer.
+    carry_over`): the predecessor's calls per iteration (None where they were not known), kept
+    until this process's tracker finds its pattern - the same count, the same detector."""
+    skip: int = 0
+    """Iterations not fed to the detector yet (a restart's first, with its restore)."""
 
     @property
     def readers(self) -> list[RingReader]:
@@ -88,6 +94,20 @@ class LocalAnalyzer:
         self._seen: set[Path] = set()
         self._dir_mtime: int | None = None
         self._incomplete = False
+        self._carry = False
+
+    SKIP_AFTER_RESTART = 2
+    """A carried-over rank's first iterations, left out: the first step after a restore runs
+    what a restart adds (lazy allocations, the restore's last copies, cold caches)."""
+
+    def carry_over(self, carry: bool) -> None:
+        """Whether ranks restarted from now on go on with their predecessors' detectors - the
+        launcher says so when the job restarts in the same world with the same code (a
+        fail-stop onto a standby, or in place): the baseline then stays the job's, so a standby
+        that is slower is a change the detector sees at once, and the restart costs no warm-up
+        (:attr:`FailSlowDetector.warmup` iterations blind). After a hot update, a new layout or
+        a smaller world the times measure something else: fresh detectors."""
+        self._carry = carry
 
     def discover(self) -> None:
         """Open rings that appeared since the last call (a restarted rank gets a fresh state).
@@ -121,13 +141,18 @@ class LocalAnalyzer:
             if old is not None:  # a restarted rank
                 for stale in old.readers:
                     stale.close()
-            self.ranks[reader.global_rank] = RankState(
+            state = RankState(
                 rank=reader.global_rank,
                 reader=reader,
                 tracker=self._tracker_factory(),
                 detector=self._detector_factory(),
                 summarizer=GroupSummarizer(reader.global_rank, path) if self._summaries else None,
             )
+            if old is not None and self._carry and old.iterations:
+                state.detector, state.iterations = old.detector, old.iterations
+                state.carried = old.tracker.period_calls or 0
+                state.skip = self.SKIP_AFTER_RESTART
+            self.ranks[reader.global_rank] = state
 
     def poll(self) -> list[RankUpdate]:
         self.discover()
@@ -146,8 +171,11 @@ class LocalAnalyzer:
             ends, times, calls = state.tracker.feed_steps(records)
             if state.tracker.epoch != epoch and state.iterations:
                 # The call pattern was re-detected (more data, or a topology change): times
-                # before and after measure different things, so the baseline starts afresh.
-                state.detector = self._detector_factory()
+                # before and after measure different things, so the baseline starts afresh -
+                # unless this is a carried-over rank's first pattern, the one it had before.
+                carried, state.carried = state.carried, None
+                if carried is None or carried != state.tracker.period_calls:
+                    state.detector = self._detector_factory()
             if state.summarizer is not None:
                 if state.tracker.epoch != epoch:
                     state.summarizer.reset_iterations()
@@ -155,7 +183,11 @@ class LocalAnalyzer:
             first = state.iterations
             events: list[ChangeEvent] = []
             reported_at: list[int] = []
+            skip = min(state.skip, len(times))  # a carried-over rank's first iterations
+            state.skip -= skip
             for i, (t, n) in enumerate(zip(times.tolist(), calls.tolist(), strict=True)):
+                if i < skip:
+                    continue
                 new = state.detector.update(t, n)  # n: the calls it made (special steps)
                 events.extend(new)
                 reported_at.extend([first + i] * len(new))
