@@ -21,6 +21,7 @@ both launchers must exit 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -28,7 +29,9 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,18 +101,25 @@ def _launcher(node: int, store_url: str, work: Path, ring_dir: Path) -> list[str
     return [*launcher, "--", *torchrun]
 
 
-def test_a_straggler_on_the_second_node_is_diagnosed_through_a_shared_store(make_redis) -> None:
+@contextlib.contextmanager
+def _two_nodes(make_redis: Any, script: str) -> Iterator[tuple[Any, Any, Path, list[Any], dict]]:
+    """Two network namespaces (the nodes) and a real redis-server with a password and TLS on
+    their bridge's own address, ``script`` as ``train.py`` in a work directory:
+    ``(network, redis, work, procs, env)`` - the processes the test starts go in ``procs`` (all
+    ended at exit), ``env`` is theirs without failslow's variables. Skips where namespaces
+    cannot be made."""
     work = Path(tempfile.mkdtemp(prefix="failslow-2n-", dir="/tmp"))  # short: unix socket path
-    (work / "train.py").write_text(TRAIN)
+    (work / "train.py").write_text(script)
+    procs: list[subprocess.Popen[str]] = []
     try:
         network = netns_network(2)
         net = network.__enter__()
     except NetnsUnavailable as exc:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
         pytest.skip(
             "two nodes are two network namespaces, which need root (CAP_NET_ADMIN) and "
             f"iproute2: {exc}"
         )
-    procs: list[subprocess.Popen[str]] = []
     try:
         br = net.bridge_netns
         _must(["ip", "-n", br, "addr", "add", f"{REDIS_ADDRESS}/24", "dev", BRIDGE])
@@ -124,6 +134,19 @@ def test_a_straggler_on_the_second_node_is_diagnosed_through_a_shared_store(make
         assert redis.url.startswith("rediss://:pw%3Awith%40odd%2Fchars@10.77.0.254:")
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW_")}
         env["OMP_NUM_THREADS"] = "1"
+        yield net, redis, work, procs, env
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+        network.__exit__(None, None, None)
+        if not os.environ.get("FAILSLOW_TEST_KEEP"):
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def test_a_straggler_on_the_second_node_is_diagnosed_through_a_shared_store(make_redis) -> None:
+    with _two_nodes(make_redis, TRAIN) as (net, redis, work, procs, env):
         # CPU ranks share 2 cores: they time the GEMM in turns, in fp32 only (bf16 matmuls on
         # this CPU take ~10 s each and scatter with the load); set the way users set them
         env["FAILSLOW__VALIDATION__GEMM_SERIAL"] = "true"
@@ -170,11 +193,68 @@ def test_a_straggler_on_the_second_node_is_diagnosed_through_a_shared_store(make
         states = [json.loads(line) for line in journal.read_text().splitlines()]
         validating = [e for e in states if e.get("state") == "validating"]
         assert validating and validating[0]["detail"]["summarized"] == 4, validating[:1]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=30)
-        network.__exit__(None, None, None)
-        if not os.environ.get("FAILSLOW_TEST_KEEP"):
-            subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+RESTARTED = textwrap.dedent(
+    """\
+    import json, os, signal, sys, time
+    import torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")  # env://: the launcher's RANK, MASTER_ADDR, ...
+    rank, launch = dist.get_rank(), int(os.environ["FAILSLOW_RESTART"])
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "FAILSLOW_SLOT")
+    with open(os.path.join(sys.argv[1], f"launch{launch}-rank{rank}.json"), "w") as f:
+        json.dump({k: os.environ.get(k) for k in names}, f)
+    for step in range(40):
+        if launch == 0 and rank == 3 and step == 10:
+            os.kill(os.getpid(), signal.SIGKILL)  # node 1's second process dies
+        t = torch.ones(256)
+        dist.all_reduce(t)
+        assert t[0].item() == 4.0
+        time.sleep(0.01)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_rank_killed_on_the_second_node_restarts_both_nodes_launchers(make_redis) -> None:
+    """Two machines (network namespaces, addresses 10.77.0.1 and .2) and the job's store a real
+    Redis with TLS and a password on the bridge: each node runs ``failslow run --nnodes 2
+    --node-rank K --node-addr 10.77.0.K+1 --nproc-per-node 2 --standbys 1``, node 0 with the
+    controller. Node 1's second rank (the job's rank 3) is SIGKILLed in the first launch: node 1
+    claims the launch's stop through Redis and moves the rank to its standby slot, node 0 stops
+    its ranks, and both start the next launch at node 0's new rendezvous on 10.77.0.1 - the
+    ranks' ``env://`` over the nodes' own addresses. Both launchers exit 0."""
+    with _two_nodes(make_redis, RESTARTED) as (net, redis, work, procs, env):
+        for node in (1, 0):  # the second node first: it waits for node 0's rendezvous
+            argv = [
+                sys.executable, "-m", "failslow.cli", "run", "--no-shim", "--store", redis.url,
+                "--job-token", TOKEN, "--ring-dir", str(work / f"node{node}-rings"),
+                "--state-dir", str(work / f"node{node}-state"),
+                *(["--controller", "4", "--threshold", "2.0"] if node == 0 else []),
+                "--nnodes", "2", "--node-rank", str(node), "--node-addr", f"10.77.0.{node + 1}",
+                "--nproc-per-node", "2", "--standbys", "1", "--max-restarts", "1",
+                "--", str(work / "train.py"), str(work),
+            ]  # fmt: skip
+            node_env = {**env, "GLOO_SOCKET_IFNAME": net.ranks[node].veth,
+                        "FAILSLOW_HOST": f"node{node}"}  # fmt: skip
+            log = open(work / f"node{node}.log", "w")
+            procs.append(net.popen(node, argv, env=node_env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 300
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        logs = {n: (work / f"node{n}.log").read_text() for n in (0, 1)}
+        tail = "\n".join(f"--- node {n}\n{text[-3000:]}" for n, text in logs.items())
+        assert [p.poll() for p in procs] == [0, 0], tail
+        (stop,) = [json.loads(x) for x in (work / "node1-state" / "failstops.jsonl").open()]
+        assert (stop["rank"], stop["slot"], stop["replaced_by"]) == (3, 1, 2), stop
+        assert stop["status"] == 128 + 9, stop
+        assert not (work / "node0-state" / "failstops.jsonl").exists(), tail
+        assert "node 1's rank 3 failed (signal 9)" in logs[0], tail
+        for launch in (0, 1):
+            ranks = {r: json.loads((work / f"launch{launch}-rank{r}.json").read_text())
+                     for r in range(4)}  # fmt: skip
+            assert {r["MASTER_ADDR"] for r in ranks.values()} == {"10.77.0.1"}, ranks
+            assert [(r["GROUP_RANK"], r["LOCAL_RANK"]) for r in ranks.values()] == [
+                ("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+        assert ranks[3]["FAILSLOW_SLOT"] == "2"  # launch 1: rank 3 on node 1's standby slot
