@@ -23,7 +23,7 @@ would) the process of
 The job then ends at a common step (its stop file, a few steps after the last restart), however
 long a loaded machine took, and is compared with the reference - the same job without kills -
 after exactly as many steps (one reference run, saving its parameters after every step, serves
-every DeepSpeed job of the module: the ``reference`` fixture).
+every DeepSpeed job of the end-to-end tests: ``tests/e2e/conftest.py``).
 
 Checked: the job exits 0 within the test's timeout (never hangs); each kill is recorded in
 ``failstops.jsonl`` with the killed rank, its slot and the standby decision, seconds after the
@@ -196,36 +196,11 @@ class Job:
             return []
 
 
-REFERENCE_STEPS = 120
-"""The module's DeepSpeed jobs end by their stop file after fewer steps than this; one
-reference run of the same job without faults serves them all."""
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Any]:
-    """The parameters of the DeepSpeed job run without faults, after a given number of steps:
-    one reference run, started by the first test that asks, saves rank 0's parameters after
-    every step (``$FAILSLOW_DEMO_SAVE_EVERY_STEP``); a job longer than :data:`REFERENCE_STEPS`
-    gets a longer run. The job's math does not depend on how long it runs (the chaos jobs run
-    for :data:`STEPS` and end early), so step N of a long run is the end of an N-step one."""
-    runs: list[tuple[int, Path]] = []
-
-    def parameters(steps: int) -> Any:
-        for have, out in runs:
-            if steps <= have:
-                return np.load(out / f"parameters-step{steps}.npz")
-        tmp = tmp_path_factory.mktemp("reference")
-        n = max(steps, REFERENCE_STEPS)
-        proc, out = _launch(
-            tmp, "reference", 0, steps=n, env_extra={"FAILSLOW_DEMO_SAVE_EVERY_STEP": "1"}
-        )  # fmt: skip
-        assert proc.wait(timeout=900) == 0, (tmp / "reference.log").read_text()[-3000:]
-        final, last = np.load(out / "parameters.npz"), np.load(out / f"parameters-step{n}.npz")
-        assert all(np.array_equal(final[k], last[k]) for k in final.files)
-        runs.append((n, out))
-        return np.load(out / f"parameters-step{steps}.npz")
-
-    return parameters
+@pytest.fixture
+def reference(deepspeed_reference: Callable[[int], Any]) -> Callable[[int], Any]:
+    """The DeepSpeed job without faults, after a given number of steps (one run serves every
+    module: ``tests/e2e/conftest.py``)."""
+    return deepspeed_reference
 
 
 def _steps_done(record_path: Path) -> int:

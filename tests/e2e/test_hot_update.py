@@ -24,7 +24,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,13 +112,14 @@ def _list(state: Path) -> str:
 
 @pytest.mark.parametrize("framework", sorted(WORKERS))
 def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
-    tmp_path: Path, framework: str
+    tmp_path: Path, framework: str, deepspeed_reference: Callable[[int], Any]
 ) -> None:
     module = "deepspeed" if framework == "deepspeed" else "megatron.core"
     extra = f"needs the {framework} extra: pip install failslow[{framework}]"
     pytest.importorskip(module, reason=extra)
-    reference, ref_out, _ = _launch(tmp_path, "reference", framework)
-    assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    if framework == "megatron":
+        reference, ref_out, _ = _launch(tmp_path, "reference", framework)
+        assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
 
     proc, out, state = _launch(tmp_path, "updated", framework)
     log = tmp_path / "updated.log"
@@ -138,8 +141,9 @@ def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
     # after the rollback the job resumed once more, still with the good update's code
     assert text.count("v2 rank 0: resumed at step") == 2
 
-    for file in WORKERS[framework][2]:
-        got, want = np.load(out / file), np.load(ref_out / file)
+    for file in WORKERS[framework][2]:  # the DeepSpeed job's: the one run every module shares
+        got = np.load(out / file)
+        want = deepspeed_reference(STEPS) if framework == "deepspeed" else np.load(ref_out / file)
         assert sorted(got.files) == sorted(want.files)
         for name in want.files:
             assert np.array_equal(got[name], want[name]), f"{file}: {name}"
