@@ -11,6 +11,7 @@ gone - what a gloo rank does when its peer dies, and what makes the race the pro
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -93,8 +94,12 @@ def _spawn_all(tmp_path: Path, launchers: list[LocalRanks], mode: str, launch: i
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     full = {**os.environ, "MODE": mode, "FAILSLOW_STATE_DIR": str(tmp_path / "state"), **env}
-    # node 0 first: it hosts the rendezvous the other node waits for
-    return [r.spawn([str(script), str(out)], full, str(tmp_path)) for r in launchers], out
+    # at once, as separate launchers do: node 0 hosts the rendezvous the others wait for, and
+    # starts its ranks once they joined it
+    with concurrent.futures.ThreadPoolExecutor(len(launchers)) as pool:
+        started = [pool.submit(r.spawn, [str(script), str(out)], full, str(tmp_path))
+                   for r in launchers]  # fmt: skip
+        return [s.result() for s in started], out
 
 
 def _wait_all(groups: list[RankGroup], timeout: float = 60.0) -> list[int]:
@@ -205,6 +210,21 @@ def test_a_node_without_node_0_s_rendezvous_gives_up_with_one_line(
     try:
         with pytest.raises(FailslowError, match="node 1: node 0 did not start launch 0 within"):
             _spawn_all(tmp_path, [launcher], "ok", 0)
+    finally:
+        launcher.close()
+        node.store.close()
+
+
+def test_node_0_without_the_other_node_gives_up_with_one_line(tmp_path: Path, job_store) -> None:
+    """Node 0 hosts the launch's rendezvous, but starts no rank until every node joined it:
+    alone, its ranks would wait in their rendezvous for the collective timeout."""
+    said: list[str] = []
+    (node,) = _nodes(job_store.url, nnodes=2, rdzv_timeout_s=0.5)[:1]
+    launcher = _ranks(node, said)
+    try:
+        with pytest.raises(FailslowError, match="node 0: 1 of the other nodes did not join launch"):
+            _spawn_all(tmp_path, [launcher], "ok", 0)
+        assert launcher.group is None  # no rank started
     finally:
         launcher.close()
         node.store.close()

@@ -14,9 +14,12 @@ launchers must agree on goes through the store the job already has (``--store``)
   next run's do (as with torchrun's rendezvous id, one store per job run is the simple rule);
 - **each launch's rendezvous** (``{NODES}/run{r}/launch{g}/master``): node 0's launcher hosts a
   fresh TCPStore for launch ``g`` on ``--node-addr`` and writes its address; the other nodes
-  wait for it (``rdzv_timeout_s``). The ranks use it as torchrun's agent store, so
-  ``init_process_group("env://")`` works unchanged. Every launcher counts its launches the same
-  way (they end together), so ``g`` is the same on every node;
+  wait for it (``rdzv_timeout_s``) and count themselves in (``.../joined``), and node 0 starts
+  its own ranks once every node has - a node that does not come back ends the job with one
+  line after ``rdzv_timeout_s``, not with ranks waiting for the collective timeout. The ranks
+  use it as torchrun's agent store, so ``init_process_group("env://")`` works unchanged. Every
+  launcher counts its launches the same way (they end together), so ``g`` is the same on every
+  node;
 - **who failed** (``{NODES}/run{r}/launch{g}/stop``): the node that sees one of its ranks
   fail claims the launch's stop with compare-and-set (``{"node", "rank", "status", "at"}``);
   the other launchers read that key at every tick of their rank group (one ``get``, O(1) per
@@ -109,20 +112,34 @@ class NodeGroup:
         port)``."""
         from failslow.node.control import port_of
 
-        key = self._key(launch, "master")
+        key, joined = self._key(launch, "master"), self._key(launch, "joined")
+        timeout = self.options.rdzv_timeout_s
         if self.node_rank == 0:
             store = host(self.options.addr)
             port = port_of(store)
             self.store.set_json(key, {"addr": self.options.addr, "port": port,
                                       "wall": time.time()})  # fmt: skip
+            self.store.add(joined, 1)
+            # every node's ranks start for this launch, or none: ranks that started alone would
+            # wait in their rendezvous for the collective timeout (30 minutes with gloo)
+            deadline = time.monotonic() + timeout
+            while (n := int(self.store.add(joined, 0))) < self.options.nnodes:
+                if time.monotonic() > deadline:
+                    store.close()
+                    raise FailslowError(
+                        f"node 0: {self.options.nnodes - n} of the other nodes did not join "
+                        f"launch {launch} within {timeout:g} s (their launchers are gone, or "
+                        "use another --store): the job needs a person"
+                    )
+                time.sleep(0.05)
             return store, self.options.addr, port
-        timeout = self.options.rdzv_timeout_s
         if not self.store.wait([key], timeout):
             raise FailslowError(
                 f"node {self.node_rank}: node 0 did not start launch {launch} within "
                 f"{timeout:g} s (is its launcher running, with the same --store?)"
             )
         record = self.store.get_json(key)
+        self.store.add(joined, 1)
         return None, str(record["addr"]), int(record["port"])
 
     def stopped(self, launch: int) -> dict[str, Any] | None:
