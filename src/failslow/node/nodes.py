@@ -34,7 +34,7 @@ launchers must agree on goes through the store the job already has (``--store``)
   ``settle_s``), only its slot is evicted (onto its node's standby, else in place), and every
   node relaunches; the agents count the same failure on every node, so ``--max-restarts``
   runs out on all of them together. A store that is away leaves each node its own view (what
-  one node alone would decide).
+  one node alone would decide) until the next launch, whose rendezvous needs it.
 
 A launcher gives up with one line naming the node when a rendezvous does not come in time (a
 node that is gone: membership changes are not handled yet - the job needs a person).
@@ -63,7 +63,9 @@ class NodeOptions:
     rdzv_timeout_s: float = 600.0
     """How long a node waits for node 0's rendezvous of a launch."""
     settle_s: float = 3.0
-    """How long a rank that exited with a status waits for another node's claim."""
+    """How long after it failed a rank that exited with a status waits for another node's
+    claim (a rank's exit after an exception takes a while with torch loaded: 1 s was too short
+    beside a CPU hog)."""
     check_every_s: float = 0.2
     """How often a running launch reads whether another node stopped it."""
 
