@@ -66,8 +66,8 @@ class NodeOptions:
     """How long after it failed a rank that exited with a status waits for another node's
     claim (a rank's exit after an exception takes a while with torch loaded: 1 s was too short
     beside a CPU hog)."""
-    check_every_s: float = 0.2
-    """How often a running launch reads whether another node stopped it."""
+    check_every_s: float = 0.1
+    """How often a running launch reads whether another node stopped it (one store read)."""
 
     def __post_init__(self) -> None:
         if self.nnodes < 1:

@@ -339,6 +339,8 @@ class RankGroup:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
             left = 0.05 if deadline is None else min(deadline - time.monotonic(), 0.5)
+            if self._nodes is not None:  # another node's claim is read at each poll
+                left = min(left, self._nodes.options.check_every_s)
             if left <= 0:
                 raise subprocess.TimeoutExpired("failslow ranks", timeout or 0.0)
             self._sleep(left)
