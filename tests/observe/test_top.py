@@ -348,10 +348,14 @@ def interrupt(proc: subprocess.Popen[bytes]) -> str:
 
 
 def start_top(url: str, stdout: int) -> subprocess.Popen[bytes]:
+    """``failslow top`` as from a terminal, where Ctrl-C reaches it: SIGINT at its default
+    (a suite started in the background of a non-interactive shell - ``./dev test &`` - ignores
+    SIGINT, and every process it starts inherits that; top then never sees the Ctrl-C)."""
     return subprocess.Popen(
         [sys.executable, "-m", "failslow.cli", "top", "--store", url, "--interval", "0.2"],
         stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
         env={**os.environ, "TERM": "xterm"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 
