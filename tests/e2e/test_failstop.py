@@ -303,16 +303,8 @@ def test_ranks_killed_at_random_steps_leave_the_model_of_an_uninterrupted_run(
     _bitwise_like_a_run_without_the_fault(reference, out, out / "steps-rank0-3.json")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
-    tmp_path: Path, reference: Callable[[int], Any]
+    tmp_path: Path, reference: Callable[[int], Any], unused_port: int
 ) -> None:
     """Two nodes, one launcher each, as a user runs them (``failslow run --nnodes 2
     --node-rank K --nproc-per-node 2 --standbys 1 --store tcp://...``; node 0 hosts the job's
@@ -325,7 +317,7 @@ def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
     pytest.importorskip(
         "deepspeed", reason="needs the deepspeed extra: pip install failslow[deepspeed]"
     )
-    port, token = _free_port(), "two-launchers-token"
+    port, token = unused_port, "two-launchers-token"
     out, stop_file = tmp_path / "out", tmp_path / "stop"
     out.mkdir()
     env = launch_env(
