@@ -39,7 +39,10 @@ from failslow.demo.netns import BRIDGE, NetnsUnavailable, _must, netns_network
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.multiprocess, pytest.mark.slow]
 
-REDIS_ADDRESS = "10.77.0.254"
+SUBNET = "10.77.0"
+"""The nodes' subnet, fixed: these namespaces never attach to the root namespace, so no other
+network's route can take their traffic."""
+REDIS_ADDRESS = f"{SUBNET}.254"
 RDZV_PORT = 29400  # node 0's namespace is brand new: nothing else listens there
 TOKEN = "two-node-e2e-token"
 
@@ -112,7 +115,7 @@ def _two_nodes(make_redis: Any, script: str) -> Iterator[tuple[Any, Any, Path, l
     (work / "train.py").write_text(script)
     procs: list[subprocess.Popen[str]] = []
     try:
-        network = netns_network(2)
+        network = netns_network(2, subnet=SUBNET)
         net = network.__enter__()
     except NetnsUnavailable as exc:
         subprocess.run(["rm", "-rf", str(work)], check=False)

@@ -370,9 +370,7 @@ def _spawn(
         return [_accelerate_launch(opts, settings, ring_dir, out, store_url)]
     procs = []
     if net is not None:  # the ranks reach this process's stores over the bridge
-        from failslow.demo.netns import HOST_ADDRESS
-
-        store_url = store_url.replace("127.0.0.1", HOST_ADDRESS)
+        store_url = store_url.replace("127.0.0.1", net.host_address)
     for rank in range(opts.world_size):
         env = _job_env(
             opts, settings, ring_dir, out, store_url,
@@ -383,7 +381,7 @@ def _spawn(
         if net is not None:  # its own namespace (gloo on its veth) and its own host
             env.update(
                 GLOO_SOCKET_IFNAME=net.ranks[rank].veth,
-                FAILSLOW_DEMO_STORE_HOST=HOST_ADDRESS,
+                FAILSLOW_DEMO_STORE_HOST=net.host_address,
             )
             env[envvars.HOST] = f"host{rank}"
             argv = net.exec_argv(rank, argv)

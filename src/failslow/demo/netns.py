@@ -4,8 +4,15 @@ end-to-end tests' and the S3 link benchmark's.
 :func:`netns_network` builds, for ``n`` ranks::
 
     namespace <prefix>-br        bridge "fsbr" (no address), ports "fsb0" .. "fsb<n-1>"
-    namespace <prefix>-r<i>      veth "fsv<i>" = 10.77.0.<i+1>/24, loopback up
+    namespace <prefix>-r<i>      veth "fsv<i>" = 10.77.X.<i+1>/24, loopback up
     veth pair fsv<i> <-> fsb<i>  (one pair per rank, the fsb end enslaved to the bridge)
+
+The subnet ``10.77.X.0/24`` is drawn at random among those that no address or route of the root
+namespace overlaps (:func:`free_subnet`): a network attached to the root namespace
+(:meth:`Network.attach_host`) adds a route there, and a second network on the same subnet - a
+parallel run's, or one leaked by a run killed before its teardown - would take this one's replies
+(its ranks then time out connecting to the host). Networks leaked by a dead process (no process
+left in them, the pid in their prefix gone) are deleted first (:func:`_reclaim_leaked`).
 
 ``<prefix>`` is ``fs<pid>x<random hex>`` (the test process's pid and a random token), so parallel
 runs, and namespaces leaked by a killed run whose pid is later reused, never collide. Every
@@ -24,9 +31,9 @@ in ``src``'s namespace::
     tc class add dev fsv<src> parent 1: classid 1:2 htb rate RATE ceil RATE \
         burst 64kb cburst 64kb quantum 60000
     tc filter add dev fsv<src> parent 1: protocol ip prio 1 u32 \
-        match ip dst 10.77.0.<dst+1>/32 match u16 0 0xfc00 at 2 flowid 1:0
+        match ip dst 10.77.X.<dst+1>/32 match u16 0 0xfc00 at 2 flowid 1:0
     tc filter add dev fsv<src> parent 1: protocol ip prio 2 u32 \
-        match ip dst 10.77.0.<dst+1>/32 flowid 1:2
+        match ip dst 10.77.X.<dst+1>/32 flowid 1:2
 
 An ``htb`` root without a ``default`` class sends every packet that no filter classifies straight
 out (htb's "direct" queue, unshaped), and so does the classid ``1:0`` (the qdisc itself). Only
@@ -46,7 +53,9 @@ says which command failed and its error; tests turn that into a skip, never a fa
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -57,10 +66,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-SUBNET = "10.77.0"
+SUBNETS = "10.77"
+"""The networks' subnets are ``10.77.X.0/24`` (:func:`free_subnet` picks X)."""
 BRIDGE = "fsbr"
-HOST_ADDRESS = f"{SUBNET}.253"
-"""Where :meth:`Network.attach_host` puts this process's namespace on the bridge."""
+HOST = 253
+"""Where :meth:`Network.attach_host` puts this process's namespace on the bridge: ``.253``."""
 
 
 class NetnsUnavailable(RuntimeError):
@@ -102,6 +112,8 @@ class Network:
     prefix: str
     bridge_netns: str
     ranks: list[RankNet]
+    subnet: str = f"{SUBNETS}.0"
+    """The first three octets of every address on the bridge (``10.77.X``)."""
     namespaces: list[str] = field(default_factory=list)
     """Every namespace created so far, in creation order (what teardown deletes)."""
     host_veth: str | None = None
@@ -164,11 +176,17 @@ class Network:
         me = self.ranks[src]
         _must(["ip", "netns", "exec", me.netns, "tc", "qdisc", "del", "dev", me.veth, "root"])
 
-    def attach_host(self, address: str = HOST_ADDRESS) -> str:
-        """Give this process's (root) namespace a port on the bridge at ``address``, so ranks
-        reach servers it runs (stores listening on every address) and it reaches theirs: one
-        veth pair ``fsh<pid>`` (root) - ``fsbh`` (bridge namespace). Deleting the bridge
-        namespace at teardown destroys both ends. Returns ``address``."""
+    @property
+    def host_address(self) -> str:
+        """The root namespace's address on the bridge once :meth:`attach_host` ran."""
+        return f"{self.subnet}.{HOST}"
+
+    def attach_host(self) -> str:
+        """Give this process's (root) namespace a port on the bridge at :attr:`host_address`,
+        so ranks reach servers it runs (stores listening on every address) and it reaches
+        theirs: one veth pair ``fsh<pid>`` (root) - ``fsbh`` (bridge namespace). Deleting the
+        bridge namespace at teardown destroys both ends. Returns the address."""
+        address = self.host_address
         root = f"fsh{os.getpid() % 10**6}"
         br = self.bridge_netns
         _must(["ip", "-n", br, "link", "add", "fsbh", "type", "veth", "peer", "name", root,
@@ -199,10 +217,67 @@ class Network:
         return 0
 
 
-def _our_namespaces(prefix: str) -> list[str]:
+def _namespaces() -> list[str]:
     done = _run(["ip", "netns", "list"])
-    names = [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
-    return [name for name in names if name.startswith(prefix + "-")]
+    return [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+
+
+def _our_namespaces(prefix: str) -> list[str]:
+    return [name for name in _namespaces() if name.startswith(prefix + "-")]
+
+
+_LEAKED = re.compile(r"fs(\d+)x[0-9a-f]{4}-(br|r\d+)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reclaim_leaked() -> list[str]:
+    """Delete the namespaces of networks whose creating process is gone and in which no
+    process is left (a run killed before its teardown); deleting a bridge namespace also
+    destroys the root end of its :meth:`Network.attach_host` veth. A namespace with a process
+    inside, or whose pid is alive, is never touched. Returns what was deleted."""
+    deleted = []
+    for name in _namespaces():
+        match = _LEAKED.fullmatch(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        if _run(["ip", "netns", "pids", name]).stdout.split():
+            continue
+        if _run(["ip", "netns", "del", name]).returncode == 0:
+            deleted.append(name)
+    return deleted
+
+
+def free_subnet(used: Sequence[str] | None = None) -> str:
+    """``10.77.X`` with ``10.77.X.0/24`` overlapping no address or route of the root namespace
+    (``used``: their CIDRs, else read with ``ip``), X drawn at random among the free ones so
+    parallel runs rarely draw the same. Raises NetnsUnavailable if none is free."""
+    if used is None:
+        addrs = _run(["ip", "-o", "-4", "addr", "show"]).stdout.split()
+        routes = _run(["ip", "-4", "route", "show"]).stdout.splitlines()
+        used = [w for w in addrs if "/" in w] + [r.split()[0] for r in routes if r.strip()]
+    taken = []
+    for cidr in used:
+        try:
+            taken.append(ipaddress.ip_network(cidr, strict=False))
+        except ValueError:  # "default", "broadcast", ...
+            continue
+    free = [
+        f"{SUBNETS}.{x}"
+        for x in range(256)
+        if not any(ipaddress.ip_network(f"{SUBNETS}.{x}.0/24").overlaps(t) for t in taken)
+    ]
+    if not free:
+        raise NetnsUnavailable(f"no free subnet {SUBNETS}.X.0/24 in this host's routes")
+    return secrets.choice(free)
 
 
 def _teardown(net: Network) -> list[str]:
@@ -232,8 +307,9 @@ def _teardown(net: Network) -> list[str]:
 
 
 @contextmanager
-def netns_network(n: int, *, subnet: str = SUBNET) -> Iterator[Network]:
-    """``n`` rank namespaces on one bridge (see the module docstring); all torn down on exit.
+def netns_network(n: int, *, subnet: str | None = None) -> Iterator[Network]:
+    """``n`` rank namespaces on one bridge (see the module docstring), on ``subnet``
+    (``10.77.X``; default a free one); all torn down on exit.
 
     Raises NetnsUnavailable (before yielding) if the host cannot build them.
     """
@@ -243,11 +319,14 @@ def netns_network(n: int, *, subnet: str = SUBNET) -> Iterator[Network]:
         raise NetnsUnavailable("`ip` (iproute2) is not on PATH")
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         raise NetnsUnavailable(f"network namespaces need root; euid is {os.geteuid()}")
+    _reclaim_leaked()
+    subnet = subnet or free_subnet()
     prefix = f"fs{os.getpid()}x{secrets.token_hex(2)}"
     net = Network(
         prefix=prefix,
         bridge_netns=f"{prefix}-br",
         ranks=[RankNet(i, f"{prefix}-r{i}", f"fsv{i}", f"{subnet}.{i + 1}") for i in range(n)],
+        subnet=subnet,
     )
     try:
         br = net.bridge_netns
