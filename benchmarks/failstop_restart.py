@@ -23,6 +23,10 @@ downtime; ``lost`` is how many steps were done twice).
   is killed, node 1's launcher claims the launch's stop and moves it to its standby slot, node
   0's launcher stops its ranks when it reads the claim, and both relaunch from warm processes
   at node 0's new rendezvous (:mod:`failslow.node.nodes`);
+- **a hang on two nodes** (``--ways nodes-hang``, ``--standbys 2 --hang-after 10``): node 1's
+  machine hangs after step ``HANG_AT``; node 0's launcher looks across the nodes (node 1
+  answers with its ranks' stacks), names node 1's machine and both nodes relaunch, node 1's
+  ranks on its standbys;
 - **cold restart in place** (``failslow run --max-restarts 1 -- torchrun ...``): torchrun sees
   the rank die and ends; the launcher restarts torchrun, every rank imports again and restores
   from /dev/shm (what failslow did before the node launched ranks itself);
@@ -202,6 +206,8 @@ def _kill_and_measure(
                "--max-restarts", "1", *several, *launcher]  # fmt: skip
         logs.append(tmp / f"{name}{tag}.log")
         node_env = env if nodes == 1 else {**env, "FAILSLOW_HOST": f"node{node}"}
+        if node != nodes - 1:  # the fault is the last node's machine's
+            node_env = {k: v for k, v in node_env.items() if k != "FAILSLOW_DEMO_FAULT"}
         procs.append(subprocess.Popen(cmd, env=node_env, stdout=logs[-1].open("w"),
                                       stderr=subprocess.STDOUT))  # fmt: skip
     victim = (nodes - 1) * 4 // nodes + VICTIM  # the job has 4 ranks
@@ -267,8 +273,10 @@ def _kill_and_measure(
         # after step 49
         killed_at = seen[hang_at] if fault != "sdc" else seen[hang_at - 1]
         last = max(s for s, t in seen.items() if t <= rungs[0]["wall"])
-        extra = {"detected_s": rungs[0]["wall"] - killed_at,
-                 "rung": " -> ".join(r["rung"] for r in rungs if "result" not in r["rung"])}
+        extra = {
+            "detected_s": rungs[0]["wall"] - killed_at,
+            "rung": " -> ".join(r["rung"] for r in rungs if "result" not in r["rung"]),
+        }
         checks = [r["checks"] for r in rungs if "checks" in r]
         if checks:
             extra["checks_s"] = sum(c["seconds"] for c in checks)
@@ -315,7 +323,7 @@ def _kill_and_measure(
         result["estimated_s"] = float(estimated.group(1))
     if measured:
         result["measured_s"] = float(measured.group(1))
-    hangs = state / "hangs.jsonl"
+    hangs = tmp / f"{name}-state" / "hangs.jsonl"  # node 0 looks at a hang
     if hangs.exists():  # the look that named the hung rank
         looks = [json.loads(line) for line in hangs.read_text().splitlines()]
         named = [look for look in looks if look["suspects"] is not None]
@@ -346,7 +354,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
         "--ways",
-        default="warm,nodes,cold,s4,shrink,hang,nan,nan-nochecks,sdc,matmul,reroute,reconfigure",
+        default="warm,nodes,cold,s4,shrink,hang,nodes-hang,nan,nan-nochecks,sdc,matmul,reroute,reconfigure",
         help="comma-separated",
     )
     parser.add_argument("--steps", type=int, default=STEPS, help="steps of each job")
@@ -388,6 +396,11 @@ def main() -> None:
         "shrink": ("no standby: 3 ranks go on (memory)", [
             "--nproc-per-node", "4", "--standbys", "0", "--min-ranks", "3",
             "--preload", "deepspeed", "--slots-as-hosts", "--spare-delay", "2",
+            "--", "-m", "failslow.demo.ds_worker",
+        ]),
+        "nodes-hang": ("2 nodes x 2 ranks: node 1 hangs, found across the nodes", [
+            "--nproc-per-node", "2", "--standbys", "2", "--preload", "deepspeed",
+            "--spare-delay", "2", "--hang-after", str(HANG_AFTER),
             "--", "-m", "failslow.demo.ds_worker",
         ]),
         "hang": ("a machine hangs: found by its stack, onto the standby", [
@@ -436,10 +449,11 @@ def main() -> None:
                 console.print(f"run {i + 1}: {name} ...")
                 results[name] = _kill_and_measure(
                     Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
-                    fault_at=args.fault_at, nodes=2 if key == "nodes" else 1,
+                    fault_at=args.fault_at, nodes=2 if key.startswith("nodes") else 1,
                     job_env=job_env[0] if job_env else None,
-                    fault={"nan-nochecks": "nan"}.get(key, key)
-                    if key in ("hang", "nan", "nan-nochecks", "sdc", "matmul", "slow") else None,
+                    fault={"nan-nochecks": "nan", "nodes-hang": "hang"}.get(key, key)
+                    if key in ("hang", "nodes-hang", "nan", "nan-nochecks", "sdc", "matmul",
+                               "slow") else None,
                 )  # fmt: skip
         if not args.no_fresh:
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:

@@ -303,21 +303,16 @@ def test_ranks_killed_at_random_steps_leave_the_model_of_an_uninterrupted_run(
     _bitwise_like_a_run_without_the_fault(reference, out, out / "steps-rank0-3.json")
 
 
-def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
-    tmp_path: Path, reference: Callable[[int], Any], unused_port: int
-) -> None:
+def _two_launchers(
+    tmp_path: Path, port: int, *, standbys: tuple[int, int] = (1, 1),
+    node_env: dict[int, dict[str, str]] | None = None, extra: tuple[str, ...] = (),
+) -> tuple[list[subprocess.Popen[str]], list[Path], Job, Path, Path]:  # fmt: skip
     """Two nodes, one launcher each, as a user runs them (``failslow run --nnodes 2
-    --node-rank K --nproc-per-node 2 --standbys 1 --store tcp://...``; node 0 hosts the job's
+    --node-rank K --nproc-per-node 2 --standbys S --store tcp://...``; node 0 hosts the job's
     store and controller; ``$FAILSLOW_HOST`` names each node, so every rank's backup is kept on
-    the other node). The DeepSpeed job's rank 3 - node 1's second rank - is SIGKILLed: node 1's
-    launcher claims the launch's stop and moves rank 3 to its standby slot, node 0's launcher
-    stops its own ranks (their gloo peers reset: consequences, no fail-stop there), and both
-    relaunch together from memory, at node 0's new rendezvous. The job ends with the model of
-    the uninterrupted 4-rank run, bitwise."""
-    pytest.importorskip(
-        "deepspeed", reason="needs the deepspeed extra: pip install failslow[deepspeed]"
-    )
-    port, token = unused_port, "two-launchers-token"
+    the other node), training the DeepSpeed job until its stop file appears: ``(launchers,
+    their logs, a Job on node 0's, the stop file, the output directory)``."""
+    token = "two-launchers-token"
     out, stop_file = tmp_path / "out", tmp_path / "stop"
     out.mkdir()
     env = launch_env(
@@ -334,25 +329,30 @@ def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
             "--ring-dir", str(tmp_path / f"rings{node}"),
             "--state-dir", str(tmp_path / f"state{node}"),
             "--snapshot-dir", str(tmp_path / f"snapshots{node}"), "--no-shim",
-            "--nproc-per-node", "2", "--standbys", "1", "--preload", "deepspeed",
-            "--spare-delay", "0", "--max-restarts", "2", "--", "-m", "failslow.demo.ds_worker",
+            "--nproc-per-node", "2", "--standbys", str(standbys[node]), "--preload", "deepspeed",
+            "--spare-delay", "0", "--max-restarts", "2", *extra, "--", "-m",
+            "failslow.demo.ds_worker",
         ]  # fmt: skip
         logs.append(tmp_path / f"node{node}.log")
         proc = subprocess.Popen(
-            command, env={**env, "FAILSLOW_HOST": f"node{node}"}, stdout=logs[-1].open("w"),
-            stderr=subprocess.STDOUT, text=True,
+            command, env={**env, "FAILSLOW_HOST": f"node{node}", **(node_env or {}).get(node, {})},
+            stdout=logs[-1].open("w"), stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         _LAUNCHED.append(proc)
         procs.append(proc)
     job = Job(tmp_path, procs[0], out)
     job.log = logs[0]
-    job.wait(lambda: job.step() >= 8)
-    rings = tmp_path / "rings1"
-    job.wait(lambda: rank_pids(rings).get(3) is not None)
-    victim = rank_pids(rings)[3]
-    os.kill(victim, signal.SIGKILL)
-    failstops = [tmp_path / f"state{node}" / "failstops.jsonl" for node in (0, 1)]
-    job.wait(lambda: failstops[1].exists() and bool(failstops[1].read_text().strip()))
+    return procs, logs, job, stop_file, out
+
+
+def _failstops(tmp_path: Path, node: int) -> list[dict]:
+    path = tmp_path / f"state{node}" / "failstops.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _end_after_resume(procs: list[subprocess.Popen[str]], logs: list[Path], job: Job,
+                      stop_file: Path) -> None:  # fmt: skip
+    """Rank 0 resumed: five steps more, then the stop file, and both launchers exit 0."""
     job.wait(lambda: "rank 0: resumed at step" in logs[0].read_text())
     resumed = job.step()
     job.wait(lambda: job.step() >= resumed + 5)
@@ -360,12 +360,73 @@ def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
     for proc, log in zip(procs, logs, strict=True):
         assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
 
-    (stop,) = [json.loads(x) for x in failstops[1].read_text().splitlines()]
+
+def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
+    tmp_path: Path, reference: Callable[[int], Any], unused_port: int
+) -> None:
+    """Two launchers (:func:`_two_launchers`). The DeepSpeed job's rank 3 - node 1's second
+    rank - is SIGKILLed: node 1's launcher claims the launch's stop and moves rank 3 to its
+    standby slot, node 0's launcher stops its own ranks (their gloo peers reset:
+    consequences, no fail-stop there), and both relaunch together from memory, at node 0's new
+    rendezvous. The job ends with the model of the uninterrupted 4-rank run, bitwise."""
+    pytest.importorskip(
+        "deepspeed", reason="needs the deepspeed extra: pip install failslow[deepspeed]"
+    )
+    procs, logs, job, stop_file, out = _two_launchers(tmp_path, unused_port)
+    job.wait(lambda: job.step() >= 8)
+    rings = tmp_path / "rings1"
+    job.wait(lambda: rank_pids(rings).get(3) is not None)
+    victim = rank_pids(rings)[3]
+    os.kill(victim, signal.SIGKILL)
+    job.wait(lambda: bool(_failstops(tmp_path, 1)))
+    _end_after_resume(procs, logs, job, stop_file)
+
+    (stop,) = _failstops(tmp_path, 1)
     assert (stop["rank"], stop["pid"], stop["slot"], stop["replaced_by"]) == (3, victim, 1, 2)
     assert stop["status"] == 128 + signal.SIGKILL
-    assert not failstops[0].exists() or not failstops[0].read_text().strip(), "a consequence"
+    assert _failstops(tmp_path, 0) == [], "a consequence"
     text = logs[0].read_text()
     assert "node 1's rank 3 failed (signal 9)" in text, text[-4000:]
+    assert "rank 3: resumed at step" in logs[1].read_text(), logs[1].read_text()[-4000:]
+    _bitwise_like_a_run_without_the_fault(reference, out, out / "steps-rank0-1.json")
+
+
+def test_a_rank_hung_on_the_second_node_is_named_across_the_nodes_and_its_machine_evicted(
+    tmp_path: Path, reference: Callable[[int], Any], unused_port: int
+) -> None:
+    """byterobust 4.1 + 5.1 on two launchers (:func:`_two_launchers`, ``--hang-after 5``):
+    node 1's slot 1 hangs after step 8 (a plugin) - rank 3's training thread never reaches
+    its next collective, and every other rank waits in one. Neither node can tell alone (each
+    one's ranks wait alike). Node 0 sees its ranks quiet for 5 s and opens a look; node 1
+    answers with its ranks' stacks; the union with the job's topology names rank 3's stack
+    alone, and the group it shares with the fewest machines is node 1 itself. Node 1 evicts
+    both its ranks onto its two standbys and claims the stop, node 0 restarts its ranks as
+    consequences, and every rank resumes from memory. The model is bitwise the run's without
+    the hang."""
+    pytest.importorskip(
+        "deepspeed", reason="needs the deepspeed extra: pip install failslow[deepspeed]"
+    )
+    pytest.importorskip("failslow.node.stacks").py_spy()  # a test dependency
+    fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "hang", "slot": 1, "step": 8})}
+    procs, logs, job, stop_file, out = _two_launchers(
+        tmp_path, unused_port, standbys=(1, 2), node_env={1: fault}, extra=("--hang-after", "5")
+    )  # fmt: skip
+    job.wait(lambda: len(_failstops(tmp_path, 1)) == 2, timeout=400)
+    _end_after_resume(procs, logs, job, stop_file)
+
+    stops = _failstops(tmp_path, 1)
+    assert [(s["rank"], s["slot"], s["cause"], s["replaced_by"]) for s in stops] == [
+        (2, 0, "hung", 2), (3, 1, "hung", 3),
+    ], stops  # fmt: skip
+    assert _failstops(tmp_path, 0) == [], "a consequence"
+    looks = [json.loads(x) for x in (tmp_path / "state0" / "hangs.jsonl").open()]
+    [hang] = [look for look in looks if look["suspects"] is not None]
+    assert hang["outliers"] == [3] and hang["missing"] == [] and hang["busy"] == [], hang
+    assert hang["suspects"]["hosts"] == ["node1"] and hang["suspects"]["ranks"] == [2, 3], hang
+    stuck = [g for g in hang["groups"] if g["kind"] == "rank" and g["healthy"] is False]
+    assert stuck and "injected_hang" in stuck[0]["signature"], hang
+    text = logs[0].read_text()
+    assert "on 2 of 2 nodes" in text and "node 1's rank 2 hung" in text, text[-4000:]
     assert "rank 3: resumed at step" in logs[1].read_text(), logs[1].read_text()[-4000:]
     _bitwise_like_a_run_without_the_fault(reference, out, out / "steps-rank0-1.json")
 
@@ -553,7 +614,8 @@ def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
 
 
 def test_a_hung_machine_is_named_by_its_stack_and_a_faulty_one_by_the_stop_time_checks(
-    tmp_path: Path, reference: Callable[[int], Any],
+    tmp_path: Path,
+    reference: Callable[[int], Any],
 ) -> None:
     """byterobust 4.1-4.3 + 5.1 (issue 18): the DeepSpeed ZeRO-1 job with two standby slots and
     ``--hang-after 6``, two faulty machines (``$FAILSLOW_DEMO_FAULT``, a plugin):
@@ -610,9 +672,9 @@ def test_a_hung_machine_is_named_by_its_stack_and_a_faulty_one_by_the_stop_time_
     _bitwise_like_a_run_without_the_fault(reference, out, sorted(out.glob("steps-rank0*.json"))[-1])
 
 
-
 def test_an_unexplained_slowdown_is_localized_by_rounds_of_stacks_and_evicted(
-    tmp_path: Path, reference: Callable[[int], Any],
+    tmp_path: Path,
+    reference: Callable[[int], Any],
 ) -> None:
     """byterobust 4.1 + 5.1, the MFU decline (issue 18): the DeepSpeed job with one standby
     slot and ``--decline-every 2``. From step 45 on (after the tracker's 32-iteration warm-up
@@ -648,7 +710,8 @@ def test_an_unexplained_slowdown_is_localized_by_rounds_of_stacks_and_evicted(
 
 
 def test_a_nan_loss_is_rolled_back_and_a_silent_corruption_climbs_to_replay_which_names_it(
-    tmp_path: Path, reference: Callable[[int], Any],
+    tmp_path: Path,
+    reference: Callable[[int], Any],
 ) -> None:
     """byterobust 4.1-4.2 (issue 18), two incidents in one DeepSpeed job under ``failslow run``
     (fault plugins, ``$FAILSLOW_DEMO_FAULT``; ``--max-restarts 0``: the ladder's relaunches are

@@ -26,6 +26,7 @@ from failslow.core.control.store import open_store
 from failslow.errors import FailslowError
 from failslow.node.control import host_store
 from failslow.node.nodes import NodeGroup, NodeOptions
+from failslow.node.rank_group import HUNG
 from failslow.node.ranks import LocalRanks, RankGroup, RankOptions
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,6 +51,26 @@ SCRIPT = textwrap.dedent(
     mode, failing = os.environ.get("MODE", "ok"), int(os.environ.get("FAIL_RANK", "3"))
     if mode == "ok":
         sys.exit(0)
+    if mode in ("hang", "busy"):  # training steps in the rank's ring, then it hangs
+        from failslow.core.events import OpCode
+        from failslow.core.ring import RingWriter, ring_path
+
+        ring = RingWriter(ring_path(os.environ["FAILSLOW_RING_DIR"], rank, os.getpid(), "py"),
+                          capacity=256)
+        def step():
+            ring.write(t_start_ns=1, t_end_ns=2, nbytes=8, group_key=1, op=OpCode.ALLREDUCE)
+            ring.write(t_start_ns=2, t_end_ns=3, nbytes=0, group_key=1, op=OpCode.STEP)
+        for _ in range(3):
+            step()
+        def wait_in_collective():
+            while True:
+                if mode == "busy" and rank >= world // 2:  # the other node goes on training
+                    step()
+                time.sleep(0.05)
+        def injected_hang():
+            while True:
+                time.sleep(0.05)
+        (injected_hang if rank == failing else wait_in_collective)()
     deadline = time.monotonic() + 30
     while len(list(out.glob("rank*.json"))) < world and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -79,10 +100,10 @@ def _nodes(store_url: str, nnodes: int = 2, **options: float) -> list[NodeGroup]
     ]
 
 
-def _ranks(node: NodeGroup, said: list[str]) -> LocalRanks:
+def _ranks(node: NodeGroup, said: list[str], **more: float) -> LocalRanks:
     options = RankOptions(
         nproc=2, standbys=1, preload=("colorsys",), kill_grace_s=10.0, refill_delay_s=0.0,
-        nodes=node,
+        nodes=node, **more,  # type: ignore[arg-type]
     )  # fmt: skip
     return LocalRanks(options, say=lambda line: said.append(f"node {node.node_rank}: {line}"))
 
@@ -94,11 +115,15 @@ def _spawn_all(tmp_path: Path, launchers: list[LocalRanks], mode: str, launch: i
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     full = {**os.environ, "MODE": mode, "FAILSLOW_STATE_DIR": str(tmp_path / "state"), **env}
+    rings = [tmp_path / f"rings-node{k}" for k in range(len(launchers))]  # each node's own
     # at once, as separate launchers do: node 0 hosts the rendezvous the others wait for, and
     # starts its ranks once they joined it
     with concurrent.futures.ThreadPoolExecutor(len(launchers)) as pool:
-        started = [pool.submit(r.spawn, [str(script), str(out)], full, str(tmp_path))
-                   for r in launchers]  # fmt: skip
+        started = [
+            pool.submit(r.spawn, [str(script), str(out)],
+                        {**full, "FAILSLOW_RING_DIR": str(ring)}, str(tmp_path))
+            for r, ring in zip(launchers, rings, strict=True)
+        ]  # fmt: skip
         return [s.result() for s in started], out
 
 
@@ -108,6 +133,13 @@ def _wait_all(groups: list[RankGroup], timeout: float = 60.0) -> list[int]:
         assert time.monotonic() < deadline, "the launches did not end"
         time.sleep(0.01)
     return statuses  # type: ignore[return-value]
+
+
+def _wait_apart(groups: list[RankGroup], timeout: float = 60.0) -> list[int]:
+    """Each node's launcher polls in a thread of its own, as separate processes do (node 0's
+    look at a hang waits for the other nodes' answers)."""
+    with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+        return list(pool.map(lambda group: group.wait(timeout), groups))
 
 
 def _records(out: Path) -> dict[int, dict]:
@@ -265,3 +297,73 @@ def test_failslow_run_checks_what_several_nodes_need(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode != 0 and "--nnodes needs --store" in done.stderr, done.stderr
+
+
+def test_a_hang_is_looked_at_across_the_nodes_and_the_stuck_rank_s_node_evicts_it(
+    tmp_path: Path, job_store
+) -> None:
+    """Every rank stops committing collectives; rank 3 (node 1's second) is stuck in its own
+    code while the others wait in a collective. Neither node can tell from its own ranks: node
+    0's look opens on both nodes, node 1 answers with its stacks, and the union names rank 3
+    alone. Node 1 evicts it onto its standby and claims the launch's stop (status HUNG), node 0
+    releases its ranks as consequences, and the next launch starts on both nodes."""
+    said: list[str] = []
+    nodes = _nodes(job_store.url)
+    launchers = [_ranks(node, said, hang_after_s=2.0) for node in nodes]
+    try:
+        groups, out = _spawn_all(tmp_path, launchers, "hang", 0)
+        assert _wait_apart(groups) == [HUNG, HUNG], said
+        (stop,) = groups[1].failstops
+        assert (stop.rank, stop.slot, stop.replaced_by, stop.cause) == (3, 1, 2, "hung"), said
+        assert groups[0].failstops == [], said
+        assert groups[0].remote is not None and groups[0].remote["rank"] == 3
+        look = [line for line in said if line.startswith("node 0: hang:")]
+        assert len(look) == 1 and "on 2 of 2 nodes" in look[0], said
+        assert "outliers [3]" in look[0] and "evicting ranks [3]" in look[0], said
+        assert any("node 1: hang: node 0's look 1 named ranks [3]" in x for x in said), said
+        assert any("node 0: node 1's rank 3 hung" in x for x in said), said
+        (line,) = (tmp_path / "state" / "hangs.jsonl").read_text().splitlines()
+        record = json.loads(line)
+        assert record["suspects"]["ranks"] == [3] and record["look"] == 1
+        assert record["missing"] == [] and record["busy"] == []
+        stuck = [g for g in record["groups"] if g["healthy"] is False]
+        assert stuck and "injected_hang" in stuck[0]["signature"], record
+
+        groups, out = _spawn_all(tmp_path, launchers, "ok", 1)
+        assert _wait_all(groups) == [0, 0]
+        assert [_records(out)[r]["FAILSLOW_SLOT"] for r in range(4)] == ["0", "1", "0", "2"]
+    finally:
+        for launcher in launchers:
+            launcher.close()
+        for node in nodes:
+            node.store.close()
+
+
+def test_a_look_is_not_a_hang_while_another_node_s_ranks_progress(
+    tmp_path: Path, job_store
+) -> None:
+    """Node 0's ranks are quiet, node 1's still commit collectives (their rings advance): node
+    1 answers that its ranks progress, and node 0 evicts no one and watches on."""
+    said: list[str] = []
+    nodes = _nodes(job_store.url)
+    launchers = [_ranks(node, said, hang_after_s=1.0) for node in nodes]
+    try:
+        groups, _ = _spawn_all(tmp_path, launchers, "busy", 0)
+        deadline = time.monotonic() + 30
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            follower = pool.submit(lambda: groups[1].wait(40))
+            while not any("still progress" in line for line in said):
+                assert time.monotonic() < deadline, said
+                assert groups[0].poll() is None, said
+                time.sleep(0.01)
+            assert groups[0].failstops == [] and groups[1].failstops == [], said
+            for group in groups:
+                group.signal_group(signal.SIGTERM)
+            assert groups[0].wait(30) == 128 + signal.SIGTERM
+            assert follower.result() == 128 + signal.SIGTERM
+        assert "nodes [1] still progress - watching on" in next(x for x in said if "progress" in x)
+    finally:
+        for launcher in launchers:
+            launcher.close()
+        for node in nodes:
+            node.store.close()

@@ -255,8 +255,8 @@ def register(sub: Any) -> None:
         help="with --nproc-per-node: no collective on any rank for this long is a hang; stack "
         "aggregation (py-spy) names the parallel group to evict and the job restarts from "
         "memory without it. Keep it above the longest time one rank works alone while the "
-        "others wait (rank 0 writing a checkpoint to disk), or that rank is the outlier "
-        "(default 300; 0: off)",
+        "others wait (rank 0 writing a checkpoint to disk), or that rank is the outlier; "
+        "with --nnodes, node 0 looks across every node's ranks (default 300; 0: off)",
     )
     p.add_argument(
         "--decline-every",

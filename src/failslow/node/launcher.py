@@ -545,8 +545,8 @@ def _node_group(options: RunOptions, url: str) -> Any:
     _stderr_line(
         f"node {options.node_rank} of {options.nnodes} (run {run}): ranks "
         f"{options.node_rank * n}-{options.node_rank * n + n - 1} of {options.nnodes * n}; "
-        "every launch starts together with the other nodes' (the hang watch, the stop-time "
-        "checks and replay work on one node only: off)"
+        "every launch starts together with the other nodes', and node 0 looks at a hang "
+        "across them (the stop-time checks and replay work on one node only: off)"
     )
     return group
 
@@ -571,7 +571,7 @@ def _local_ranks(options: RunOptions, state_dir: Path, nodes: Any = None) -> Any
             standbys=options.standbys,
             min_ranks=options.min_ranks,
             max_stage_layers=options.max_stage_layers,
-            hang_after_s=options.hang_after_s if nodes is None else 0.0,
+            hang_after_s=options.hang_after_s,
             preload=tuple(preload),
             warm=options.warm,
             kill_grace_s=options.agent.kill_grace_s,

@@ -295,9 +295,9 @@ class RankGroup:
                 return min(at, time.time())
         return time.time()
 
-    def _claim(self, rank: int, status: int, at: float) -> dict[str, Any]:
+    def _claim(self, rank: int, status: int, at: float, cause: str = "died") -> dict[str, Any]:
         pid = self.ranks[rank][1].pid
-        record = {"rank": rank, "status": status, "at": at, "pid": pid}
+        record = {"rank": rank, "status": status, "at": at, "pid": pid, "cause": cause}
         return self._nodes.claim(self.launch, record)  # type: ignore[no-any-return]
 
     def running(self) -> bool:
@@ -322,11 +322,15 @@ class RankGroup:
     def hang(self, ranks: list[int], cause: str = "hung") -> None:
         """The job hung (or slowed down, ``cause`` ``declined``) and stack aggregation named
         ``ranks``: each is a fail-stop (its slot evicted onto a standby while one is left, ...)
-        with status :data:`HUNG`, and every rank is stopped for the restart from memory."""
-        for rank in ranks:
-            if rank in self.ranks and rank not in self._recorded:
-                self._recorded.add(rank)
-                self.failstops.append(self._on_failstop(self._record(rank, HUNG, cause)))
+        with status :data:`HUNG`, and every rank is stopped for the restart from memory. On
+        several nodes the launch's stop is claimed first, so the other nodes release their
+        ranks and take their failures for consequences."""
+        named = [rank for rank in ranks if rank in self.ranks and rank not in self._recorded]
+        if self._nodes is not None and named and self._released_at is None:
+            self._claim(named[0], HUNG, time.time(), cause)
+        for rank in named:
+            self._recorded.add(rank)
+            self.failstops.append(self._on_failstop(self._record(rank, HUNG, cause)))
         self.release()
 
     def release(self) -> None:

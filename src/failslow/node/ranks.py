@@ -35,8 +35,8 @@ Rendezvous: the launcher hosts a fresh TCPStore per launch and the ranks use it 
 agent store (``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``), so ``env://``
 initialization works unchanged. Several nodes (``--nnodes``, :mod:`failslow.node.nodes`): node
 0's launcher hosts it, each node's ranks are its part of the job's world, and a fail-stop on any
-node restarts every node's ranks (the hang watch, replay and the stop-time checks stay one
-node's).
+node restarts every node's ranks, and so does a hang, which node 0 looks at across the nodes
+(replay and the stop-time checks stay one node's).
 """
 
 from __future__ import annotations
@@ -439,7 +439,8 @@ class LocalRanks:
         store = env.get(envvars.STORE)
         self._hang_watch = HangWatch(
             Path(ring_dir), self.options.hang_after_s, Path(state) if state else None,
-            topology=lambda: job_topology(store), say=self.say,
+            topology=lambda: job_topology(store), say=self.say, nodes=self.options.nodes,
+            launch=self.launches - 1,
         )  # fmt: skip
 
     def _watch_declines(self, env: dict[str, str]) -> None:
@@ -676,9 +677,13 @@ class LocalRanks:
     def _remote_failure(self, stop: dict[str, Any]) -> None:
         status = int(stop["status"])
         how = f"signal {status - 128}" if status > 128 else f"status {status}"
+        what = {"hung": "hung (stack aggregation named it)",
+                "declined": "slows the job (stack aggregation flagged its group)"}.get(
+            str(stop.get("cause")), f"failed ({how})"
+        )  # fmt: skip
         self.say(
-            f"node {stop['node']}'s rank {stop['rank']} failed ({how}): this node's ranks "
-            f"stop, and every node restarts from memory"
+            f"node {stop['node']}'s rank {stop['rank']} {what}: this node's ranks stop, and "
+            "every node restarts from memory"
         )
 
     def _may_drop(self) -> bool:

@@ -182,3 +182,22 @@ def test_aggregation_is_one_json_document() -> None:
     assert isinstance(found, Aggregation) and json.loads(json.dumps(found.to_dict()))
     with pytest.raises(ValueError, match="unknown group kind"):
         group_of(topo, "ep", 0)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["f", "g", "<lambda>"]), st.text(max_size=8), st.integers(0, 9)),
+        max_size=5,
+    ),
+    st.sampled_from([RANK, CHILD]),
+    st.text(max_size=10),
+)
+@settings(max_examples=50, deadline=None)
+def test_a_stack_sent_to_another_node_aggregates_as_the_same_stack(
+    frames: list[tuple[str, str, int]], kind: str, error: str
+) -> None:
+    import json
+
+    stack = ProcessStack(3, 4321, kind, tuple(Frame(*f) for f in frames), error)
+    back = ProcessStack.from_dict(json.loads(json.dumps(stack.to_dict())))
+    assert back == stack and signature(back.frames) == signature(stack.frames)

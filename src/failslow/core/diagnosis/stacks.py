@@ -63,6 +63,17 @@ class ProcessStack:
     error: str = ""
     """Why no stack was read ("" when one was)."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON for another node's aggregation (:meth:`from_dict` reads it back)."""
+        frames = [[f.function, f.file, f.line] for f in self.frames]
+        return {"rank": self.rank, "pid": self.pid, "kind": self.kind, "frames": frames,
+                "error": self.error}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProcessStack:
+        frames = tuple(Frame(str(fn), str(file), int(line)) for fn, file, line in d["frames"])
+        return cls(int(d["rank"]), int(d["pid"]), str(d["kind"]), frames, str(d.get("error", "")))
+
 
 def signature(frames: Iterable[Frame]) -> str:
     """The string stacks are matched on: ``function (file)`` per frame, innermost first, native
