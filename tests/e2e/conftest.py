@@ -19,45 +19,87 @@ REFERENCE_STEPS = 120
 """The DeepSpeed jobs compared with the reference end after fewer steps than this (by their
 stop file or their step count); one reference run of the same job without faults serves them
 all."""
+MEGATRON_REFERENCE_STEPS = 60
+"""The same for the Megatron GPT job (the hot update runs 60 steps, the fail-stop grid ~40)."""
 
 
-@pytest.fixture(scope="session")
-def deepspeed_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Any]:
-    """The parameters of the DeepSpeed demo job (4 ranks, ZeRO-1, micro-batches of 32, the
-    :data:`COMPARED` settings) run without faults, after a given number of steps: one run,
-    started by the first test that asks, saves rank 0's parameters after every step
-    (``$FAILSLOW_DEMO_SAVE_EVERY_STEP``); a job longer than :data:`REFERENCE_STEPS` gets a
-    longer run. The job's math does not depend on how long it runs, where its ranks' hosts are
-    or how they were launched (``failslow run --nproc-per-node``, torchrun, several nodes), so
-    step N of a long run is the end of any N-step one."""
+def _reference_runs(
+    tmp_path_factory: pytest.TempPathFactory, *, module: str, preload: str,
+    micro_batch_size: str, minimum: int, load: Callable[[Path, int], Any],
+) -> Callable[[int], Any]:  # fmt: skip
+    """``steps -> load(out, steps)`` over runs of the demo job ``module`` (4 ranks, the
+    :data:`COMPARED` settings) without faults that save the model after every step
+    (``$FAILSLOW_DEMO_SAVE_EVERY_STEP``): one run, started by the first test that asks, of at
+    least ``minimum`` steps; a longer job gets a longer run. Each run's last step is checked
+    to be the job's final model (``load`` raises, or returns what the test compares)."""
     runs: list[tuple[int, Path]] = []
 
-    def parameters(steps: int) -> Any:
+    def at(steps: int) -> Any:
         for have, out in runs:
             if steps <= have:
-                return np.load(out / f"parameters-step{steps}.npz")
+                return load(out, steps)
         tmp = tmp_path_factory.mktemp("reference")
-        n = max(steps, REFERENCE_STEPS)
+        n = max(steps, minimum)
         out = tmp / "out"
         out.mkdir()
         env = launch_env(
-            out, n, FAILSLOW_DEMO_CONFIG=json.dumps(COMPARED), FAILSLOW_DEMO_MICRO_BATCH_SIZE="32",
-            FAILSLOW_DEMO_SAVE_EVERY_STEP="1",
+            out, n, FAILSLOW_DEMO_CONFIG=json.dumps(COMPARED),
+            FAILSLOW_DEMO_MICRO_BATCH_SIZE=micro_batch_size, FAILSLOW_DEMO_SAVE_EVERY_STEP="1",
         )  # fmt: skip
         command = [
             sys.executable, "-m", "failslow.cli", "run", "--no-shim", "--no-warm",
             "--ring-dir", str(tmp / "rings"), "--state-dir", str(tmp / "state"),
             "--snapshot-dir", str(tmp / "snapshots"), "--nproc-per-node", "4",
-            "--preload", "deepspeed", "--", "-m", "failslow.demo.ds_worker",
+            "--preload", preload, "--", "-m", module,
         ]  # fmt: skip
         log = tmp / "reference.log"
         with log.open("w") as f:
             done = subprocess.run(command, env=env, stdout=f, stderr=subprocess.STDOUT,
                                   timeout=900, check=False)  # fmt: skip
         assert done.returncode == 0, log.read_text()[-3000:]
-        final, last = np.load(out / "parameters.npz"), np.load(out / f"parameters-step{n}.npz")
-        assert all(np.array_equal(final[k], last[k]) for k in final.files)
         runs.append((n, out))
+        return load(out, steps)
+
+    return at
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+@pytest.fixture(scope="session")
+def deepspeed_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Any]:
+    """The parameters of the DeepSpeed demo job (4 ranks, ZeRO-1, micro-batches of 32) run
+    without faults, after a given number of steps (:func:`_reference_runs`; rank 0's saved
+    each step). The job's math does not depend on how long it runs, where its ranks' hosts are
+    or how they were launched (``failslow run --nproc-per-node``, torchrun, several nodes), so
+    step N of a long run is the end of any N-step one."""
+
+    def load(out: Path, steps: int) -> Any:
+        last = max(int(p.stem.split("step")[1]) for p in out.glob("parameters-step*.npz"))
+        assert _equal(np.load(out / "parameters.npz"), np.load(out / f"parameters-step{last}.npz"))
         return np.load(out / f"parameters-step{steps}.npz")
 
-    return parameters
+    return _reference_runs(
+        tmp_path_factory, module="failslow.demo.ds_worker", preload="deepspeed",
+        micro_batch_size="32", minimum=REFERENCE_STEPS, load=load,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def megatron_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Any]:
+    """The Megatron GPT demo job (TP1 x PP2 x DP2, 8 micro-batches of 8) run without faults:
+    after a given number of steps, each rank's model by Megatron's layout-free names
+    (``{rank: npz}``, the worker's ``model-rank<r>.npz``), as :func:`deepspeed_reference`."""
+
+    def load(out: Path, steps: int) -> dict[int, Any]:
+        last = max(int(p.stem.split("-")[1][4:]) for p in out.glob("model-step*-rank0.npz"))
+        for rank in range(4):
+            final, saved = out / f"model-rank{rank}.npz", out / f"model-step{last}-rank{rank}.npz"
+            assert _equal(np.load(final), np.load(saved)), rank
+        return {rank: np.load(out / f"model-step{steps}-rank{rank}.npz") for rank in range(4)}
+
+    return _reference_runs(
+        tmp_path_factory, module="failslow.demo.megatron_worker", preload="megatron.core",
+        micro_batch_size="8", minimum=MEGATRON_REFERENCE_STEPS, load=load,
+    )  # fmt: skip

@@ -24,9 +24,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -43,9 +41,7 @@ SETTINGS = COMPARED  # runs compared bitwise: no mitigation strategy
 WORKERS = {
     # framework: (the rank's module, its micro-batch size, parameter files compared)
     "deepspeed": ("failslow.demo.ds_worker", "32", ["parameters.npz"]),
-    "megatron": (
-        "failslow.demo.megatron_worker", "8", [f"parameters-rank{r}.npz" for r in range(4)]
-    ),
+    "megatron": ("failslow.demo.megatron_worker", "8", [f"model-rank{r}.npz" for r in range(4)]),
 }
 
 
@@ -112,14 +108,13 @@ def _list(state: Path) -> str:
 
 @pytest.mark.parametrize("framework", sorted(WORKERS))
 def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
-    tmp_path: Path, framework: str, deepspeed_reference: Callable[[int], Any]
+    tmp_path: Path, framework: str, request: pytest.FixtureRequest
 ) -> None:
     module = "deepspeed" if framework == "deepspeed" else "megatron.core"
     extra = f"needs the {framework} extra: pip install failslow[{framework}]"
     pytest.importorskip(module, reason=extra)
-    if framework == "megatron":
-        reference, ref_out, _ = _launch(tmp_path, "reference", framework)
-        assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    # the job without updates, run once for every module (tests/e2e/conftest.py)
+    reference = request.getfixturevalue(f"{framework}_reference")
 
     proc, out, state = _launch(tmp_path, "updated", framework)
     log = tmp_path / "updated.log"
@@ -141,9 +136,10 @@ def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
     # after the rollback the job resumed once more, still with the good update's code
     assert text.count("v2 rank 0: resumed at step") == 2
 
-    for file in WORKERS[framework][2]:  # the DeepSpeed job's: the one run every module shares
+    wanted = reference(STEPS)  # DeepSpeed: rank 0's parameters; Megatron: each rank's model
+    for rank, file in enumerate(WORKERS[framework][2]):
         got = np.load(out / file)
-        want = deepspeed_reference(STEPS) if framework == "deepspeed" else np.load(ref_out / file)
+        want = wanted if framework == "deepspeed" else wanted[rank]
         assert sorted(got.files) == sorted(want.files)
         for name in want.files:
             assert np.array_equal(got[name], want[name]), f"{file}: {name}"

@@ -20,7 +20,8 @@ FAILSLOW_DEMO_WIDTH (hidden size), FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE
 rank sees it: end); for the hot-update tests FAILSLOW_DEMO_CRASH_AT_START and
 FAILSLOW_DEMO_LOG_TAG. Under torchrun (no FAILSLOW_DEMO_STORE_PORT) it joins torchrun's
 rendezvous; restarted in place with an in-memory snapshot (``checkpoint.every_steps``), it
-resumes at the snapshot's iteration.
+resumes at the snapshot's iteration. FAILSLOW_DEMO_SAVE_EVERY_STEP=1 (a reference run) also
+saves each rank's model after every step (``model-step<N>-rank<r>.npz``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 PIPELINE_STAGES = 2
 
@@ -80,6 +82,11 @@ def main() -> None:
     announce_start(rank, resumed)
     first = fs.iteration
     step_end: list[float] = [time.time()]
+    every_step = os.environ.get("FAILSLOW_DEMO_SAVE_EVERY_STEP") == "1"
+
+    def model() -> dict[str, Any]:
+        return {name: t.detach().cpu().numpy() for name, t in fs.global_tensors().items()}
+
     for step in range(first, steps):
         if stop_file and all_ranks_see(stop_file):
             break  # the launcher ends the job here (every rank at the same step)
@@ -93,11 +100,12 @@ def main() -> None:
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
             write_progress(out, rank, step_end, first, step)
+        if every_step:  # a reference run: the model after each step, for runs of any length
+            np.savez(out / f"model-step{fs.iteration}-rank{rank}.npz", **model())
     record = run_record(rank, step_end, first, resumed, fs)
     record["coords"] = list(fs.topology.coords[rank])  # the role it ends in (after a swap)
     params = {n: p.detach().cpu().numpy() for n, p in job.model[0].module.named_parameters()}
-    tensors = {name: t.detach().cpu().numpy() for name, t in fs.global_tensors().items()}
-    np.savez(out / f"model-rank{rank}.npz", **tensors)  # by layout-free names (any grid)
+    np.savez(out / f"model-rank{rank}.npz", **model())  # by layout-free names (any grid)
     finish(out, rank, record, params, fs, every_rank=True)
 
 
