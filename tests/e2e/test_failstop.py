@@ -361,14 +361,31 @@ def _end_after_resume(procs: list[subprocess.Popen[str]], logs: list[Path], job:
         assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
 
 
-def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
+def _update(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "failslow.cli", "update", "submit", "--state-dir", str(state_dir),
+         "--urgent", *args],
+        capture_output=True, text=True, env=launch_env(state_dir, STEPS), check=False,
+    )  # fmt: skip
+
+
+def _last_record(out: Path) -> Path:
+    """Rank 0's record of the job's last launch (the one that ended by the stop file)."""
+    records = list(out.glob("steps-rank0*.json"))
+    return max(records, key=lambda p: json.loads(p.read_text())["first_step"])
+
+
+def test_a_rank_lost_on_the_second_node_restarts_both_nodes_and_node_0_s_update_reaches_both(
     tmp_path: Path, reference: Callable[[int], Any], unused_port: int
 ) -> None:
     """Two launchers (:func:`_two_launchers`). The DeepSpeed job's rank 3 - node 1's second
     rank - is SIGKILLed: node 1's launcher claims the launch's stop and moves rank 3 to its
     standby slot, node 0's launcher stops its own ranks (their gloo peers reset:
     consequences, no fail-stop there), and both relaunch together from memory, at node 0's new
-    rendezvous. The job ends with the model of the uninterrupted 4-rank run, bitwise."""
+    rendezvous. Then a hot update (a logging change) is submitted to node 0's launcher - node
+    1's refuses one, saying where it goes: node 0's stop plan stops all four ranks at one step,
+    and every node relaunches at node 0's new version. The job ends with the model of the
+    uninterrupted 4-rank run, bitwise."""
     pytest.importorskip(
         "deepspeed", reason="needs the deepspeed extra: pip install failslow[deepspeed]"
     )
@@ -379,7 +396,19 @@ def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
     victim = rank_pids(rings)[3]
     os.kill(victim, signal.SIGKILL)
     job.wait(lambda: bool(_failstops(tmp_path, 1)))
-    _end_after_resume(procs, logs, job, stop_file)
+    job.wait(lambda: "rank 0: resumed at step" in logs[0].read_text())
+
+    refused = _update(tmp_path / "state1", "--env", "FAILSLOW_DEMO_LOG_TAG=v2 ")
+    assert refused.returncode != 0 and "submit updates to node 0's launcher" in refused.stderr
+    done = _update(tmp_path / "state0", "--env", "FAILSLOW_DEMO_LOG_TAG=v2 ", "--note", "logs")
+    assert done.returncode == 0, done.stderr
+    job.wait(lambda: "v2 rank 0: resumed at step" in logs[0].read_text())
+    job.wait(lambda: "v2 rank 3: resumed at step" in logs[1].read_text())
+    resumed = job.step()
+    job.wait(lambda: job.step() >= resumed + 5)
+    stop_file.touch()
+    for proc, log in zip(procs, logs, strict=True):
+        assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
 
     (stop,) = _failstops(tmp_path, 1)
     assert (stop["rank"], stop["pid"], stop["slot"], stop["replaced_by"]) == (3, victim, 1, 2)
@@ -388,7 +417,11 @@ def test_a_rank_lost_on_the_second_node_restarts_both_nodes_from_memory(
     text = logs[0].read_text()
     assert "node 1's rank 3 failed (signal 9)" in text, text[-4000:]
     assert "rank 3: resumed at step" in logs[1].read_text(), logs[1].read_text()[-4000:]
-    _bitwise_like_a_run_without_the_fault(reference, out, out / "steps-rank0-1.json")
+    node1 = logs[1].read_text()
+    assert "runs at node 0's version" in node1 and "stopped for an update" in node1, node1[-4000:]
+    (step,) = set(re.findall(r"v2 rank \d: resumed at step (\d+)", text + node1))
+    assert all(f"v2 rank {r}: resumed at step {step}" in text + node1 for r in range(4))
+    _bitwise_like_a_run_without_the_fault(reference, out, _last_record(out))
 
 
 def test_a_rank_hung_on_the_second_node_is_named_across_the_nodes_and_its_machine_evicted(
@@ -428,7 +461,7 @@ def test_a_rank_hung_on_the_second_node_is_named_across_the_nodes_and_its_machin
     text = logs[0].read_text()
     assert "on 2 of 2 nodes" in text and "node 1's rank 2 hung" in text, text[-4000:]
     assert "rank 3: resumed at step" in logs[1].read_text(), logs[1].read_text()[-4000:]
-    _bitwise_like_a_run_without_the_fault(reference, out, out / "steps-rank0-1.json")
+    _bitwise_like_a_run_without_the_fault(reference, out, _last_record(out))
 
 
 def test_a_ward_lost_with_its_backup_holder_ends_the_job_with_a_clear_message(

@@ -367,3 +367,21 @@ def test_a_look_is_not_a_hang_while_another_node_s_ranks_progress(
             launcher.close()
         for node in nodes:
             node.store.close()
+
+
+def test_every_node_launches_at_node_0_s_version(job_store) -> None:
+    """Node 0 publishes the version it launches with (its hot updates, its rollbacks); the
+    other nodes take it, or give up in one line when node 0 never starts that launch."""
+    nodes = _nodes(job_store.url, rdzv_timeout_s=0.3)
+    try:
+        for node in nodes:
+            node.join()
+        mine = {"command": ["-m", "train"], "env": {}, "code_dir": None, "code_version": None}
+        updated = {**mine, "env": {"LR": "0.1"}}
+        assert nodes[0].version(0, updated) == updated
+        assert nodes[1].version(0, mine) == updated
+        with pytest.raises(FailslowError, match="node 1: node 0 did not start launch 1 within"):
+            nodes[1].version(1, mine)
+    finally:
+        for node in nodes:
+            node.store.close()

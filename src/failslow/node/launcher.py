@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ from failslow.runtime import SITE_DIR
 if TYPE_CHECKING:
     from failslow.node.control import JobControl
     from failslow.node.hot_update.agent import AgentOptions
+    from failslow.node.hot_update.version import Version
 
 SHM = Path("/dev/shm")
 
@@ -357,8 +358,12 @@ def run(options: RunOptions) -> int:
     launch.env[envvars.STATE_DIR] = str(state_dir)
     launcher = {"pid": os.getpid(), "started_at": time.time(), "ring_dir": str(launch.ring_dir)}
     history.set_job("launcher", {**launcher, "snapshot_dir": str(launch.snapshot_dir)})
+    history.set_job("node", {"node_rank": options.node_rank, "nnodes": options.nnodes})
     say(f"snapshots in {launch.snapshot_dir}")
-    say(f"hot updates: failslow update submit --state-dir {state_dir} ...")
+    if options.node_rank == 0:
+        say(f"hot updates: failslow update submit --state-dir {state_dir} ...")
+    else:
+        say("hot updates: submit them to node 0's launcher (every node runs its version)")
     code_dir = str(options.code_dir.absolute()) if options.code_dir else None
     base = Version(
         command=tuple(options.command),
@@ -378,6 +383,8 @@ def run(options: RunOptions) -> int:
     ranks = _local_ranks(options, state_dir, nodes) if options.nproc_per_node else None
 
     def spawn(version: Version, env: dict[str, str]) -> Any:
+        if nodes is not None and ranks is not None:  # every node at node 0's version
+            version, env = _node_version(nodes, ranks.launches, version, env, launch.env)
         if ranks is not None:
             if control is not None and control.publisher is not None:
                 # the same job again after a fail-stop: its detectors go on (no warm-up, and a
@@ -408,7 +415,7 @@ def run(options: RunOptions) -> int:
         base,
         launch.env,
         spawn,
-        options=options.agent,
+        options=replace(options.agent, follower=options.node_rank != 0),
         store=control.store if control is not None and options.controller_world_size else None,
         say=say,
     )
@@ -549,6 +556,26 @@ def _node_group(options: RunOptions, url: str) -> Any:
         "across them (the stop-time checks and replay work on one node only: off)"
     )
     return group
+
+
+def _node_version(
+    nodes: Any, launch: int, version: Version, env: dict[str, str], base: dict[str, str]
+) -> tuple[Version, dict[str, str]]:
+    """Launch ``launch``'s version on this node: node 0's (:meth:`NodeGroup.version`), with
+    its environment (``base``: the launcher's) - node 0 publishes its own."""
+    from failslow.node.hot_update.version import Version
+
+    published = Version.from_dict(nodes.version(launch, version.to_dict()))
+    if published == version:
+        return version, env
+    if published.code_dir is not None and not Path(published.code_dir).is_dir():
+        raise FailslowError(
+            f"node {nodes.node_rank}: node 0 runs launch {launch} from "
+            f"{published.code_dir!r}, which this node does not have (put the update's code "
+            "directory at the same path on every node)"
+        )
+    _stderr_line(f"node {nodes.node_rank}: launch {launch} runs at node 0's version")
+    return published, published.environment(base)
 
 
 def _local_ranks(options: RunOptions, state_dir: Path, nodes: Any = None) -> Any:

@@ -20,6 +20,11 @@ launchers must agree on goes through the store the job already has (``--store``)
   use it as torchrun's agent store, so ``init_process_group("env://")`` works unchanged. Every
   launcher counts its launches the same way (they end together), so ``g`` is the same on every
   node;
+- **each launch's version** (``.../launch{g}/version``): the command, environment changes and
+  code directory node 0's agent launches with (:class:`failslow.node.hot_update.version.
+  Version`): hot updates are submitted to node 0's launcher, whose stop plan stops every
+  node's ranks at one step (the job's plan channel), and every node relaunches at node 0's
+  version; a rollback is node 0's too. The code directory must exist on every node;
 - **who failed** (``{NODES}/run{r}/launch{g}/stop``): the node that sees one of its ranks
   fail claims the launch's stop with compare-and-set (``{"node", "rank", "status", "at"}``);
   the other launchers read that key at every tick of their rank group (one ``get``, O(1) per
@@ -153,6 +158,22 @@ class NodeGroup:
         record = self.store.get_json(key)
         self.store.add(joined, 1)
         return None, str(record["addr"]), int(record["port"])
+
+    def version(self, launch: int, version: dict[str, Any]) -> dict[str, Any]:
+        """The version every node runs launch ``launch`` at: node 0's (its hot updates and
+        rollbacks, :mod:`failslow.node.hot_update`), which node 0 publishes and the other
+        nodes wait for (``rdzv_timeout_s``) - ``version`` is this node's own."""
+        key = self._key(launch, "version")
+        if self.node_rank == 0:
+            self.store.set_json(key, version)
+            return version
+        if not self.store.wait([key], self.options.rdzv_timeout_s):
+            raise FailslowError(
+                f"node {self.node_rank}: node 0 did not start launch {launch} within "
+                f"{self.options.rdzv_timeout_s:g} s (is its launcher running, with the same "
+                "--store?)"
+            )
+        return self.store.get_json(key)  # type: ignore[no-any-return]
 
     def stopped(self, launch: int) -> dict[str, Any] | None:
         """The launch's stop as claimed by any node (None: none yet, or the store is away)."""

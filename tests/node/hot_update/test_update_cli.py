@@ -88,3 +88,18 @@ def test_bad_run_options_are_one_line(option: tuple[str, str], tmp_path: Path) -
     out = failslow("run", "--no-shim", "--ring-dir", str(tmp_path), *option, "--", "true")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert out.stderr.startswith("failslow run: ") and option[0] in out.stderr
+
+
+def test_an_update_submitted_to_another_node_than_0_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Every node of a several-node job relaunches at node 0's version: an update submitted to
+    node 1's launcher would be ignored there, so it is refused, naming where it goes."""
+    with open_history(tmp_path, create=True) as history:
+        history.set_job("node", {"node_rank": 1, "nnodes": 2})
+    out = failslow("update", "submit", "--state-dir", str(tmp_path), "--urgent", "--env", "X=1")
+    assert out.returncode != 0
+    assert "node 1 of 2: submit updates to node 0's launcher" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    with open_history(tmp_path) as history:
+        assert history.updates() == []

@@ -74,6 +74,9 @@ class AgentOptions:
     """Ranks answering the plan channel (``--controller N``); None: stop CMD with SIGTERM."""
     job_token: str | None = None
     """The job's token: ranks that hold one act only on plans that carry it."""
+    follower: bool = False
+    """Another node's agent decides the job's updates (``--node-rank`` > 0): ranks that
+    stopped for an update it asked for are relaunched, not counted as a failure."""
 
 
 Spawn = Callable[[Version, dict[str, str]], "subprocess.Popen[bytes]"]
@@ -215,6 +218,9 @@ class Agent:
                         continue
                     if stop is not None and stop.requested:  # its updates were cancelled
                         self.say("relaunching: no pending update left")
+                        continue
+                    if stop is None and self.options.follower:  # node 0's agent asked
+                        self.say("the ranks stopped for an update: relaunching")
                         continue
                 if batch and any(u.kind == "update" for u in batch):
                     assert fallback is not None

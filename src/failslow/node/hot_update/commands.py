@@ -101,6 +101,12 @@ def submit(
             raise FailslowError(f"--command {command!r}: {exc}") from None
         if not argv:
             raise FailslowError("--command is empty")
+    node = history.job("node") or {}
+    if int(node.get("node_rank", 0)) != 0:
+        raise FailslowError(
+            f"this launcher is node {node['node_rank']} of {node.get('nnodes')}: submit updates "
+            "to node 0's launcher (its --state-dir); every node relaunches at node 0's version"
+        )
     resolved = resolve_code_dir(code_dir) if code_dir is not None else None
     if urgent and window_s is not None:
         raise FailslowError("--window only applies to a lazy update")
