@@ -51,7 +51,7 @@ SCRIPT = textwrap.dedent(
     mode, failing = os.environ.get("MODE", "ok"), int(os.environ.get("FAIL_RANK", "3"))
     if mode == "ok":
         sys.exit(0)
-    if mode in ("hang", "busy"):  # training steps in the rank's ring, then it hangs
+    if mode in ("hang", "busy", "slow"):  # training steps in the rank's ring, then it hangs
         from failslow.core.events import OpCode
         from failslow.core.ring import RingWriter, ring_path
 
@@ -64,13 +64,19 @@ SCRIPT = textwrap.dedent(
             step()
         def wait_in_collective():
             while True:
-                if mode == "busy" and rank >= world // 2:  # the other node goes on training
-                    step()
+                if mode == "slow" or (mode == "busy" and rank >= world // 2):
+                    step()  # training goes on (on the other node, or everywhere)
                 time.sleep(0.05)
         def injected_hang():
             while True:
                 time.sleep(0.05)
-        (injected_hang if rank == failing else wait_in_collective)()
+        def injected_slow_data():
+            while True:
+                step()
+                time.sleep(0.05)
+        if rank != failing:
+            wait_in_collective()
+        (injected_slow_data if mode == "slow" else injected_hang)()
     deadline = time.monotonic() + 30
     while len(list(out.glob("rank*.json"))) < world and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -282,11 +288,13 @@ def test_failslow_run_checks_what_several_nodes_need(tmp_path: Path) -> None:
         _check_options(RunOptions(**{**base, **options}))  # type: ignore[arg-type]
 
     check()  # fine
+    check(decline_every_s=2.0)  # node 1 answers node 0's looks: no controller of its own
     for options, message in [
         ({"store_url": None}, "--nnodes needs --store"),
         ({"nproc_per_node": None, "command": ["torchrun"]}, "--nnodes needs --nproc-per-node"),
         ({"node_rank": 2}, "--node-rank must be between 0 and --nnodes - 1 (1), got 2"),
-        ({"min_ranks": 1}, "--min-ranks and --decline-every work on one node only"),
+        ({"min_ranks": 1}, "--min-ranks works on one node only"),
+        ({"node_rank": 0, "decline_every_s": 2.0}, "--decline-every needs --nproc-per-node and"),
         ({"rdzv_timeout_s": 0.0}, "--rdzv-timeout must be > 0 seconds"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
@@ -320,7 +328,7 @@ def test_a_hang_is_looked_at_across_the_nodes_and_the_stuck_rank_s_node_evicts_i
         look = [line for line in said if line.startswith("node 0: hang:")]
         assert len(look) == 1 and "on 2 of 2 nodes" in look[0], said
         assert "outliers [3]" in look[0] and "evicting ranks [3]" in look[0], said
-        assert any("node 1: hang: node 0's look 1 named ranks [3]" in x for x in said), said
+        assert any("node 1: node 0's look 1 named ranks [3]" in x for x in said), said
         assert any("node 0: node 1's rank 3 hung" in x for x in said), said
         (line,) = (tmp_path / "state" / "hangs.jsonl").read_text().splitlines()
         record = json.loads(line)
@@ -383,5 +391,36 @@ def test_every_node_launches_at_node_0_s_version(job_store) -> None:
         with pytest.raises(FailslowError, match="node 1: node 0 did not start launch 1 within"):
             nodes[1].version(1, mine)
     finally:
+        for node in nodes:
+            node.store.close()
+
+
+def test_an_unexplained_slowdown_s_rounds_take_every_node_s_stacks(
+    tmp_path: Path, job_store
+) -> None:
+    """Node 0's controller found a slowdown unexplained (the trigger) while every rank trains
+    on: each sample of node 0's rounds asks node 1 for its ranks' stacks, and rank 3 - node
+    1's, in ``injected_slow_data`` - is the outlier of every union. After the rounds node 1
+    evicts it (cause ``declined``) and every node restarts."""
+    said: list[str] = []
+    nodes = _nodes(job_store.url)
+    launchers = [
+        _ranks(node, said, decline_every_s=0.5, decline_rounds=2, decline_settle_s=0.0)
+        for node in nodes
+    ]
+    try:
+        groups, _ = _spawn_all(tmp_path, launchers, "slow", 0)
+        launchers[0].decline_watch.trigger("the step time is up and nothing was localized")
+        assert _wait_apart(groups) == [HUNG, HUNG], said
+        (stop,) = groups[1].failstops
+        assert (stop.rank, stop.replaced_by, stop.cause) == (3, 2, "declined"), said
+        assert groups[0].failstops == [] and groups[0].remote["cause"] == "declined", said
+        assert any("node 0: decline: ranks [3] flagged in 2 of 2 rounds" in x for x in said), said
+        assert any("node 0: node 1's rank 3 slows the job" in x for x in said), said
+        rounds = [json.loads(x) for x in (tmp_path / "state" / "declines.jsonl").open()]
+        assert [r["flagged"] for r in rounds] == [["ranks", [3]], ["ranks", [3]]], rounds
+    finally:
+        for launcher in launchers:
+            launcher.close()
         for node in nodes:
             node.store.close()

@@ -29,7 +29,9 @@ stack aggregation will name it whether or not it is why the job slowed down:
 When the step time stays up and no group stands out, another tally starts, ``attempts`` in
 all; then the decline is left to a person, said once. Every round is a line of
 ``declines.jsonl`` in the state directory; per sample, one py-spy dump per local process,
-O(local ranks). Off unless ``failslow run --decline-every S``.
+O(local ranks). Off unless ``failslow run --decline-every S``. On several nodes the controller
+(node 0's) triggers node 0's watch, and each of its samples asks every node for its ranks'
+stacks (:mod:`failslow.node.stack_exchange`); the nodes holding the degrader's ranks evict them.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class DeclineWatch:
     _why: str = ""
     _launched: float = float("-inf")
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    exchange: Any = None
+    """Stack aggregation across the job's nodes (:class:`~failslow.node.stack_exchange.
+    StackExchange`; None: one node): node 0's samples hold every node's ranks."""
 
     def trigger(
         self, why: str, before_s: float | None = None, after_s: float | None = None
@@ -139,18 +144,30 @@ class DeclineWatch:
 
     def _sample(self, pids: Mapping[int, int], now: float) -> list[int] | None:
         from failslow.core.diagnosis.stacks import aggregate
+        from failslow.node.stack_exchange import DECLINE
         from failslow.node.stacks import capture
 
         if not self._samples:
             self._round_started = now
         started = time.monotonic()
+        exchange = self.exchange
+        look = exchange.ask(DECLINE) if exchange is not None else None
         stacks = capture(pids, native=False)
-        topology = self._topology(len(pids))
+        world = len(pids)
+        if look is not None:
+            stacks, _ = exchange.gather(look, stacks)
+            world *= exchange.nodes.options.nnodes
+        topology = self._topology(world)
         self._samples.append((aggregate(stacks, topology), time.monotonic() - started))
+        named = None
         if len(self._samples) < self.samples:
             self._next = self.clock() + self.sample_gap_s
-            return None
-        return self._round(topology)
+        else:
+            named = self._round(topology)
+        if look is not None:  # every look gets its verdict; the last of a tally may name
+            exchange.decide(look, named or [], "declined")
+            named = [r for r in named or [] if r in pids] or None
+        return named
 
     def _topology(self, ranks: int) -> Any:
         try:

@@ -17,12 +17,12 @@ group's ranks evicted: :meth:`failslow.node.rank_group.RankGroup.hang`); a job w
 one stack (a long checkpoint write, say) is logged and watched on - the next look comes another
 ``hang_after_s`` later. Every look is one line of ``hangs.jsonl`` in the state directory.
 
-On several nodes (``nodes``, :mod:`failslow.node.nodes`) one node's stacks cannot name anyone:
-all of its ranks wait alike while the stuck rank is elsewhere. Node 0's watch then opens a look
-the other nodes answer with their ranks' quiet time and stacks, aggregates the union with the
-job's topology and publishes the verdict; each node evicts the named ranks it holds. A node
-whose ranks still progress makes the look "not hung". The other nodes' watches never open a
-look; they read node 0's look counter at each check (one store read).
+On several nodes (``exchange``, :mod:`failslow.node.stack_exchange`) one node's stacks cannot
+name anyone: all of its ranks wait alike while the stuck rank is elsewhere. Node 0's watch then
+opens a look the other nodes answer with their ranks' quiet time and stacks, aggregates the
+union with the job's topology and publishes the verdict; each node evicts the named ranks it
+holds. A node whose ranks still progress makes the look "not hung". The other nodes' watches
+only track their ranks' quiet time (:attr:`HangWatch.quiet`), which their answers carry.
 """
 
 from __future__ import annotations
@@ -59,17 +59,12 @@ class HangWatch:
     _stepped: set[int] = field(default_factory=set)
     """Ranks whose ring holds a step marker (training runs there)."""
     _readers: dict[Path, Any] = field(default_factory=dict)
-    nodes: Any = None
-    """The job's other nodes (:class:`failslow.node.nodes.NodeGroup`; None: one node)."""
-    launch: int = 0
-    """The launch watched (its looks are keyed by it)."""
-    answer_timeout_s: float = 20.0
-    """How long node 0 waits for the other nodes' answers to a look (each dumps its own ranks'
-    stacks, py-spy's timeout being 10 s)."""
-    _answered: int = 0
-    _pending: tuple[int, float] | None = None
-    """The look this node answered and awaits node 0's verdict on, and when."""
-    _trouble: bool = False
+    exchange: Any = None
+    """Stack aggregation across the job's nodes (:class:`~failslow.node.stack_exchange.
+    StackExchange`; None: one node)."""
+    quiet: float | None = None
+    """How long this node's ranks have committed no collective, as of the last check (None:
+    not every rank finished a first step)."""
 
     def check(self, pids: Mapping[int, int]) -> list[int] | None:
         """One check of the ranks ``pids`` (rank -> pid): the ranks to evict when they hang
@@ -78,9 +73,9 @@ class HangWatch:
         if now - self._checked < self.every_s:
             return None
         self._checked = now
-        quiet = self._quiet(pids, now)
-        if self.nodes is not None and self.nodes.node_rank != 0:
-            return self._follow(pids, quiet, now)
+        quiet = self.quiet = self._quiet(pids, now)
+        if self.exchange is not None and not self.exchange.leads:
+            return None  # node 0 looks; this node answers (its exchange, with ``quiet``)
         if quiet is None or quiet < self.hang_after_s or now < self._next_look:
             return None
         self._next_look = now + self.hang_after_s  # look again later if nothing stood out
@@ -108,45 +103,6 @@ class HangWatch:
             return None
         return now - max(t for _, t in self._last.values())
 
-    def _follow(self, pids: Mapping[int, int], quiet: float | None, now: float) -> list[int] | None:
-        """Another node than 0: answer node 0's new look, then act on its verdict."""
-        from failslow.errors import FailslowError
-        from failslow.node.stacks import capture
-
-        nodes = self.nodes
-        try:
-            if self._pending is not None:
-                look, since = self._pending
-                verdict = nodes.hang_verdict(self.launch, look)
-                if verdict is None:
-                    if now - since > 2 * self.answer_timeout_s:
-                        self._pending = None  # node 0 gave up on it
-                    return None
-                self._pending = None
-                named = [int(r) for r in verdict.get("ranks", [])]
-                mine = [r for r in named if r in pids]
-                if mine:
-                    self.say(f"hang: node 0's look {look} named ranks {named}: evicting this "
-                             f"node's {mine}")  # fmt: skip
-                return mine or None
-            look = nodes.hang_looks(self.launch)
-            if look <= self._answered:
-                return None
-            self._answered = look
-            stuck = quiet is not None and quiet >= self.hang_after_s / 2
-            stacks = capture(pids, native=False) if stuck else []
-            answer = {"quiet_s": quiet, "stacks": [s.to_dict() for s in stacks]}
-            nodes.answer_hang_look(self.launch, look, answer)
-            self._pending = (look, now)
-        except (FailslowError, ValueError) as exc:
-            self._store_trouble(exc)
-        return None
-
-    def _store_trouble(self, exc: Exception) -> None:
-        if not self._trouble:
-            self._trouble = True
-            self.say(f"hang: the job's store is away ({exc}): this node's own view only")
-
     def _armed(self, pids: Mapping[int, int]) -> bool:
         """Whether every rank finished an optimizer step in this launch (reads each ring's
         records only until its first step marker)."""
@@ -173,16 +129,21 @@ class HangWatch:
 
     def _localize(self, pids: Mapping[int, int], quiet: float) -> list[int] | None:
         from failslow.core.diagnosis.stacks import aggregate
+        from failslow.node.stack_exchange import HANG
         from failslow.node.stacks import capture
 
         started = time.monotonic()
-        look = self._open_look()
+        exchange = self.exchange
+        look = exchange.ask(HANG, self.hang_after_s / 2) if exchange is not None else None
         stacks = capture(pids, native=False)
         world = len(pids)
         other: dict[str, Any] = {}
         if look is not None:
-            stacks, other = self._gather(look, stacks)
-            world *= self.nodes.options.nnodes
+            stacks, answers = exchange.gather(look, stacks)
+            world *= exchange.nodes.options.nnodes
+            other = {"look": look, "missing": answers["missing"], "busy": [
+                k for k, q in answers["quiet"].items() if q is None or q < self.hang_after_s / 2
+            ]}  # fmt: skip
         try:
             topology = self.topology()
         except Exception:  # the store may be gone with the job; ranks then name themselves
@@ -194,8 +155,8 @@ class HangWatch:
         suspects = found.suspects if not other.get("busy") else None
         where = f"{len(stacks)} processes"
         if look is not None:
-            answered = self.nodes.options.nnodes - len(other["missing"])
-            where += f" on {answered} of {self.nodes.options.nnodes} nodes"
+            nnodes = exchange.nodes.options.nnodes
+            where += f" on {nnodes - len(other['missing'])} of {nnodes} nodes"
             if other["missing"]:
                 where += f" (nodes {other['missing']} did not answer)"
         head = f"hang: no collective on any rank for {quiet:.1f} s"
@@ -212,52 +173,10 @@ class HangWatch:
             )
         named = list(suspects.ranks) if suspects is not None else []
         if look is not None:
-            self._decide(look, named)
-            other["look"] = look
+            exchange.decide(look, named, "hung")
         self._record(quiet, took, {**found.to_dict(), **other})
         mine = [r for r in named if r in pids]
         return mine or None
-
-    def _open_look(self) -> int | None:
-        """Node 0 of several: the number of the look it opens (None: one node, or no store)."""
-        from failslow.errors import FailslowError
-
-        if self.nodes is None:
-            return None
-        try:
-            return int(self.nodes.open_hang_look(self.launch))
-        except (FailslowError, ValueError) as exc:
-            self._store_trouble(exc)
-            return None
-
-    def _gather(self, look: int, stacks: list[Any]) -> tuple[list[Any], dict[str, Any]]:
-        """This node's ``stacks`` and the other nodes' answers to ``look``: every stack, and
-        which nodes did not answer (``missing``) or still progress (``busy``)."""
-        from failslow.core.diagnosis.stacks import ProcessStack
-        from failslow.errors import FailslowError
-
-        nnodes = self.nodes.options.nnodes
-        try:
-            answers = self.nodes.hang_answers(self.launch, look, self.answer_timeout_s)
-        except (FailslowError, ValueError) as exc:
-            self._store_trouble(exc)
-            answers = {}
-        busy = []
-        for node, answer in sorted(answers.items()):
-            quiet = answer.get("quiet_s")
-            if quiet is None or float(quiet) < self.hang_after_s / 2:
-                busy.append(node)
-            stacks = stacks + [ProcessStack.from_dict(d) for d in answer.get("stacks", [])]
-        missing = [k for k in range(1, nnodes) if k not in answers]
-        return stacks, {"busy": busy, "missing": missing}
-
-    def _decide(self, look: int, named: list[int]) -> None:
-        from failslow.errors import FailslowError
-
-        try:
-            self.nodes.decide_hang_look(self.launch, look, {"ranks": named})
-        except (FailslowError, ValueError) as exc:
-            self._store_trouble(exc)
 
     def _record(self, quiet: float, took: float, aggregation: dict[str, Any]) -> None:
         if self.state_dir is None:

@@ -204,11 +204,11 @@ def _check_options(options: RunOptions) -> None:
     if options.code_dir is not None and not options.code_dir.is_dir():
         raise ConfigError(f"--code-dir {options.code_dir}: not a directory")
     local = options.nproc_per_node and options.controller_world_size
-    if options.decline_every_s > 0 and not local:
+    if options.decline_every_s > 0 and not local and options.node_rank == 0:
         raise ConfigError(
             "--decline-every needs --nproc-per-node and --controller: the controller's "
             "validation round finds a slowdown unexplained, and the node's launcher dumps its "
-            "ranks' stacks"
+            "ranks' stacks (with --nnodes: node 0's; the other nodes answer it)"
         )
     if options.nproc_per_node is not None:
         if options.nproc_per_node < 1:
@@ -269,10 +269,9 @@ def _check_nodes(options: RunOptions) -> None:
         )
     if options.store_url is None:
         raise ConfigError("--nnodes needs --store: the job's store, the same on every node")
-    if options.min_ranks is not None or options.decline_every_s > 0:
+    if options.min_ranks is not None:
         raise ConfigError(
-            "--min-ranks and --decline-every work on one node only (each node would reshape "
-            "or evict on its own)"
+            "--min-ranks works on one node only (each node would reshape the world on its own)"
         )
     if not options.rdzv_timeout_s > 0:
         raise ConfigError(f"--rdzv-timeout must be > 0 seconds, got {options.rdzv_timeout_s}")
@@ -552,8 +551,9 @@ def _node_group(options: RunOptions, url: str) -> Any:
     _stderr_line(
         f"node {options.node_rank} of {options.nnodes} (run {run}): ranks "
         f"{options.node_rank * n}-{options.node_rank * n + n - 1} of {options.nnodes * n}; "
-        "every launch starts together with the other nodes', and node 0 looks at a hang "
-        "across them (the stop-time checks and replay work on one node only: off)"
+        "every launch starts together with the other nodes', and node 0 looks at a hang or "
+        "an unexplained slowdown across them (the stop-time checks and replay work on one "
+        "node only: off)"
     )
     return group
 

@@ -41,15 +41,14 @@ launchers must agree on goes through the store the job already has (``--store``)
   runs out on all of them together. A store that is away leaves each node its own view (what
   one node alone would decide) until the next launch, whose rendezvous needs it.
 
-- **a hang** (``{NODES}/run{r}/launch{g}/hang...``, :mod:`failslow.node.hang`): a hung job's
-  ranks stop committing collectives on every node, but one node's ranks all wait alike, so no
-  node can name the stuck one from its own stacks. Node 0's hang watch opens look ``n``
-  (``hang/looks``, a counter every other node reads at each check - one read, O(1)) once its
-  ranks were quiet for ``--hang-after``; every other node answers (``hang{n}/node{k}``) with
-  how long its ranks have been quiet and, if they are quiet too, their stacks; node 0
-  aggregates the union with the job's topology and publishes the verdict (``hang{n}/
-  verdict``). The nodes holding the named ranks evict them and claim the launch's stop
-  (status ``HUNG``); the others' ranks are released by that claim, as after any fail-stop.
+- **stack aggregation** (``{NODES}/run{r}/launch{g}/look...``, :mod:`failslow.node.
+  stack_exchange`): a hung job's ranks stop committing collectives on every node, but one
+  node's ranks all wait alike, so no node can name the stuck one from its own stacks - nor an
+  unexplained slowdown's degrader. Node 0's hang watch (once its ranks were quiet for
+  ``--hang-after``) or decline watch opens a look; every other node answers with its ranks'
+  stacks; node 0 aggregates the union with the job's topology and publishes the verdict. The
+  nodes holding the named ranks evict them and claim the launch's stop; the others' ranks are
+  released by that claim, as after any fail-stop.
 
 A launcher gives up with one line naming the node when a rendezvous does not come in time (a
 node that is gone: membership changes are not handled yet - the job needs a person).
@@ -203,29 +202,34 @@ class NodeGroup:
             self._warned.add(action)
             self.say(f"node {self.node_rank}: cannot {action} the launch's stop ({exc})")
 
-    # -- a hang, looked at across the nodes (node 0 asks, aggregates and decides) ---------------
-    def hang_looks(self, launch: int) -> int:
+    # -- stack aggregation across the nodes (node 0 asks and decides, :mod:`.stack_exchange`) --
+    def looks(self, launch: int) -> int:
         """How many looks node 0 opened in this launch (one store read)."""
-        return int(self.store.add(self._key(launch, "hang/looks"), 0))
+        return int(self.store.add(self._key(launch, "look/count"), 0))
 
-    def open_hang_look(self, launch: int) -> int:
-        """Node 0 opens the next look; its number."""
-        return int(self.store.add(self._key(launch, "hang/looks"), 1))
+    def open_look(self, launch: int, what: dict[str, Any]) -> int:
+        """Node 0 (the counter's only writer) opens the next look for ``what``; its number."""
+        look = self.looks(launch) + 1
+        self.store.set_json(self._key(launch, f"look{look}"), what)
+        return int(self.store.add(self._key(launch, "look/count"), 1))
 
-    def answer_hang_look(self, launch: int, look: int, answer: dict[str, Any]) -> None:
-        self.store.set_json(self._key(launch, f"hang{look}/node{self.node_rank}"), answer)
+    def look(self, launch: int, look: int) -> dict[str, Any] | None:
+        got = self.store.get_json(self._key(launch, f"look{look}"))
+        return got if isinstance(got, dict) else None
 
-    def hang_answers(self, launch: int, look: int, timeout_s: float) -> dict[int, dict[str, Any]]:
+    def answer_look(self, launch: int, look: int, answer: dict[str, Any]) -> None:
+        self.store.set_json(self._key(launch, f"look{look}/node{self.node_rank}"), answer)
+
+    def look_answers(self, launch: int, look: int, timeout_s: float) -> dict[int, dict[str, Any]]:
         """The other nodes' answers to ``look`` that came within ``timeout_s``, by node."""
-        others = range(1, self.options.nnodes)
-        names = {k: self._key(launch, f"hang{look}/node{k}") for k in others}
+        names = {k: self._key(launch, f"look{look}/node{k}") for k in range(1, self.options.nnodes)}
         self.store.wait(list(names.values()), timeout_s)
         got = {k: self.store.get_json(key) for k, key in names.items()}
         return {k: a for k, a in got.items() if isinstance(a, dict)}
 
-    def decide_hang_look(self, launch: int, look: int, verdict: dict[str, Any]) -> None:
-        self.store.set_json(self._key(launch, f"hang{look}/verdict"), verdict)
+    def decide_look(self, launch: int, look: int, verdict: dict[str, Any]) -> None:
+        self.store.set_json(self._key(launch, f"look{look}/verdict"), verdict)
 
-    def hang_verdict(self, launch: int, look: int) -> dict[str, Any] | None:
-        got = self.store.get_json(self._key(launch, f"hang{look}/verdict"))
+    def look_verdict(self, launch: int, look: int) -> dict[str, Any] | None:
+        got = self.store.get_json(self._key(launch, f"look{look}/verdict"))
         return got if isinstance(got, dict) else None

@@ -228,6 +228,8 @@ class LocalRanks:
         self.listeners: list[Callable[[FailStop], None]] = []
         """Told of each fail-stop (the launcher records it and counts the incident)."""
         self._hang_watch: Any = None
+        self._exchange: Any = None
+        """Stack aggregation across the nodes for the running launch (several nodes only)."""
         self.decline_watch: Any = None
         """The unexplained slowdown's rounds of stack aggregation (``decline_every_s``)."""
         self.step_time: Callable[[], float | None] = lambda: None
@@ -264,6 +266,10 @@ class LocalRanks:
         )
         self.launches += 1
         self.group = group
+        if self.options.nodes is not None:
+            from failslow.node.stack_exchange import StackExchange
+
+            self._exchange = StackExchange(self.options.nodes, group.launch, say=self.say)
         self._watch_hangs(env)
         self._watch_declines(env)
         for warm in [w for w in self._pool if w.key != key]:
@@ -439,8 +445,7 @@ class LocalRanks:
         store = env.get(envvars.STORE)
         self._hang_watch = HangWatch(
             Path(ring_dir), self.options.hang_after_s, Path(state) if state else None,
-            topology=lambda: job_topology(store), say=self.say, nodes=self.options.nodes,
-            launch=self.launches - 1,
+            topology=lambda: job_topology(store), say=self.say, exchange=self._exchange,
         )  # fmt: skip
 
     def _watch_declines(self, env: dict[str, str]) -> None:
@@ -459,6 +464,7 @@ class LocalRanks:
             )  # fmt: skip
         store = env.get(envvars.STORE)
         self.decline_watch.topology = lambda: job_topology(store)
+        self.decline_watch.exchange = self._exchange
         self.decline_watch.reset()
 
     def tick(self) -> None:
@@ -472,6 +478,12 @@ class LocalRanks:
             hung = watch.check(pids)
             if hung:
                 group.hang(hung)
+        exchange = self._exchange
+        if exchange is not None and not exchange.leads and group is not None and group.running():
+            pids = {rank: process.pid for rank, (_, process) in group.ranks.items()}
+            named = exchange.follow(pids, watch.quiet if watch is not None else None)
+            if named:  # node 0's look named ranks of this node
+                group.hang(named[0], cause=named[1])
         decline = self.decline_watch
         if decline is not None and decline.active and group is not None and group.running():
             pids = {rank: process.pid for rank, (_, process) in group.ranks.items()}
