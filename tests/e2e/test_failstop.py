@@ -350,12 +350,15 @@ def _failstops(tmp_path: Path, node: int) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def _end_after_resume(procs: list[subprocess.Popen[str]], logs: list[Path], job: Job,
-                      stop_file: Path) -> None:  # fmt: skip
-    """Rank 0 resumed: five steps more, then the stop file, and both launchers exit 0."""
-    job.wait(lambda: "rank 0: resumed at step" in logs[0].read_text())
-    resumed = job.step()
-    job.wait(lambda: job.step() >= resumed + 5)
+def _end_after_resume(
+    procs: list[subprocess.Popen[str]], logs: list[Path], job: Job, stop_file: Path,
+    resumed: str = "rank 0: resumed at step",
+) -> None:  # fmt: skip
+    """Once node 0's log says ``resumed``: five steps more, then the stop file, and both
+    launchers exit 0."""
+    job.wait(lambda: resumed in logs[0].read_text())
+    step = job.step()
+    job.wait(lambda: job.step() >= step + 5)
     stop_file.touch()
     for proc, log in zip(procs, logs, strict=True):
         assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
@@ -402,13 +405,8 @@ def test_a_rank_lost_on_the_second_node_restarts_both_nodes_and_node_0_s_update_
     assert refused.returncode != 0 and "submit updates to node 0's launcher" in refused.stderr
     done = _update(tmp_path / "state0", "--env", "FAILSLOW_DEMO_LOG_TAG=v2 ", "--note", "logs")
     assert done.returncode == 0, done.stderr
-    job.wait(lambda: "v2 rank 0: resumed at step" in logs[0].read_text())
     job.wait(lambda: "v2 rank 3: resumed at step" in logs[1].read_text())
-    resumed = job.step()
-    job.wait(lambda: job.step() >= resumed + 5)
-    stop_file.touch()
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
+    _end_after_resume(procs, logs, job, stop_file, "v2 rank 0: resumed at step")
 
     (stop,) = _failstops(tmp_path, 1)
     assert (stop["rank"], stop["pid"], stop["slot"], stop["replaced_by"]) == (3, victim, 1, 2)

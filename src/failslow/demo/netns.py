@@ -229,25 +229,17 @@ def _our_namespaces(prefix: str) -> list[str]:
 _LEAKED = re.compile(r"fs(\d+)x[0-9a-f]{4}-(br|r\d+)")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _reclaim_leaked() -> list[str]:
     """Delete the namespaces of networks whose creating process is gone and in which no
     process is left (a run killed before its teardown); deleting a bridge namespace also
     destroys the root end of its :meth:`Network.attach_host` veth. A namespace with a process
     inside, or whose pid is alive, is never touched. Returns what was deleted."""
+    from failslow.node.stacks import alive
+
     deleted = []
     for name in _namespaces():
         match = _LEAKED.fullmatch(name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or alive(int(match.group(1))):
             continue
         if _run(["ip", "netns", "pids", name]).stdout.split():
             continue

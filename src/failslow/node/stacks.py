@@ -61,7 +61,7 @@ def rank_pids(ring_dir: Path, exclude: Collection[int] = ()) -> dict[int, int]:
             mtime = path.stat().st_mtime
         except OSError:
             continue
-        if _alive(pid) and (rank not in found or mtime > found[rank][0]):
+        if alive(pid) and (rank not in found or mtime > found[rank][0]):
             found[rank] = (mtime, pid)
     return {rank: pid for rank, (_, pid) in sorted(found.items())}
 
@@ -133,7 +133,8 @@ def capture(
         return list(pool.map(one, targets))
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (someone else's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
