@@ -23,6 +23,9 @@ downtime; ``lost`` is how many steps were done twice).
   is killed, node 1's launcher claims the launch's stop and moves it to its standby slot, node
   0's launcher stops its ranks when it reads the claim, and both relaunch from warm processes
   at node 0's new rendezvous (:mod:`failslow.node.nodes`);
+- **an unexplained slowdown on two nodes** (``--ways nodes-slow``, ``--decline-every 2``): node
+  1's slot 1 slows from step ``HANG_AT``; node 0's rounds of stack samples take every node's
+  ranks' stacks, flag node 1's machine and both nodes relaunch;
 - **a hang on two nodes** (``--ways nodes-hang``, ``--standbys 2 --hang-after 10``): node 1's
   machine hangs after step ``HANG_AT``; node 0's launcher looks across the nodes (node 1
   answers with its ranks' stacks), names node 1's machine and both nodes relaunch, node 1's
@@ -290,7 +293,8 @@ def _kill_and_measure(
         if not (state / "failstops.jsonl").exists():
             raise SystemExit(f"{name}: nothing was evicted; see {tmp / (name + '.log')}")
         stop = json.loads((state / "failstops.jsonl").read_text().splitlines()[0])
-        rounds = [json.loads(line) for line in (state / "declines.jsonl").read_text().splitlines()]
+        declines = tmp / f"{name}-state" / "declines.jsonl"  # node 0 takes the rounds
+        rounds = [json.loads(line) for line in declines.read_text().splitlines()]
         killed_at, last = seen[hang_at], max(s for s, t in seen.items() if t <= stop["wall"])
         extra = {"decline_rounds": len(rounds), "evicted": stop["rank"],
                  "dumps_s": sum(r["aggregation_s"] for r in rounds)}  # fmt: skip
@@ -408,6 +412,11 @@ def main() -> None:
             "--slots-as-hosts", "--spare-delay", "2", "--hang-after", str(HANG_AFTER),
             "--", "-m", "failslow.demo.ds_worker",
         ]),
+        "nodes-slow": ("2 nodes x 2 ranks: node 1 slows, rounds across the nodes", [
+            "--nproc-per-node", "2", "--standbys", "2", "--preload", "deepspeed",
+            "--spare-delay", "2", "--decline-every", "2", "--threshold", "2.0",
+            "--", "-m", "failslow.demo.ds_worker",
+        ], {"FAILSLOW__VALIDATION__GEMM_SERIAL": "true"}),
         "nan": ("a NaN loss: every rank rolled back (memory)", [
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
             "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
@@ -451,9 +460,10 @@ def main() -> None:
                     Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
                     fault_at=args.fault_at, nodes=2 if key.startswith("nodes") else 1,
                     job_env=job_env[0] if job_env else None,
-                    fault={"nan-nochecks": "nan", "nodes-hang": "hang"}.get(key, key)
+                    fault={"nan-nochecks": "nan", "nodes-hang": "hang",
+                           "nodes-slow": "slow"}.get(key, key)
                     if key in ("hang", "nodes-hang", "nan", "nan-nochecks", "sdc", "matmul",
-                               "slow") else None,
+                               "slow", "nodes-slow") else None,
                 )  # fmt: skip
         if not args.no_fresh:
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
