@@ -12,12 +12,14 @@ gone - what a gloo rank does when its peer dies, and what makes the race the pro
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
 import signal
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,20 @@ def _ranks(node: NodeGroup, said: list[str], **more: float) -> LocalRanks:
     return LocalRanks(options, say=lambda line: said.append(f"node {node.node_rank}: {line}"))
 
 
+@contextlib.contextmanager
+def _launchers(store_url: str, said: list[str], **more: float) -> Iterator[list[LocalRanks]]:
+    """Two nodes' launchers on the job's store (each with its own connection), closed at exit."""
+    nodes = _nodes(store_url)
+    launchers = [_ranks(node, said, **more) for node in nodes]
+    try:
+        yield launchers
+    finally:
+        for launcher in launchers:
+            launcher.close()
+        for node in nodes:
+            node.store.close()
+
+
 def _spawn_all(tmp_path: Path, launchers: list[LocalRanks], mode: str, launch: int,
                **env: str) -> tuple[list[RankGroup], Path]:  # fmt: skip
     out = tmp_path / f"out-{mode}-{launch}"
@@ -172,9 +188,7 @@ def test_a_rank_that_fails_on_one_node_restarts_every_node_and_only_it_is_a_fail
     1's standby, both launches end with rank 3's status, and the next launch starts on both
     nodes with node 0's new rendezvous."""
     said: list[str] = []
-    nodes = _nodes(job_store.url)
-    launchers = [_ranks(node, said) for node in nodes]
-    try:
+    with _launchers(job_store.url, said) as launchers:
         groups, out = _spawn_all(tmp_path, launchers, how, 0)
         if how == "kill":
             deadline = time.monotonic() + 30
@@ -215,11 +229,6 @@ def test_a_rank_that_fails_on_one_node_restarts_every_node_and_only_it_is_a_fail
         assert [records[r]["FAILSLOW_SLOT"] for r in range(4)] == ["0", "1", "0", "2"]
         (again,) = {(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in records.values()}
         assert again != rendezvous  # node 0 hosts a fresh rendezvous per launch
-    finally:
-        for launcher in launchers:
-            launcher.close()
-        for node in nodes:
-            node.store.close()
 
 
 def test_the_run_of_each_launcher_is_counted_from_its_join(job_store) -> None:
@@ -316,9 +325,7 @@ def test_a_hang_is_looked_at_across_the_nodes_and_the_stuck_rank_s_node_evicts_i
     alone. Node 1 evicts it onto its standby and claims the launch's stop (status HUNG), node 0
     releases its ranks as consequences, and the next launch starts on both nodes."""
     said: list[str] = []
-    nodes = _nodes(job_store.url)
-    launchers = [_ranks(node, said, hang_after_s=2.0) for node in nodes]
-    try:
+    with _launchers(job_store.url, said, hang_after_s=2.0) as launchers:
         groups, out = _spawn_all(tmp_path, launchers, "hang", 0)
         assert _wait_apart(groups) == [HUNG, HUNG], said
         (stop,) = groups[1].failstops
@@ -340,11 +347,6 @@ def test_a_hang_is_looked_at_across_the_nodes_and_the_stuck_rank_s_node_evicts_i
         groups, out = _spawn_all(tmp_path, launchers, "ok", 1)
         assert _wait_all(groups) == [0, 0]
         assert [_records(out)[r]["FAILSLOW_SLOT"] for r in range(4)] == ["0", "1", "0", "2"]
-    finally:
-        for launcher in launchers:
-            launcher.close()
-        for node in nodes:
-            node.store.close()
 
 
 def test_a_look_is_not_a_hang_while_another_node_s_ranks_progress(
@@ -353,9 +355,7 @@ def test_a_look_is_not_a_hang_while_another_node_s_ranks_progress(
     """Node 0's ranks are quiet, node 1's still commit collectives (their rings advance): node
     1 answers that its ranks progress, and node 0 evicts no one and watches on."""
     said: list[str] = []
-    nodes = _nodes(job_store.url)
-    launchers = [_ranks(node, said, hang_after_s=1.0) for node in nodes]
-    try:
+    with _launchers(job_store.url, said, hang_after_s=1.0) as launchers:
         groups, _ = _spawn_all(tmp_path, launchers, "busy", 0)
         deadline = time.monotonic() + 30
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -370,11 +370,6 @@ def test_a_look_is_not_a_hang_while_another_node_s_ranks_progress(
             assert groups[0].wait(30) == 128 + signal.SIGTERM
             assert follower.result() == 128 + signal.SIGTERM
         assert "nodes [1] still progress - watching on" in next(x for x in said if "progress" in x)
-    finally:
-        for launcher in launchers:
-            launcher.close()
-        for node in nodes:
-            node.store.close()
 
 
 def test_every_node_launches_at_node_0_s_version(job_store) -> None:
@@ -403,12 +398,8 @@ def test_an_unexplained_slowdown_s_rounds_take_every_node_s_stacks(
     1's, in ``injected_slow_data`` - is the outlier of every union. After the rounds node 1
     evicts it (cause ``declined``) and every node restarts."""
     said: list[str] = []
-    nodes = _nodes(job_store.url)
-    launchers = [
-        _ranks(node, said, decline_every_s=0.5, decline_rounds=2, decline_settle_s=0.0)
-        for node in nodes
-    ]
-    try:
+    slow = {"decline_every_s": 0.5, "decline_rounds": 2, "decline_settle_s": 0.0}
+    with _launchers(job_store.url, said, **slow) as launchers:
         groups, _ = _spawn_all(tmp_path, launchers, "slow", 0)
         launchers[0].decline_watch.trigger("the step time is up and nothing was localized")
         assert _wait_apart(groups) == [HUNG, HUNG], said
@@ -419,8 +410,3 @@ def test_an_unexplained_slowdown_s_rounds_take_every_node_s_stacks(
         assert any("node 0: node 1's rank 3 slows the job" in x for x in said), said
         rounds = [json.loads(x) for x in (tmp_path / "state" / "declines.jsonl").open()]
         assert [r["flagged"] for r in rounds] == [["ranks", [3]], ["ranks", [3]]], rounds
-    finally:
-        for launcher in launchers:
-            launcher.close()
-        for node in nodes:
-            node.store.close()
