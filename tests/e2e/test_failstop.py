@@ -35,7 +35,8 @@ partitions, data position, RNGs) and ran the same math.
 
 Also: a ward lost together with its backup holder (over-eviction: a clear message, no restart
 burnt); a hung machine named by its stack and a faulty one by the stop-time checks; a NaN loss
-rolled back and a silent corruption named by replay (issue 18).
+rolled back and a silent corruption named by replay (issue 18); on two nodes' launchers, a rank
+lost and a bad hot update rolled back by one ladder for both nodes, and a hang named across them.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ from failslow.core.control.stop import EXIT_UNRESTORABLE
 from failslow.core.ring import find_rings
 from failslow.demo.rank_launch import COMPARED
 from failslow.demo.worker_io import launch_env
+from failslow.node.hot_update.history import History
+from failslow.node.incidents import read_log
 from failslow.node.stacks import rank_pids
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -350,13 +353,18 @@ def _failstops(tmp_path: Path, node: int) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+_RESUMED = re.compile(r"(?m)^rank 0: resumed at step (\d+)")
+"""Rank 0's resume at the base version (no log tag)."""
+
+
 def _end_after_resume(
     procs: list[subprocess.Popen[str]], logs: list[Path], job: Job, stop_file: Path,
-    resumed: str = "rank 0: resumed at step",
+    resumed: str | Callable[[str], bool] = "rank 0: resumed at step",
 ) -> None:  # fmt: skip
-    """Once node 0's log says ``resumed``: five steps more, then the stop file, and both
-    launchers exit 0."""
-    job.wait(lambda: resumed in logs[0].read_text())
+    """Once node 0's log says ``resumed`` (or its text passes it): five steps more, then the
+    stop file, and both launchers exit 0."""
+    seen = resumed if callable(resumed) else lambda text: resumed in text
+    job.wait(lambda: seen(logs[0].read_text()), timeout=400)
     step = job.step()
     job.wait(lambda: job.step() >= step + 5)
     stop_file.touch()
@@ -378,17 +386,22 @@ def _last_record(out: Path) -> Path:
     return max(records, key=lambda p: json.loads(p.read_text())["first_step"])
 
 
-def test_a_rank_lost_on_the_second_node_restarts_both_nodes_and_node_0_s_update_reaches_both(
+def test_a_rank_lost_on_the_second_node_restarts_both_nodes_and_a_bad_update_is_rolled_back_on_both(
     tmp_path: Path, reference: Callable[[int], Any], unused_port: int
 ) -> None:
     """Two launchers (:func:`_two_launchers`). The DeepSpeed job's rank 3 - node 1's second
     rank - is SIGKILLed: node 1's launcher claims the launch's stop and moves rank 3 to its
     standby slot, node 0's launcher stops its own ranks (their gloo peers reset:
     consequences, no fail-stop there), and both relaunch together from memory, at node 0's new
-    rendezvous. Then a hot update (a logging change) is submitted to node 0's launcher - node
-    1's refuses one, saying where it goes: node 0's stop plan stops all four ranks at one step,
-    and every node relaunches at node 0's new version. The job ends with the model of the
-    uninterrupted 4-rank run, bitwise."""
+    rendezvous. Then a hot update is submitted to node 0's launcher - node 1's refuses one,
+    saying where it goes: node 0's stop plan stops all four ranks at one step, and every node
+    relaunches at node 0's new version. The update is bad: a few steps on, it makes slot 1's
+    machine (node 0's rank 1) compute a gradient 10,000x too large, and every rank's gradient
+    norm jumps (byterobust 4.1). One stop-time ladder for both nodes, node 0's: a reattempt
+    from memory before the bad step, and - the jump back - rolling back node 0's update, which
+    node 1 takes too (its own history holds no update: alone, it would have stopped for a
+    person while node 0 relaunched). The job ends with the model of the uninterrupted 4-rank
+    run, bitwise."""
     pytest.importorskip(
         "deepspeed", reason="needs the deepspeed extra: pip install failslow[deepspeed]"
     )
@@ -403,22 +416,42 @@ def test_a_rank_lost_on_the_second_node_restarts_both_nodes_and_node_0_s_update_
 
     refused = _update(tmp_path / "state1", "--env", "FAILSLOW_DEMO_LOG_TAG=v2 ")
     assert refused.returncode != 0 and "submit updates to node 0's launcher" in refused.stderr
-    done = _update(tmp_path / "state0", "--env", "FAILSLOW_DEMO_LOG_TAG=v2 ", "--note", "logs")
+    bad = json.dumps({"kind": "sdc", "slot": 1, "step": job.step() + 12})
+    done = _update(tmp_path / "state0", "--env", "FAILSLOW_DEMO_LOG_TAG=v2 ", "--env",
+                   f"FAILSLOW_DEMO_FAULT={bad}", "--note", "logs")  # fmt: skip
     assert done.returncode == 0, done.stderr
     job.wait(lambda: "v2 rank 3: resumed at step" in logs[1].read_text())
-    _end_after_resume(procs, logs, job, stop_file, "v2 rank 0: resumed at step")
+    job.wait(lambda: "roll back code:" in logs[1].read_text(), timeout=400)
+    back = len(_RESUMED.findall(logs[0].read_text()))
+    _end_after_resume(
+        procs, logs, job, stop_file, lambda text: len(_RESUMED.findall(text)) > back
+    )  # fmt: skip
 
     (stop,) = _failstops(tmp_path, 1)
     assert (stop["rank"], stop["pid"], stop["slot"], stop["replaced_by"]) == (3, victim, 1, 2)
     assert stop["status"] == 128 + signal.SIGKILL
-    assert _failstops(tmp_path, 0) == [], "a consequence"
+    assert _failstops(tmp_path, 0) == [], "a consequence; the incidents evict nobody"
     text = logs[0].read_text()
     assert "node 1's rank 3 failed (signal 9)" in text, text[-4000:]
     assert "rank 3: resumed at step" in logs[1].read_text(), logs[1].read_text()[-4000:]
     node1 = logs[1].read_text()
     assert "runs at node 0's version" in node1 and "stopped for an update" in node1, node1[-4000:]
-    (step,) = set(re.findall(r"v2 rank \d: resumed at step (\d+)", text + node1))
-    assert all(f"v2 rank {r}: resumed at step {step}" in text + node1 for r in range(4))
+    # the update's launch and the reattempt's, every rank at one step in each
+    steps = sorted(set(re.findall(r"v2 rank \d: resumed at step (\d+)", text + node1)), key=int)
+    assert len(steps) == 2, steps
+    for step in steps:
+        assert all(f"v2 rank {r}: resumed at step {step}" in text + node1 for r in range(4))
+    # one ladder: node 0's rungs, taken by node 1 too, before the same step
+    rungs = [[(r["rung"], r["before_step"], r["incident"]["kind"]) for r in read_log(
+        tmp_path / f"state{node}")] for node in (0, 1)]  # fmt: skip
+    (first, second) = rungs[0]
+    assert rungs[1] == rungs[0] and (first[0], second[0]) == ("reattempt", "roll back code"), rungs
+    assert first[1] == second[1] and first[2] == "jump", rungs
+    assert "needs a person" not in text + node1
+    with History(tmp_path / "state0" / "updates.sqlite") as history:
+        assert [u.outcome for u in history.updates() if u.kind == "update"] == ["rolled_back"]
+    (after,) = set(_RESUMED.findall(text)[back:])  # the rollback's launch, before the bad step
+    assert int(after) < first[1], (after, rungs)
     _bitwise_like_a_run_without_the_fault(reference, out, _last_record(out))
 
 

@@ -24,9 +24,15 @@ from pathlib import Path
 
 import pytest
 
+from failslow.core.control.stop import EXIT_ROLLBACK, request_rollback
 from failslow.core.control.store import open_store
+from failslow.core.planner.ladder import REATTEMPT, ROLL_BACK_CODE, Rung
 from failslow.errors import FailslowError
 from failslow.node.control import host_store
+from failslow.node.hot_update.history import History
+from failslow.node.hot_update.version import Version
+from failslow.node.incidents import Incidents
+from failslow.node.launcher import _node_version
 from failslow.node.nodes import NodeGroup, NodeOptions
 from failslow.node.rank_group import HUNG
 from failslow.node.ranks import LocalRanks, RankGroup, RankOptions
@@ -85,6 +91,12 @@ SCRIPT = textwrap.dedent(
     if rank == failing:
         if mode == "raise":
             raise RuntimeError("a bad batch")
+        if mode == "incident":  # what failslow.report_metrics does on a NaN loss
+            from failslow.core.control.stop import EXIT_ROLLBACK, request_rollback
+
+            request_rollback(os.environ["FAILSLOW_STATE_DIR"], rank,
+                             {"step": 13, "why": "loss is nan at step 13"})
+            os._exit(EXIT_ROLLBACK)
         time.sleep(60)  # "kill": the test SIGKILLs it
     # every other rank: its "gloo peer" is gone as soon as the failed rank exited (its
     # sockets close then, reaped or not)
@@ -229,6 +241,82 @@ def test_a_rank_that_fails_on_one_node_restarts_every_node_and_only_it_is_a_fail
         assert [records[r]["FAILSLOW_SLOT"] for r in range(4)] == ["0", "1", "0", "2"]
         (again,) = {(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in records.values()}
         assert again != rendezvous  # node 0 hosts a fresh rendezvous per launch
+
+
+def test_a_rank_s_incident_on_one_node_stops_every_node_with_no_fail_stop(
+    tmp_path: Path, job_store
+) -> None:
+    """Node 1's rank 3 reports an incident (a rollback request, exit 79: its metrics went bad)
+    and node 0's ranks fail a moment later, their peer gone - seen by node 0's launcher first.
+    Node 1 claims the launch's stop for the incident, so node 0's failures are consequences:
+    no fail-stop anywhere, no slot evicted, and both launches end on the incident for the
+    ladder (without the claim, node 0 would evict a healthy rank's slot)."""
+    said: list[str] = []
+    with _launchers(job_store.url, said) as launchers:
+        groups, _ = _spawn_all(tmp_path, launchers, "incident", 0)
+        assert _wait_all(groups) == [EXIT_ROLLBACK, EXIT_ROLLBACK], said
+        assert groups[0].failstops == groups[1].failstops == [], said
+        assert groups[0].remote is not None, said
+        assert (groups[0].remote["rank"], groups[0].remote["cause"]) == (3, "incident")
+        assert launchers[0].slots == [0, 1] and launchers[1].slots == [0, 1]
+        assert any("node 1's rank 3 reported an incident" in line for line in said), said
+
+
+def _incidents(tmp_path: Path, nodes: list[NodeGroup], launch: list[int]) -> list[Incidents]:
+    """Each node's ladder (its own state directory and update history), across the nodes."""
+    ladders = []
+    for node in nodes:
+        state = tmp_path / f"state{node.node_rank}"
+        state.mkdir()
+        ladder = Incidents(state, History(state / "updates.sqlite"), say=lambda line: None)
+        ladder.across(node, lambda: launch[0])
+        ladders.append(ladder)
+    return ladders
+
+
+def test_node_0_takes_each_rung_of_the_ladder_for_every_node(tmp_path: Path, job_store) -> None:
+    """One ladder across the nodes (failslow.node.incidents): only node 1's rank reported the
+    incident, node 0's history holds the latest code update. Each launch's rung is node 0's,
+    from every node's requests: a reattempt before node 1's step, then - the incident back -
+    rolling back node 0's update, which node 1 takes too instead of stopping for a person (its
+    own history holds no update). A launch that did not end on an incident is no rung anywhere,
+    and a node 0 that never decides leaves node 1 an ordinary failure after its wait."""
+    nodes = _nodes(job_store.url)
+    launch = [0]
+    ladders = _incidents(tmp_path, nodes, launch)
+    history = ladders[0].history
+    update = history.submit(urgency="urgent", env={"LR": "2"}, note="new lr")
+    base = Version(command=("python", "train.py"))
+    history.record_applied(update, previous=base, version=base.changed(env={"LR": "2"}),
+                           trigger="test", applied_step=5)  # fmt: skip
+
+    def both(status: int = EXIT_ROLLBACK) -> list[Rung | None]:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # node 1 waits for node 0's
+            follower = pool.submit(ladders[1].after, status=status)
+            return [ladders[0].after(status=status), follower.result(timeout=60)]
+
+    try:
+        for n, name in enumerate([REATTEMPT, ROLL_BACK_CODE]):
+            launch[0] = n
+            request_rollback(tmp_path / "state1", 3, {"step": 13 + n, "why": "loss is nan"})
+            got = both()
+            assert [(r.name, r.before_step) for r in got if r] == [(name, 13)] * 2, got
+            assert got[1].why == f"node 0: {got[0].why}"
+            assert ladders[1].incident["rank"] == 3 and ladders[0].incident["rank"] == 3
+        assert "update #1: LR=2" in got[0].why  # node 0's history
+        launch[0] = 2
+        request_rollback(tmp_path / "state1", 3, {"step": 40, "why": "loss is nan"})
+        assert both(status=1) == [None, None]  # a fail-stop's launch: an ordinary failure
+        launch[0] = 3
+        ladders[1].RUNG_WITHIN_S = 0.2
+        assert ladders[1].after(status=EXIT_ROLLBACK) is None
+        rungs = [json.loads(x)["rung"] for x in (tmp_path / "state1" / "incidents.jsonl").open()]
+        assert rungs == [REATTEMPT, ROLL_BACK_CODE]
+    finally:
+        history.close()
+        ladders[1].history.close()
+        for node in nodes:
+            node.store.close()
 
 
 def test_the_run_of_each_launcher_is_counted_from_its_join(job_store) -> None:
@@ -385,6 +473,17 @@ def test_every_node_launches_at_node_0_s_version(job_store) -> None:
         assert nodes[1].version(0, mine) == updated
         with pytest.raises(FailslowError, match="node 1: node 0 did not start launch 1 within"):
             nodes[1].version(1, mine)
+        # the launcher's side: node 0's environment, and this launch's count and the rung's
+        # rollback step, which the agent set beside its own version's
+        base = {"PATH": "/bin", "LR": "1"}
+        own = Version(command=("-m", "train"))
+        env = {**own.environment(base), "FAILSLOW_ROLLBACK_BEFORE": "20",
+               "FAILSLOW_RESTART": "3", "FAILSLOW_UPDATE_ID": "0"}  # fmt: skip
+        nodes[0].version(2, own.changed(env={"LR": "0.1"}).to_dict())
+        version, got = _node_version(nodes[1], 2, own, env, base)
+        assert version.env == {"LR": "0.1"}
+        assert got == {"PATH": "/bin", "LR": "0.1", "FAILSLOW_ROLLBACK_BEFORE": "20",
+                       "FAILSLOW_RESTART": "3"}  # fmt: skip
     finally:
         for node in nodes:
             node.store.close()

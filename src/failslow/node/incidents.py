@@ -11,7 +11,11 @@ launch, :meth:`Incidents.after` reads the requests and climbs the stop-time ladd
 they name; :meth:`Incidents.checked`), reattempt from memory, roll back the latest code update,
 replay, then stop for a person. Each rung is a line of ``<state dir>/incidents.jsonl``
 with the incident, the rung and why it was taken; the agent carries it out
-(:mod:`failslow.node.hot_update.agent`).
+(:mod:`failslow.node.hot_update.agent`). On several nodes there is one ladder, node 0's
+(:meth:`Incidents.across`): every node reports its ranks' requests through the job's store,
+node 0 takes the rung from all of them, and the other nodes take it from node 0 - so every
+node restarts from the same step, and a code rollback (node 0's history) or a stop for a
+person is the whole job's. The stop-time checks and the replay work on one node only.
 
 A rank that died of an uncaught exception left its record (:mod:`failslow.runtime.crash_record`);
 :meth:`Incidents.blame` finds the newest running code update one of its frames is in a file of
@@ -27,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from failslow.core.control.stop import take_rollback_requests
+from failslow.core.control.stop import EXIT_ROLLBACK, take_rollback_requests
 from failslow.core.planner.ladder import ROLL_BACK_CODE, Ladder, Rung
 from failslow.runtime import crash_record
 
@@ -51,6 +55,22 @@ class Incidents:
         """The last incident the ranks reported (its first request)."""
         self._ranks: list[Any] = []
         """The ranks that reported it."""
+        self.nodes: Any = None
+        """With several nodes (:meth:`across`), the job's :class:`~failslow.node.nodes.NodeGroup`:
+        node 0 takes each rung for every node."""
+        self._launch: Callable[[], int] = lambda: 0
+
+    REPORTS_WITHIN_S = 30.0
+    """How long node 0 waits for the other nodes' requests after a launch (they report as soon
+    as their ranks are gone; a node that did not is named, and its requests are not counted)."""
+    RUNG_WITHIN_S = 90.0
+    """How long another node waits for node 0's rung."""
+
+    def across(self, nodes: Any, launch: Callable[[], int]) -> None:
+        """Several nodes, one ladder (:mod:`failslow.node.nodes`): after a launch that ended on
+        an incident (``launch()``: its index), node 0 reads every node's requests and takes the
+        rung, which the other nodes take from it instead of climbing their own."""
+        self.nodes, self._launch = nodes, launch
 
     def clear(self) -> None:
         """Drop requests and exception records a launch before this one left (an earlier run
@@ -59,15 +79,27 @@ class Incidents:
             take_rollback_requests(self.state_dir)
             crash_record.take(self.state_dir)
 
-    def after(self, *, replay: bool = False, diagnose: bool = False) -> Rung | None:
-        """After a launch ended with a failure: the rung for the incident its ranks reported
+    def after(
+        self, *, replay: bool = False, diagnose: bool = False, status: int | None = None
+    ) -> Rung | None:
+        """After a launch ended with ``status``: the rung for the incident its ranks reported
         (None: no rank reported one - an ordinary failure); ``replay``: the launcher can
         replay the step on groups of its ranks; ``diagnose``: it can run the stop-time checks
-        on them (:meth:`checked` then gives the rung after them)."""
+        on them (:meth:`checked` then gives the rung after them). With several nodes the
+        nodes agree on it when the launch ended on an incident (:data:`EXIT_ROLLBACK`, here or
+        on the node that claimed the stop); any other status is an ordinary failure."""
         if self.state_dir is None:
             return None
         requests = take_rollback_requests(self.state_dir)
+        if self.nodes is not None:
+            if status != EXIT_ROLLBACK:
+                return None
+            if self.nodes.node_rank != 0:
+                return self._follow(requests)
+            requests = self._gather(requests)
         if not requests:
+            if self.nodes is not None:
+                self.nodes.decide_rung(self._launch(), None)
             return None
         first = self.incident = requests[0]
         self._ranks = [r.get("rank") for r in requests]
@@ -77,7 +109,42 @@ class Incidents:
         rung = self.ladder.next(
             first["step"], what, code_update=update, replay=replay, diagnose=diagnose
         )
+        if self.nodes is not None:
+            self.nodes.decide_rung(self._launch(), {
+                "name": rung.name, "before_step": rung.before_step, "why": rung.why,
+                "incident": first, "ranks": self._ranks,
+            })  # fmt: skip
         return self._took(rung)
+
+    def _gather(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Node 0: its own requests and every other node's, earliest step first."""
+        launch = self._launch()
+        reports = self.nodes.incident_reports(launch, self.REPORTS_WITHIN_S)
+        missing = [k for k in range(1, self.nodes.options.nnodes) if k not in reports]
+        if missing:
+            self.say(
+                f"node(s) {missing} did not report their ranks' incidents within "
+                f"{self.REPORTS_WITHIN_S:g} s: the ladder goes on with the others'"
+            )
+        every = [*requests, *(r for k in sorted(reports) for r in reports[k])]
+        return sorted(every, key=lambda r: int(r.get("step", 0)))
+
+    def _follow(self, requests: list[dict[str, Any]]) -> Rung | None:
+        """Another node: report this node's requests, take node 0's rung."""
+        launch = self._launch()
+        self.nodes.report_incident(launch, requests)
+        came, rung = self.nodes.rung(launch, self.RUNG_WITHIN_S)
+        if not came:
+            self.say(
+                f"node 0 took no rung for launch {launch}'s incident within "
+                f"{self.RUNG_WITHIN_S:g} s: restarting as after a failure"
+            )
+            return None
+        if rung is None:
+            return None
+        self.incident, self._ranks = dict(rung.get("incident") or {}), list(rung.get("ranks") or [])
+        taken = Rung(str(rung["name"]), int(rung["before_step"]), f"node 0: {rung['why']}")
+        return self._took(taken)
 
     def checked(self, outcome: Any) -> Rung:
         """Log what the stop-time checks found (:class:`failslow.node.stop_checks.CheckOutcome`;

@@ -418,6 +418,8 @@ def run(options: RunOptions) -> int:
         store=control.store if control is not None and options.controller_world_size else None,
         say=say,
     )
+    if nodes is not None and ranks is not None:  # one stop-time ladder: node 0's
+        agent.ladder.across(nodes, lambda: ranks.launches - 1)
     if ranks is not None:
         ranks.listeners.append(lambda _: agent.incidents.update(["failstop"]))
         if control is not None and control.plane is not None:
@@ -551,9 +553,9 @@ def _node_group(options: RunOptions, url: str) -> Any:
     _stderr_line(
         f"node {options.node_rank} of {options.nnodes} (run {run}): ranks "
         f"{options.node_rank * n}-{options.node_rank * n + n - 1} of {options.nnodes * n}; "
-        "every launch starts together with the other nodes', and node 0 looks at a hang or "
-        "an unexplained slowdown across them (the stop-time checks and replay work on one "
-        "node only: off)"
+        "every launch starts together with the other nodes', node 0 looks at a hang or an "
+        "unexplained slowdown across them, and node 0's stop-time ladder decides every "
+        "node's rung after an incident (its checks and replay work on one node only: off)"
     )
     return group
 
@@ -562,7 +564,8 @@ def _node_version(
     nodes: Any, launch: int, version: Version, env: dict[str, str], base: dict[str, str]
 ) -> tuple[Version, dict[str, str]]:
     """Launch ``launch``'s version on this node: node 0's (:meth:`NodeGroup.version`), with
-    its environment (``base``: the launcher's) - node 0 publishes its own."""
+    its environment (``base``: the launcher's) and the launch's count and rollback step (the
+    ladder's ``$FAILSLOW_ROLLBACK_BEFORE``: node 0's rung) - node 0 publishes its own."""
     from failslow.node.hot_update.version import Version
 
     published = Version.from_dict(nodes.version(launch, version.to_dict()))
@@ -575,7 +578,9 @@ def _node_version(
             "directory at the same path on every node)"
         )
     _stderr_line(f"node {nodes.node_rank}: launch {launch} runs at node 0's version")
-    return published, published.environment(base)
+    # this node's own update id would name an update of its own history: none
+    this_launch = {k: env[k] for k in (envvars.RESTART, envvars.ROLLBACK_BEFORE) if k in env}
+    return published, {**published.environment(base), **this_launch}
 
 
 def _local_ranks(options: RunOptions, state_dir: Path, nodes: Any = None) -> Any:

@@ -50,6 +50,14 @@ launchers must agree on goes through the store the job already has (``--store``)
   nodes holding the named ranks evict them and claim the launch's stop; the others' ranks are
   released by that claim, as after any fail-stop.
 
+- **the stop-time ladder** (``{NODES}/run{r}/launch{g}/incident/node{k}``, ``.../rung``,
+  :mod:`failslow.node.incidents`): a rank whose metrics went bad exits with a rollback request,
+  and its node claims the launch's stop for it (cause ``incident``), so the other nodes'
+  ranks are released as consequences, not fail-stops. After the launch every node reports its
+  ranks' requests (maybe none) and node 0 takes the rung for the whole job - reattempt, roll
+  back node 0's latest code update, a person - which every node carries out: one ladder, so
+  the nodes restart from the same step at the same version, or stop together.
+
 A launcher gives up with one line naming the node when a rendezvous does not come in time (a
 node that is gone: membership changes are not handled yet - the job needs a person).
 """
@@ -222,7 +230,11 @@ class NodeGroup:
 
     def look_answers(self, launch: int, look: int, timeout_s: float) -> dict[int, dict[str, Any]]:
         """The other nodes' answers to ``look`` that came within ``timeout_s``, by node."""
-        names = {k: self._key(launch, f"look{look}/node{k}") for k in range(1, self.options.nnodes)}
+        return self._answers(launch, f"look{look}", timeout_s)
+
+    def _answers(self, launch: int, what: str, timeout_s: float) -> dict[int, dict[str, Any]]:
+        """What the other nodes wrote at ``what/node<k>`` within ``timeout_s``, by node."""
+        names = {k: self._key(launch, f"{what}/node{k}") for k in range(1, self.options.nnodes)}
         self.store.wait(list(names.values()), timeout_s)
         got = {k: self.store.get_json(key) for k, key in names.items()}
         return {k: a for k, a in got.items() if isinstance(a, dict)}
@@ -233,3 +245,29 @@ class NodeGroup:
     def look_verdict(self, launch: int, look: int) -> dict[str, Any] | None:
         got = self.store.get_json(self._key(launch, f"look{look}/verdict"))
         return got if isinstance(got, dict) else None
+
+    # -- the stop-time ladder across the nodes (node 0 decides each rung, :mod:`.incidents`) --
+    def report_incident(self, launch: int, requests: list[dict[str, Any]]) -> None:
+        """This node's ranks' rollback requests of launch ``launch`` (maybe none), for node 0."""
+        self.store.set_json(self._key(launch, f"incident/node{self.node_rank}"),
+                            {"requests": requests})  # fmt: skip
+
+    def incident_reports(self, launch: int, timeout_s: float) -> dict[int, list[dict[str, Any]]]:
+        """The other nodes' rollback requests of launch ``launch`` that came within
+        ``timeout_s``, by node (a node missing from it did not report)."""
+        got = self._answers(launch, "incident", timeout_s)
+        return {k: list(a.get("requests") or []) for k, a in got.items()}
+
+    def decide_rung(self, launch: int, rung: dict[str, Any] | None) -> None:
+        """Node 0: the rung every node takes after launch ``launch`` (None: no incident)."""
+        self.store.set_json(self._key(launch, "rung"), {"rung": rung})
+
+    def rung(self, launch: int, timeout_s: float) -> tuple[bool, dict[str, Any] | None]:
+        """The rung node 0 decided after launch ``launch``: ``(came within timeout_s, the
+        rung or None)``."""
+        key = self._key(launch, "rung")
+        if not self.store.wait([key], timeout_s):
+            return False, None
+        got = self.store.get_json(key)
+        rung = got.get("rung") if isinstance(got, dict) else None
+        return True, rung if isinstance(rung, dict) else None

@@ -28,6 +28,7 @@ from failslow.core.control.stop import (
     EXIT_FOR_UPDATE,
     EXIT_ROLLBACK,
     EXIT_UNRESTORABLE,
+    rollback_requested_at,
 )
 
 HUNG = 124
@@ -163,6 +164,7 @@ class RankGroup:
         self._recorded: set[int] = set()
         self._released_at: float | None = None
         self._killed = False
+        self._incident_claimed = False
         self.returncode: int | None = None
         self._fds: dict[int, int] = {}
         for rank, (_, process) in ranks.items():
@@ -185,6 +187,7 @@ class RankGroup:
         if set(statuses.values()) & set(ENDS_LAUNCH):
             # before any peer is judged: a peer that failed because this rank left (its gloo
             # connection reset) exited after it, so it is in ``statuses`` only if this rank is
+            self._claim_incident(statuses)
             self.release()
         failed: list[int] = []
         for rank, status in statuses.items():
@@ -229,6 +232,20 @@ class RankGroup:
             self.returncode = 0
         self._store = None
         return self.returncode
+
+    def _claim_incident(self, statuses: dict[int, int]) -> None:
+        """Several nodes: a rank here that reported an incident (:data:`EXIT_ROLLBACK`) claims
+        the launch's stop, once - the other nodes release their ranks, whose failures are then
+        consequences, and the nodes climb one ladder (:mod:`failslow.node.incidents`)."""
+        if self._nodes is None or self._incident_claimed or self.remote is not None:
+            return
+        reported = sorted(r for r, status in statuses.items() if status == EXIT_ROLLBACK)
+        if reported:
+            self._incident_claimed = True
+            at = time.time()
+            if self._state_dir is not None:
+                at = min(at, rollback_requested_at(self._state_dir, reported[0]) or at)
+            self._claim(reported[0], EXIT_ROLLBACK, at, "incident")
 
     def _check_peers(self, now: float) -> None:
         """Every ``check_every_s`` while running: did another node claim this launch's stop?

@@ -689,6 +689,13 @@ class LocalRanks:
     def _remote_failure(self, stop: dict[str, Any]) -> None:
         status = int(stop["status"])
         how = f"signal {status - 128}" if status > 128 else f"status {status}"
+        if stop.get("cause") == "incident":
+            self.say(
+                f"node {stop['node']}'s rank {stop['rank']} reported an incident (its metrics "
+                "went bad): this node's ranks stop, and node 0's stop-time ladder decides "
+                "for every node"
+            )
+            return
         what = {"hung": "hung (stack aggregation named it)",
                 "declined": "slows the job (stack aggregation flagged its group)"}.get(
             str(stop.get("cause")), f"failed ({how})"

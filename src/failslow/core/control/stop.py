@@ -88,6 +88,14 @@ def request_rollback(
     return put_json(path, {**incident, "rank": rank})
 
 
+def rollback_requested_at(state_dir: str | os.PathLike[str], rank: int) -> float | None:
+    """When ``rank`` left its rollback request (wall clock; None: it has none)."""
+    try:
+        return (Path(state_dir) / ROLLBACK_REQUESTS / f"rank{rank}.json").stat().st_mtime
+    except OSError:
+        return None
+
+
 def take_rollback_requests(state_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The ranks' rollback requests, earliest step first, removed as they are read (a request
     that cannot be read counts as one at step 0 - the launcher cannot trust any step)."""
@@ -107,9 +115,7 @@ STOP_CHECKS = "stop-checks"
 """The directory, in the job's state directory, of the machines' stop-time check results."""
 
 
-def rank_result_path(
-    state_dir: str | os.PathLike[str], box: str, name: str, rank: int
-) -> Path:
+def rank_result_path(state_dir: str | os.PathLike[str], box: str, name: str, rank: int) -> Path:
     """Where rank ``rank`` of world ``name`` leaves its result in drop box ``box``."""
     return Path(state_dir) / box / f"{name}-rank{rank}.json"
 

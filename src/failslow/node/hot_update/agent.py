@@ -76,7 +76,8 @@ class AgentOptions:
     """The job's token: ranks that hold one act only on plans that carry it."""
     follower: bool = False
     """Another node's agent decides the job's updates (``--node-rank`` > 0): ranks that
-    stopped for an update it asked for are relaunched, not counted as a failure."""
+    stopped for an update it asked for are relaunched, not counted as a failure, and a code
+    rollback of the ladder is its (this node relaunches at the version it publishes)."""
 
 
 Spawn = Callable[[Version, dict[str, str]], "subprocess.Popen[bytes]"]
@@ -176,7 +177,9 @@ class Agent:
                     )
                     return status
                 rung = self.ladder.after(
-                    replay=self.replay is not None, diagnose=self.check is not None
+                    replay=self.replay is not None,
+                    diagnose=self.check is not None,
+                    status=status,
                 )
                 if rung is not None:
                     self.incidents["metrics"] += 1
@@ -188,7 +191,7 @@ class Agent:
                     if rung.name == NEEDS_PERSON:
                         self._finish(batch, "applied")
                         return status
-                    if rung.name == ROLL_BACK_CODE:
+                    if rung.name == ROLL_BACK_CODE and not self.options.follower:
                         version, batch, fallback = self._roll_back_code(
                             version, batch, fallback, rung.why,
                             trigger="rollback: the stop-time ladder",
