@@ -455,42 +455,66 @@ def test_a_rank_lost_on_the_second_node_restarts_both_nodes_and_a_bad_update_is_
     _bitwise_like_a_run_without_the_fault(reference, out, _last_record(out))
 
 
-def test_a_rank_hung_on_the_second_node_is_named_across_the_nodes_and_its_machine_evicted(
+def test_a_hung_machine_and_a_faulty_one_on_the_second_node_are_named_across_the_nodes(
     tmp_path: Path, reference: Callable[[int], Any], unused_port: int
 ) -> None:
-    """byterobust 4.1 + 5.1 on two launchers (:func:`_two_launchers`, ``--hang-after 5``):
-    node 1's slot 1 hangs after step 8 (a plugin) - rank 3's training thread never reaches
-    its next collective, and every other rank waits in one. Neither node can tell alone (each
-    one's ranks wait alike). Node 0 sees its ranks quiet for 5 s and opens a look; node 1
-    answers with its ranks' stacks; the union with the job's topology names rank 3's stack
-    alone, and the group it shares with the fewest machines is node 1 itself. Node 1 evicts
-    both its ranks onto its two standbys and claims the stop, node 0 restarts its ranks as
-    consequences, and every rank resumes from memory. The model is bitwise the run's without
-    the hang."""
+    """byterobust 4.1-4.3 + 5.1 on two launchers (:func:`_two_launchers`, ``--hang-after 5``),
+    two faulty machines on node 1 (``$FAILSLOW_DEMO_FAULT``, a plugin, node 1's environment):
+
+    1. node 1's slot 1 hangs after step 8 - rank 3's training thread never reaches its next
+       collective, and every other rank waits in one. Neither node can tell alone (each one's
+       ranks wait alike). Node 0 sees its ranks quiet for 5 s and opens a look; node 1 answers
+       with its ranks' stacks; the union with the job's topology names rank 3's stack alone,
+       and the group it shares with the fewest machines is node 1 itself. Node 1 evicts both
+       its ranks onto two of its three standbys and claims the stop, node 0 restarts its ranks
+       as consequences, and every rank resumes from memory;
+    2. from step 20 on, every ``nn.Linear`` output of node 1's slot 2 (rank 2 now) is 8x too
+       large. A rank's metrics jump, its node claims the launch's stop for the incident (no
+       fail-stop anywhere), and node 0's ladder starts with the stop-time checks on all four
+       machines, in one world across the nodes: node 1's slot 2 computes the reference step
+       differently, node 0 judges every node's results, node 1 evicts rank 2 onto its last
+       standby, and every node restarts from memory before the bad step.
+
+    The model is bitwise the run's without the faults."""
     pytest.importorskip(
         "deepspeed", reason="needs the deepspeed extra: pip install failslow[deepspeed]"
     )
     pytest.importorskip("failslow.node.stacks").py_spy()  # a test dependency
-    fault = {"FAILSLOW_DEMO_FAULT": json.dumps({"kind": "hang", "slot": 1, "step": 8})}
+    faults = [{"kind": "hang", "slot": 1, "step": 8}, {"kind": "matmul", "slot": 2, "step": 20}]
+    fault = {"FAILSLOW_DEMO_FAULT": json.dumps(faults),
+             "FAILSLOW_PLUGINS": "failslow.demo.fault_plugin"}  # fmt: skip
     procs, logs, job, stop_file, out = _two_launchers(
-        tmp_path, unused_port, standbys=(1, 2), node_env={1: fault}, extra=("--hang-after", "5")
+        tmp_path, unused_port, standbys=(1, 3), node_env={1: fault}, extra=("--hang-after", "5")
     )  # fmt: skip
-    job.wait(lambda: len(_failstops(tmp_path, 1)) == 2, timeout=400)
-    _end_after_resume(procs, logs, job, stop_file)
+    job.wait(lambda: len(_failstops(tmp_path, 1)) == 3, timeout=500)
+    _end_after_resume(procs, logs, job, stop_file, lambda text: "evict:" in text and (
+        text.rfind("rank 0: resumed at step") > text.rfind("evict:")))  # fmt: skip
 
     stops = _failstops(tmp_path, 1)
     assert [(s["rank"], s["slot"], s["cause"], s["replaced_by"]) for s in stops] == [
-        (2, 0, "hung", 2), (3, 1, "hung", 3),
+        (2, 0, "hung", 2), (3, 1, "hung", 3), (2, 2, "checks", 4),
     ], stops  # fmt: skip
-    assert _failstops(tmp_path, 0) == [], "a consequence"
+    assert _failstops(tmp_path, 0) == [], "consequences"
     looks = [json.loads(x) for x in (tmp_path / "state0" / "hangs.jsonl").open()]
     [hang] = [look for look in looks if look["suspects"] is not None]
     assert hang["outliers"] == [3] and hang["missing"] == [] and hang["busy"] == [], hang
     assert hang["suspects"]["hosts"] == ["node1"] and hang["suspects"]["ranks"] == [2, 3], hang
     stuck = [g for g in hang["groups"] if g["kind"] == "rank" and g["healthy"] is False]
     assert stuck and "injected_hang" in stuck[0]["signature"], hang
+    # one ladder: node 0's rungs, taken by node 1 too; the checks judged over both nodes
+    rungs = [read_log(tmp_path / f"state{node}") for node in (0, 1)]
+    names = [[(r["rung"], r["before_step"]) for r in node] for node in rungs]
+    assert names[0] == names[1] and [n for n, _ in names[0]] == [
+        "diagnose", "checks result", "evict"
+    ], names  # fmt: skip
+    for node in rungs:
+        checks = node[1]["checks"]
+        assert checks["suspects"] == [2], checks
+        assert [row["verdict"] == "pass" for row in checks["table"]] == [True, True, False, True]
+        assert "computes the reference step differently" in checks["why"], checks
     text = logs[0].read_text()
     assert "on 2 of 2 nodes" in text and "node 1's rank 2 hung" in text, text[-4000:]
+    assert "stop-time checks on 4 machines" in text, text[-4000:]
     assert "rank 3: resumed at step" in logs[1].read_text(), logs[1].read_text()[-4000:]
     _bitwise_like_a_run_without_the_fault(reference, out, _last_record(out))
 

@@ -15,7 +15,8 @@ with the incident, the rung and why it was taken; the agent carries it out
 (:meth:`Incidents.across`): every node reports its ranks' requests through the job's store,
 node 0 takes the rung from all of them, and the other nodes take it from node 0 - so every
 node restarts from the same step, and a code rollback (node 0's history) or a stop for a
-person is the whole job's. The stop-time checks and the replay work on one node only.
+person is the whole job's. The stop-time checks test every node's machines in one world, judged
+by node 0 (:mod:`failslow.node.stop_checks`); the replay works on one node only.
 
 A rank that died of an uncaught exception left its record (:mod:`failslow.runtime.crash_record`);
 :meth:`Incidents.blame` finds the newest running code update one of its frames is in a file of
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from failslow.core.control.stop import EXIT_ROLLBACK, take_rollback_requests
-from failslow.core.planner.ladder import ROLL_BACK_CODE, Ladder, Rung
+from failslow.core.planner.ladder import NEEDS_PERSON, ROLL_BACK_CODE, Ladder, Rung
 from failslow.runtime import crash_record
 
 LOG = "incidents.jsonl"
@@ -110,10 +111,7 @@ class Incidents:
             first["step"], what, code_update=update, replay=replay, diagnose=diagnose
         )
         if self.nodes is not None:
-            self.nodes.decide_rung(self._launch(), {
-                "name": rung.name, "before_step": rung.before_step, "why": rung.why,
-                "incident": first, "ranks": self._ranks,
-            })  # fmt: skip
+            self.nodes.decide_rung(self._launch(), _rung_record(rung, first, self._ranks))
         return self._took(rung)
 
     def _gather(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -149,10 +147,24 @@ class Incidents:
     def checked(self, outcome: Any) -> Rung:
         """Log what the stop-time checks found (:class:`failslow.node.stop_checks.CheckOutcome`;
         its suspects already evicted) and take the rung after them."""
+        if self.nodes is not None and self.nodes.node_rank != 0:  # node 0 climbs on
+            came, rung = self.nodes.rung(self._launch(), self.RUNG_WITHIN_S, "checks")
+            if not came or rung is None:
+                why = f"node 0 took no rung after the checks within {self.RUNG_WITHIN_S:g} s"
+                rung = {"name": NEEDS_PERSON, "before_step": 0, "why": why}
+            self._log({"wall": time.time(), "incident": self.incident, "rung": "checks result",
+                       "before_step": rung["before_step"], "why": outcome.why,
+                       "checks": outcome.to_dict()})  # fmt: skip
+            return self._took(Rung(str(rung["name"]), int(rung["before_step"]),
+                                   f"node 0: {rung['why']}"))  # fmt: skip
         self._log({"wall": time.time(), "incident": self.incident, "rung": "checks result",
                    "before_step": self.ladder.taken[-1].before_step, "why": outcome.why,
                    "checks": outcome.to_dict()})  # fmt: skip
-        return self._took(self.ladder.diagnosed(outcome.suspects, outcome.why))
+        rung = self.ladder.diagnosed(outcome.suspects, outcome.why)
+        if self.nodes is not None:
+            self.nodes.decide_rung(self._launch(), _rung_record(rung, self.incident, self._ranks),
+                                   "checks")  # fmt: skip
+        return self._took(rung)
 
     def _took(self, rung: Rung) -> Rung:
         self._log({"wall": time.time(), "incident": self.incident, "ranks": self._ranks,
@@ -217,6 +229,12 @@ class Incidents:
             return None
         latest = max(live, key=lambda u: (u.applied_at or 0.0, u.id))
         return f"update #{latest.id}: {latest.describe()}"
+
+
+def _rung_record(rung: Rung, incident: dict[str, Any], ranks: list[Any]) -> dict[str, Any]:
+    """What node 0 publishes of a rung for the other nodes (:meth:`Incidents.across`)."""
+    return {"name": rung.name, "before_step": rung.before_step, "why": rung.why,
+            "incident": incident, "ranks": ranks}  # fmt: skip
 
 
 def read_log(state_dir: Path) -> list[dict[str, Any]]:

@@ -428,8 +428,8 @@ def run(options: RunOptions) -> int:
                 ranks.step_time = control.publisher.step_time
         if launch.snapshot_dir is not None and options.nnodes == 1:
             agent.replay = _replayer(ranks, state_dir, say)
-            if options.stop_checks:
-                agent.check = _checker(ranks, state_dir, say)
+        if launch.snapshot_dir is not None and options.stop_checks:
+            agent.check = _checker(ranks, state_dir, say, nodes)
     try:
         if metrics is not None:
             _node_metrics(metrics[0], control, launch, state_dir, agent)
@@ -500,14 +500,18 @@ def decline_trigger(ranks: Any) -> Callable[[dict[str, Any]], None]:
     return observe
 
 
-def _checker(ranks: Any, state_dir: Path, say: Any) -> Any:
-    """The agent's stop-time checks on this node's machines (:mod:`failslow.node.stop_checks`):
-    the machines they name are evicted (standby, ``--min-ranks`` drop, or in place)."""
+def _checker(ranks: Any, state_dir: Path, say: Any, nodes: Any = None) -> Any:
+    """The agent's stop-time checks on the job's machines (:mod:`failslow.node.stop_checks`;
+    with several nodes, every node's): the machines they name on this node are evicted
+    (standby, ``--min-ranks`` drop, or in place)."""
     from failslow.node import stop_checks
 
     def run(env: dict[str, str], incident: dict[str, Any]) -> Any:
-        outcome = stop_checks.run(ranks, env, incident=incident, state_dir=state_dir, say=say)
-        for rank in sorted(outcome.suspects):
+        outcome = stop_checks.run(
+            ranks, env, incident=incident, state_dir=state_dir, say=say, nodes=nodes
+        )
+        mine = range(ranks.first_rank, ranks.first_rank + len(ranks.slots))
+        for rank in sorted(r for r in outcome.suspects if r in mine):
             ranks.evict(rank, "checks")
         return outcome
 
@@ -555,7 +559,8 @@ def _node_group(options: RunOptions, url: str) -> Any:
         f"{options.node_rank * n}-{options.node_rank * n + n - 1} of {options.nnodes * n}; "
         "every launch starts together with the other nodes', node 0 looks at a hang or an "
         "unexplained slowdown across them, and node 0's stop-time ladder decides every "
-        "node's rung after an incident (its checks and replay work on one node only: off)"
+        "node's rung after an incident (its stop-time checks test every node's machines; "
+        "replay works on one node only: off)"
     )
     return group
 

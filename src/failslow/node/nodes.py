@@ -130,13 +130,16 @@ class NodeGroup:
             self.join()
         return f"{keys.NODES}/run{self.run}/launch{launch}/{what}"
 
-    def rendezvous(self, launch: int, host: Callable[[str], Any]) -> tuple[Any, str, int]:
-        """Launch ``launch``'s rendezvous store: node 0 hosts it (``host(addr)`` returns the
-        store) and publishes where; every other node waits for that. ``(store or None, address,
-        port)``."""
+    def rendezvous(
+        self, launch: int, host: Callable[[str], Any], what: str = ""
+    ) -> tuple[Any, str, int]:
+        """Launch ``launch``'s rendezvous store (``what``: of another world of every node's
+        slots after it, the stop-time checks' ``check/``): node 0 hosts it (``host(addr)``
+        returns the store) and publishes where; every other node waits for that. ``(store or
+        None, address, port)``."""
         from failslow.node.control import port_of
 
-        key, joined = self._key(launch, "master"), self._key(launch, "joined")
+        key, joined = self._key(launch, f"{what}master"), self._key(launch, f"{what}joined")
         timeout = self.options.rdzv_timeout_s
         if self.node_rank == 0:
             store = host(self.options.addr)
@@ -258,16 +261,40 @@ class NodeGroup:
         got = self._answers(launch, "incident", timeout_s)
         return {k: list(a.get("requests") or []) for k, a in got.items()}
 
-    def decide_rung(self, launch: int, rung: dict[str, Any] | None) -> None:
-        """Node 0: the rung every node takes after launch ``launch`` (None: no incident)."""
-        self.store.set_json(self._key(launch, "rung"), {"rung": rung})
+    def decide_rung(self, launch: int, rung: dict[str, Any] | None, after: str = "") -> None:
+        """Node 0: the rung every node takes after launch ``launch`` (None: no incident;
+        ``after``: ``checks``, the rung after the stop-time checks)."""
+        self.store.set_json(self._key(launch, f"rung{after}"), {"rung": rung})
 
-    def rung(self, launch: int, timeout_s: float) -> tuple[bool, dict[str, Any] | None]:
-        """The rung node 0 decided after launch ``launch``: ``(came within timeout_s, the
-        rung or None)``."""
-        key = self._key(launch, "rung")
+    def rung(
+        self, launch: int, timeout_s: float, after: str = ""
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """The rung node 0 decided after launch ``launch`` (``after``: see :meth:`decide_rung`):
+        ``(came within timeout_s, the rung or None)``."""
+        key = self._key(launch, f"rung{after}")
         if not self.store.wait([key], timeout_s):
             return False, None
         got = self.store.get_json(key)
         rung = got.get("rung") if isinstance(got, dict) else None
         return True, rung if isinstance(rung, dict) else None
+
+    def report_checks(self, launch: int, results: dict[int, Any]) -> None:
+        """This node's machines' stop-time check results after launch ``launch``, for node 0."""
+        self.store.set_json(self._key(launch, f"check/node{self.node_rank}"),
+                            {"results": {str(r): res for r, res in results.items()}})  # fmt: skip
+
+    def check_reports(self, launch: int, timeout_s: float) -> dict[int, dict[int, Any]]:
+        """The other nodes' check results (by node, then rank) that came within ``timeout_s``."""
+        got = self._answers(launch, "check", timeout_s)
+        return {k: {int(r): res for r, res in (a.get("results") or {}).items()}
+                for k, a in got.items()}  # fmt: skip
+
+    def decide_checks(self, launch: int, verdict: dict[str, Any]) -> None:
+        self.store.set_json(self._key(launch, "check/verdict"), verdict)
+
+    def checks_verdict(self, launch: int, timeout_s: float) -> dict[str, Any] | None:
+        key = self._key(launch, "check/verdict")
+        if not self.store.wait([key], timeout_s):
+            return None
+        got = self.store.get_json(key)
+        return got if isinstance(got, dict) else None

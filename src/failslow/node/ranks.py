@@ -326,13 +326,15 @@ class LocalRanks:
         :mod:`failslow.runtime.stop_check`): one process per slot of the current world, as a
         world of its own. They start cold with torch alone, so the warm spares stay for the
         relaunch (with ``check_spares``, from warm processes of their own, torch imported); no
-        rings, no control store, no snapshots."""
+        rings, no control store, no snapshots. With several nodes, the world is every node's
+        machines (node 0's rendezvous): the link test's ring crosses the nodes."""
         slots = list(self.worlds[-1].slots)
         check_env = _check_env(env)
         spec_env = {envvars.STOP_CHECK: json.dumps({**spec, "name": name})}
         store, started = self._start_ranks(
             self._key(check_env), ["-m", "failslow.runtime.stop_check"], check_env, None, slots,
-            [dict(spec_env) for _ in slots], take=self._take_check,
+            [dict(spec_env) for _ in slots], take=self._take_check, nodes=self.options.nodes,
+            what="check/",
         )  # fmt: skip
         if self.options.check_spares:
             self._check_refill = env  # after the job's own spares
@@ -380,10 +382,12 @@ class LocalRanks:
         self, key: str, command: list[str], env: dict[str, str], cwd: str | None,
         slots: list[int], memory: list[dict[str, str]],
         take: Callable[[str, dict[str, str]], _Warm] | None = None, nodes: Any = None,
+        what: str = "",
     ) -> tuple[Any, dict[int, tuple[int, subprocess.Popen[bytes]]]]:  # fmt: skip
         """One rank per slot, from warm processes (``take``; default: the pool's), with a
-        fresh rendezvous store (node 0's, with several nodes: ``nodes``, the job's launches
-        only). The ranks are keyed by their rank in the job."""
+        fresh rendezvous store (node 0's, with several nodes: ``nodes``, for the job's next
+        launch, or ``what`` after the last one - the stop-time checks). The ranks are keyed by
+        their rank in the job."""
         from failslow.node.control import host_store, port_of
 
         n = len(slots)
@@ -392,7 +396,8 @@ class LocalRanks:
             addr, port = "127.0.0.1", port_of(store)
             first, world, node, nnodes = 0, n, 0, 1
         else:
-            store, addr, port = nodes.rendezvous(self.launches, host_store)
+            launch = self.launches - 1 if what else self.launches
+            store, addr, port = nodes.rendezvous(launch, host_store, what)
             node, nnodes = nodes.node_rank, nodes.options.nnodes
             first, world = node * n, nnodes * n
         ranks: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}

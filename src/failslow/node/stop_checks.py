@@ -75,10 +75,14 @@ def run(
     state_dir: Path,
     timeout_s: float = 120.0,
     say: Callable[[str], None] = print,
+    nodes: Any = None,
 ) -> CheckOutcome:
-    """Run the stop-time checks on every machine of the current world (see the module)."""
+    """Run the stop-time checks on every machine of the current world (see the module). With
+    several nodes (``nodes``, :class:`failslow.node.nodes.NodeGroup`) the world is every
+    node's machines: each node reports its machines' results through the job's store, node 0
+    judges them all and publishes the verdict, which every node reads."""
     started = time.monotonic()
-    machines = len(ranks.worlds[-1].slots)
+    machines = len(ranks.worlds[-1].slots) * (1 if nodes is None else nodes.options.nnodes)
     name = f"check{next(_names)}"
     say(f"stop-time checks on {machines} machines: device, links, bitwise alignment")
     spec = {"incident": incident, "timeout_s": min(60.0, timeout_s / 2)}
@@ -89,7 +93,30 @@ def run(
         say(why)
         return CheckOutcome(CheckVerdict([], why), time.monotonic() - started, status=-1)
     status = _wait(group, name, Path(state_dir), started + timeout_s)
-    verdict = judge(take_rank_results(state_dir, STOP_CHECKS, name), machines)
+    results = take_rank_results(state_dir, STOP_CHECKS, name)
+    if nodes is None:
+        verdict = judge(results, machines)
+    else:
+        verdict = _across(nodes, ranks.launches - 1, results, machines, timeout_s)
     outcome = CheckOutcome(verdict, time.monotonic() - started, status)
     say(f"stop-time checks ({outcome.seconds:.1f} s): {verdict.why}")
     return outcome
+
+
+def _across(
+    nodes: Any, launch: int, results: dict[int, Any], machines: int, timeout_s: float
+) -> CheckVerdict:
+    """Several nodes' check results judged by node 0 (a node that did not report in time: its
+    machines reported nothing)."""
+    if nodes.node_rank != 0:
+        nodes.report_checks(launch, results)
+        got = nodes.checks_verdict(launch, timeout_s)
+        if got is None:
+            return CheckVerdict([], f"node 0 judged no stop-time checks within {timeout_s:g} s")
+        return CheckVerdict(list(got["suspects"]), str(got["why"]), list(got["table"]))
+    every = dict(results)
+    for reported in nodes.check_reports(launch, timeout_s).values():
+        every.update(reported)
+    verdict = judge(every, machines)
+    nodes.decide_checks(launch, verdict.to_dict())
+    return verdict
