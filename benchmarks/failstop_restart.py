@@ -81,7 +81,10 @@ downtime; ``lost`` is how many steps were done twice).
   links, a reference step compared bit for bit), which name machine 1, evicted onto the
   standby; the job restarts from memory before step 51. ``--ways nan-nochecks`` is the NaN
   loss under ``failslow run --no-stop-checks``: the reattempt without the checks, for their
-  cost.
+  cost. ``--ways nodes-nan,nodes-matmul``: the same faults on node 1 of two launchers (its
+  rank 3): node 0's ladder takes every node's rungs, and the checks run on all four machines in
+  one world across the nodes, node 0 judging every node's results (:mod:`failslow.node.
+  incidents`, :mod:`failslow.node.stop_checks`).
 
 - **an unexplained slowdown** (``--ways slow``, with ``--steps 120``; the same launcher with
   ``--decline-every 2 --threshold 2.0``): from step 50 on, rank 1's machine spends 0.6 s per
@@ -271,7 +274,8 @@ def _kill_and_measure(
         last = hang_at
         killed_at = seen[last]
     elif fault in ("nan", "sdc", "matmul"):  # rank 0 may have ended the bad step
-        rungs = [json.loads(line) for line in (state / "incidents.jsonl").read_text().splitlines()]
+        ladder = tmp / f"{name}-state" / "incidents.jsonl"  # node 0's: it takes the rungs
+        rungs = [json.loads(line) for line in ladder.read_text().splitlines()]
         # nan, matmul: the fault comes when step 50 ends; sdc: the corrupt step 50 starts
         # after step 49
         killed_at = seen[hang_at] if fault != "sdc" else seen[hang_at - 1]
@@ -337,6 +341,14 @@ def _kill_and_measure(
     if stops.exists() and not planned and fault not in ("nan", "sdc", "matmul"):
         result["detected_s"] = json.loads(stops.read_text().splitlines()[0])["wall"] - killed_at
     return result
+
+
+FAULTS = {
+    # a way that injects a fault: the fault plugin's kind
+    "hang": "hang", "nodes-hang": "hang", "nan": "nan", "nan-nochecks": "nan", "nodes-nan": "nan",
+    "sdc": "sdc", "matmul": "matmul", "nodes-matmul": "matmul", "slow": "slow",
+    "nodes-slow": "slow",
+}  # fmt: skip
 
 
 def _free_port() -> int:
@@ -417,6 +429,14 @@ def main() -> None:
             "--spare-delay", "2", "--decline-every", "2", "--threshold", "2.0",
             "--", "-m", "failslow.demo.ds_worker",
         ], {"FAILSLOW__VALIDATION__GEMM_SERIAL": "true"}),
+        "nodes-nan": ("2 nodes x 2 ranks: node 1's NaN loss, one ladder across the nodes", [
+            "--nproc-per-node", "2", "--standbys", "1", "--preload", "deepspeed",
+            "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
+        ]),
+        "nodes-matmul": ("2 nodes x 2 ranks: node 1's faulty matmul, checks across the nodes", [
+            "--nproc-per-node", "2", "--standbys", "1", "--preload", "deepspeed",
+            "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
+        ]),
         "nan": ("a NaN loss: every rank rolled back (memory)", [
             "--nproc-per-node", "4", "--standbys", "1", "--preload", "deepspeed",
             "--slots-as-hosts", "--spare-delay", "2", "--", "-m", "failslow.demo.ds_worker",
@@ -460,10 +480,8 @@ def main() -> None:
                     Path(t), "job", args.width, launcher, args.steps, planned=key == "s4",
                     fault_at=args.fault_at, nodes=2 if key.startswith("nodes") else 1,
                     job_env=job_env[0] if job_env else None,
-                    fault={"nan-nochecks": "nan", "nodes-hang": "hang",
-                           "nodes-slow": "slow"}.get(key, key)
-                    if key in ("hang", "nodes-hang", "nan", "nan-nochecks", "sdc", "matmul",
-                               "slow", "nodes-slow") else None,
+                    fault=FAULTS.get(key, key) if key in FAULTS or key in FAULTS.values()
+                    else None,
                 )  # fmt: skip
         if not args.no_fresh:
             with tempfile.TemporaryDirectory(prefix="failslow-fsbench-", dir="/tmp") as t:
