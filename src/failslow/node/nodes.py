@@ -54,9 +54,13 @@ launchers must agree on goes through the store the job already has (``--store``)
   :mod:`failslow.node.incidents`): a rank whose metrics went bad exits with a rollback request,
   and its node claims the launch's stop for it (cause ``incident``), so the other nodes'
   ranks are released as consequences, not fail-stops. After the launch every node reports its
-  ranks' requests (maybe none) and node 0 takes the rung for the whole job - reattempt, roll
-  back node 0's latest code update, a person - which every node carries out: one ladder, so
-  the nodes restart from the same step at the same version, or stop together.
+  ranks' requests (maybe none) and node 0 takes the rung for the whole job - the stop-time
+  checks, reattempt, roll back node 0's latest code update, a person - which every node carries
+  out: one ladder, so the nodes restart from the same step at the same version, or stop
+  together. The checks are one world of every node's machines (its rendezvous at
+  ``.../check/master``); each node reports its machines' results (``.../check/node{k}``), node
+  0 publishes the verdict (``.../check/verdict``) and then the rung after it
+  (``.../rungchecks``).
 
 A launcher gives up with one line naming the node when a rendezvous does not come in time (a
 node that is gone: membership changes are not handled yet - the job needs a person).
