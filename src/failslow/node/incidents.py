@@ -37,6 +37,9 @@ from failslow.core.planner.ladder import NEEDS_PERSON, ROLL_BACK_CODE, Ladder, R
 from failslow.runtime import crash_record
 
 LOG = "incidents.jsonl"
+INCIDENT, RUNG, RUNG_AFTER_CHECKS = "incident", "rung", "rungchecks"
+"""Where, under a launch's keys of the job's store, the nodes report their ranks' requests and
+node 0 publishes the rung (:meth:`Incidents.across`), and the rung after the checks."""
 
 
 class Incidents:
@@ -100,7 +103,7 @@ class Incidents:
             requests = self._gather(requests)
         if not requests:
             if self.nodes is not None:
-                self.nodes.decide_rung(self._launch(), None)
+                self.nodes.decide(self._launch(), RUNG, None)
             return None
         first = self.incident = requests[0]
         self._ranks = [r.get("rank") for r in requests]
@@ -111,13 +114,14 @@ class Incidents:
             first["step"], what, code_update=update, replay=replay, diagnose=diagnose
         )
         if self.nodes is not None:
-            self.nodes.decide_rung(self._launch(), _rung_record(rung, first, self._ranks))
+            self.nodes.decide(self._launch(), RUNG, _rung_record(rung, first, self._ranks))
         return self._took(rung)
 
     def _gather(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Node 0: its own requests and every other node's, earliest step first."""
         launch = self._launch()
-        reports = self.nodes.incident_reports(launch, self.REPORTS_WITHIN_S)
+        got = self.nodes.reports(launch, INCIDENT, self.REPORTS_WITHIN_S)
+        reports = {k: list(r.get("requests") or []) for k, r in got.items()}
         missing = [k for k in range(1, self.nodes.options.nnodes) if k not in reports]
         if missing:
             self.say(
@@ -130,8 +134,8 @@ class Incidents:
     def _follow(self, requests: list[dict[str, Any]]) -> Rung | None:
         """Another node: report this node's requests, take node 0's rung."""
         launch = self._launch()
-        self.nodes.report_incident(launch, requests)
-        came, rung = self.nodes.rung(launch, self.RUNG_WITHIN_S)
+        self.nodes.report(launch, INCIDENT, {"requests": requests})
+        came, rung = self.nodes.decision(launch, RUNG, self.RUNG_WITHIN_S)
         if not came:
             self.say(
                 f"node 0 took no rung for launch {launch}'s incident within "
@@ -141,29 +145,27 @@ class Incidents:
         if rung is None:
             return None
         self.incident, self._ranks = dict(rung.get("incident") or {}), list(rung.get("ranks") or [])
-        taken = Rung(str(rung["name"]), int(rung["before_step"]), f"node 0: {rung['why']}")
-        return self._took(taken)
+        return self._took(_followed(rung))
 
     def checked(self, outcome: Any) -> Rung:
         """Log what the stop-time checks found (:class:`failslow.node.stop_checks.CheckOutcome`;
         its suspects already evicted) and take the rung after them."""
         if self.nodes is not None and self.nodes.node_rank != 0:  # node 0 climbs on
-            came, rung = self.nodes.rung(self._launch(), self.RUNG_WITHIN_S, "checks")
+            came, rung = self.nodes.decision(self._launch(), RUNG_AFTER_CHECKS, self.RUNG_WITHIN_S)
             if not came or rung is None:
                 why = f"node 0 took no rung after the checks within {self.RUNG_WITHIN_S:g} s"
                 rung = {"name": NEEDS_PERSON, "before_step": 0, "why": why}
             self._log({"wall": time.time(), "incident": self.incident, "rung": "checks result",
                        "before_step": rung["before_step"], "why": outcome.why,
                        "checks": outcome.to_dict()})  # fmt: skip
-            return self._took(Rung(str(rung["name"]), int(rung["before_step"]),
-                                   f"node 0: {rung['why']}"))  # fmt: skip
+            return self._took(_followed(rung))
         self._log({"wall": time.time(), "incident": self.incident, "rung": "checks result",
                    "before_step": self.ladder.taken[-1].before_step, "why": outcome.why,
                    "checks": outcome.to_dict()})  # fmt: skip
         rung = self.ladder.diagnosed(outcome.suspects, outcome.why)
         if self.nodes is not None:
-            self.nodes.decide_rung(self._launch(), _rung_record(rung, self.incident, self._ranks),
-                                   "checks")  # fmt: skip
+            record = _rung_record(rung, self.incident, self._ranks)
+            self.nodes.decide(self._launch(), RUNG_AFTER_CHECKS, record)
         return self._took(rung)
 
     def _took(self, rung: Rung) -> Rung:
@@ -235,6 +237,11 @@ def _rung_record(rung: Rung, incident: dict[str, Any], ranks: list[Any]) -> dict
     """What node 0 publishes of a rung for the other nodes (:meth:`Incidents.across`)."""
     return {"name": rung.name, "before_step": rung.before_step, "why": rung.why,
             "incident": incident, "ranks": ranks}  # fmt: skip
+
+
+def _followed(record: dict[str, Any]) -> Rung:
+    """The rung another node takes from node 0's record (:func:`_rung_record`)."""
+    return Rung(str(record["name"]), int(record["before_step"]), f"node 0: {record['why']}")
 
 
 def read_log(state_dir: Path) -> list[dict[str, Any]]:

@@ -419,7 +419,7 @@ def run(options: RunOptions) -> int:
         say=say,
     )
     if nodes is not None and ranks is not None:  # one stop-time ladder: node 0's
-        agent.ladder.across(nodes, lambda: ranks.launches - 1)
+        agent.ladder.across(nodes, lambda: ranks.last_launch)
     if ranks is not None:
         ranks.listeners.append(lambda _: agent.incidents.update(["failstop"]))
         if control is not None and control.plane is not None:
@@ -583,8 +583,10 @@ def _node_version(
             "directory at the same path on every node)"
         )
     _stderr_line(f"node {nodes.node_rank}: launch {launch} runs at node 0's version")
+    from failslow.node.ranks import PER_LAUNCH
+
     # this node's own update id would name an update of its own history: none
-    this_launch = {k: env[k] for k in (envvars.RESTART, envvars.ROLLBACK_BEFORE) if k in env}
+    this_launch = {k: env[k] for k in PER_LAUNCH - {envvars.UPDATE_ID} if k in env}
     return published, {**published.environment(base), **this_launch}
 
 

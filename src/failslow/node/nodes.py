@@ -253,52 +253,30 @@ class NodeGroup:
         got = self.store.get_json(self._key(launch, f"look{look}/verdict"))
         return got if isinstance(got, dict) else None
 
-    # -- the stop-time ladder across the nodes (node 0 decides each rung, :mod:`.incidents`) --
-    def report_incident(self, launch: int, requests: list[dict[str, Any]]) -> None:
-        """This node's ranks' rollback requests of launch ``launch`` (maybe none), for node 0."""
-        self.store.set_json(self._key(launch, f"incident/node{self.node_rank}"),
-                            {"requests": requests})  # fmt: skip
+    # -- the stop-time ladder across the nodes (node 0 decides: .incidents, .stop_checks) -------
+    def report(self, launch: int, what: str, record: dict[str, Any]) -> None:
+        """This node's ``record`` of ``what`` after launch ``launch`` (its ranks' rollback
+        requests, its machines' check results), for node 0 (:meth:`reports`)."""
+        self.store.set_json(self._key(launch, f"{what}/node{self.node_rank}"), record)
 
-    def incident_reports(self, launch: int, timeout_s: float) -> dict[int, list[dict[str, Any]]]:
-        """The other nodes' rollback requests of launch ``launch`` that came within
-        ``timeout_s``, by node (a node missing from it did not report)."""
-        got = self._answers(launch, "incident", timeout_s)
-        return {k: list(a.get("requests") or []) for k, a in got.items()}
+    def reports(self, launch: int, what: str, timeout_s: float) -> dict[int, dict[str, Any]]:
+        """Node 0: the other nodes' records of ``what`` that came within ``timeout_s``, by node
+        (a node missing from it did not report)."""
+        return self._answers(launch, what, timeout_s)
 
-    def decide_rung(self, launch: int, rung: dict[str, Any] | None, after: str = "") -> None:
-        """Node 0: the rung every node takes after launch ``launch`` (None: no incident;
-        ``after``: ``checks``, the rung after the stop-time checks)."""
-        self.store.set_json(self._key(launch, f"rung{after}"), {"rung": rung})
+    def decide(self, launch: int, what: str, decision: dict[str, Any] | None) -> None:
+        """Node 0: what every node takes for ``what`` after launch ``launch`` (a rung, None:
+        none; the checks' verdict)."""
+        self.store.set_json(self._key(launch, what), {"decision": decision})
 
-    def rung(
-        self, launch: int, timeout_s: float, after: str = ""
+    def decision(
+        self, launch: int, what: str, timeout_s: float
     ) -> tuple[bool, dict[str, Any] | None]:
-        """The rung node 0 decided after launch ``launch`` (``after``: see :meth:`decide_rung`):
-        ``(came within timeout_s, the rung or None)``."""
-        key = self._key(launch, f"rung{after}")
+        """Node 0's decision of ``what`` after launch ``launch``: ``(came within timeout_s, the
+        decision or None)``."""
+        key = self._key(launch, what)
         if not self.store.wait([key], timeout_s):
             return False, None
         got = self.store.get_json(key)
-        rung = got.get("rung") if isinstance(got, dict) else None
-        return True, rung if isinstance(rung, dict) else None
-
-    def report_checks(self, launch: int, results: dict[int, Any]) -> None:
-        """This node's machines' stop-time check results after launch ``launch``, for node 0."""
-        self.store.set_json(self._key(launch, f"check/node{self.node_rank}"),
-                            {"results": {str(r): res for r, res in results.items()}})  # fmt: skip
-
-    def check_reports(self, launch: int, timeout_s: float) -> dict[int, dict[int, Any]]:
-        """The other nodes' check results (by node, then rank) that came within ``timeout_s``."""
-        got = self._answers(launch, "check", timeout_s)
-        return {k: {int(r): res for r, res in (a.get("results") or {}).items()}
-                for k, a in got.items()}  # fmt: skip
-
-    def decide_checks(self, launch: int, verdict: dict[str, Any]) -> None:
-        self.store.set_json(self._key(launch, "check/verdict"), verdict)
-
-    def checks_verdict(self, launch: int, timeout_s: float) -> dict[str, Any] | None:
-        key = self._key(launch, "check/verdict")
-        if not self.store.wait([key], timeout_s):
-            return None
-        got = self.store.get_json(key)
-        return got if isinstance(got, dict) else None
+        decision = got.get("decision") if isinstance(got, dict) else None
+        return True, decision if isinstance(decision, dict) else None

@@ -374,7 +374,7 @@ class LocalRanks:
         did): onto a standby while one is left,
         dropped with ``--min-ranks``, else it restarts in place."""
         slot = self.slots[rank - self.first_rank]
-        record = FailStop(rank=rank, slot=slot, pid=0, status=0, launch=self.launches - 1,
+        record = FailStop(rank=rank, slot=slot, pid=0, status=0, launch=self.last_launch,
                           wall=time.time(), cause=cause)  # fmt: skip
         return self._failstop(record)
 
@@ -396,7 +396,7 @@ class LocalRanks:
             addr, port = "127.0.0.1", port_of(store)
             first, world, node, nnodes = 0, n, 0, 1
         else:
-            launch = self.launches - 1 if what else self.launches
+            launch = self.last_launch if what else self.launches
             store, addr, port = nodes.rendezvous(launch, host_store, what)
             node, nnodes = nodes.node_rank, nodes.options.nnodes
             first, world = node * n, nnodes * n
@@ -690,6 +690,11 @@ class LocalRanks:
         """The job's rank of this node's first slot (0 on one node)."""
         nodes = self.options.nodes
         return 0 if nodes is None else nodes.node_rank * self.options.nproc
+
+    @property
+    def last_launch(self) -> int:
+        """The index of the last launch started (``launches - 1``)."""
+        return self.launches - 1
 
     def _remote_failure(self, stop: dict[str, Any]) -> None:
         status = int(stop["status"])

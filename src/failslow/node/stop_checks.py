@@ -97,7 +97,7 @@ def run(
     if nodes is None:
         verdict = judge(results, machines)
     else:
-        verdict = _across(nodes, ranks.launches - 1, results, machines, timeout_s)
+        verdict = _across(nodes, ranks.last_launch, results, machines, timeout_s)
     outcome = CheckOutcome(verdict, time.monotonic() - started, status)
     say(f"stop-time checks ({outcome.seconds:.1f} s): {verdict.why}")
     return outcome
@@ -109,14 +109,14 @@ def _across(
     """Several nodes' check results judged by node 0 (a node that did not report in time: its
     machines reported nothing)."""
     if nodes.node_rank != 0:
-        nodes.report_checks(launch, results)
-        got = nodes.checks_verdict(launch, timeout_s)
+        nodes.report(launch, "check", {"results": {str(r): res for r, res in results.items()}})
+        _, got = nodes.decision(launch, "check/verdict", timeout_s)
         if got is None:
             return CheckVerdict([], f"node 0 judged no stop-time checks within {timeout_s:g} s")
         return CheckVerdict(list(got["suspects"]), str(got["why"]), list(got["table"]))
     every = dict(results)
-    for reported in nodes.check_reports(launch, timeout_s).values():
-        every.update(reported)
+    for reported in nodes.reports(launch, "check", timeout_s).values():
+        every.update({int(r): res for r, res in (reported.get("results") or {}).items()})
     verdict = judge(every, machines)
-    nodes.decide_checks(launch, verdict.to_dict())
+    nodes.decide(launch, "check/verdict", verdict.to_dict())
     return verdict
