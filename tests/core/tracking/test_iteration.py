@@ -166,6 +166,28 @@ def test_markers_keep_measuring_across_a_topology_change_in_a_new_epoch() -> Non
     assert tracker.epoch == 1 and tracker.period_calls == len(CALLS)
 
 
+def test_between_markers_the_acf_is_fed_in_batches_and_sees_a_new_pattern_soon() -> None:
+    """Fed one step at a time (a poll per iteration), the calls reach the ACF every
+    ``ACF_EVERY`` markers: the times are the same, and the topology change starts the new
+    epoch at most ``ACF_EVERY`` iterations after a tracker fed at every marker sees it."""
+    rec, truth = make_records(1200, topology_change_at=600, markers=(77,))
+    ends = np.flatnonzero(rec["op"] == int(OpCode.STEP)) + 1
+    seen = {}
+    for every in (1, IterationTracker.ACF_EVERY):
+        tracker = IterationTracker(window=2048)
+        tracker.ACF_EVERY = every
+        times, epoch_at = [], None
+        for step, chunk in enumerate(np.split(rec, ends)):
+            times.append(tracker.feed(chunk))
+            if epoch_at is None and tracker.epoch:
+                epoch_at = step
+        np.testing.assert_allclose(np.concatenate(times), truth[1:], rtol=1e-6)
+        assert tracker.epoch == 1 and tracker.period_calls == len(CALLS)
+        seen[every] = epoch_at
+    later = seen[IterationTracker.ACF_EVERY]
+    assert seen[1] is not None and 600 < seen[1] <= later < seen[1] + IterationTracker.ACF_EVERY
+
+
 def test_markers_measure_a_step_without_a_once_per_step_call() -> None:
     """Identical layers and no light call: the ACF finds no anchor, the markers still give
     every iteration and the calls between them give the period."""

@@ -65,7 +65,8 @@ class RunLengthPosterior:
     def update(self, y: float, prior_mean: float | None = None) -> np.ndarray:
         """Absorb one observation; return P(run holds j obs), j = 0..max_run (j = r_t + 1).
 
-        The returned array is owned by the caller (a fresh array every call).
+        The returned array is a fresh one every call, read-only (the posterior itself: the
+        next update allocates anew, so no copy is needed).
         """
         if self.t < 0:
             self._mu[0] = y if prior_mean is None else prior_mean
@@ -104,7 +105,8 @@ class RunLengthPosterior:
         new_beta[0] = self._beta0
         self._mu, self._beta = new_mu, new_beta
         self.t += 1
-        return new.copy()
+        new.flags.writeable = False
+        return new
 
     @property
     def probabilities(self) -> np.ndarray:

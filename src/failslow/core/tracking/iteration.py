@@ -162,6 +162,9 @@ class IterationTracker:
         self._per_step: list[int] = []  # calls between the last few pairs of markers
         self._last_anchor_at = 0  # token index of the anchor at ``_last_anchor_t``
         self._step_calls: list[int] = []  # calls of each iteration the current feed completes
+        self._hold: np.ndarray | None = None  # calls not fed to the ACF yet (ACF_EVERY) ...
+        self._held_calls = 0  # ... in its first this many entries
+        self._deferred_marks = 0  # step markers since they were last fed
 
     @property
     def period_calls(self) -> int | None:
@@ -198,7 +201,7 @@ class IterationTracker:
     # -- internals ---------------------------------------------------------------------------
 
     def _flush(self) -> tuple[np.ndarray, np.ndarray]:
-        self._step_calls = []
+        self._feed_deferred()
         if self._pattern is not None or self._total - self._search_from < 4:
             return _none()
         found = self._attempt()
@@ -220,9 +223,36 @@ class IterationTracker:
             return self._feed_calls(recs)
         if self._marker_key is None:
             self._adopt(int(recs["group_key"][marks][0]))
-        self._feed_calls(recs[~marks])  # the period, and a new epoch on a new pattern
-        self._step_calls = []  # (its anchors' iterations are not the ones measured)
+        calls = recs[~marks]
+        if calls.size:  # copied into one buffer (concatenating record arrays costs more)
+            n = self._held_calls
+            hold = self._hold
+            if hold is None or n + calls.size > hold.size or hold.dtype != calls.dtype:
+                grown = np.empty(max(256, 2 * (n + calls.size)), dtype=calls.dtype)
+                if n and hold is not None:
+                    grown[:n] = hold[:n]
+                self._hold = hold = grown
+            hold[n : n + calls.size] = calls
+            self._held_calls = n + calls.size
+        self._deferred_marks += recs.size - calls.size
+        if self._deferred_marks >= self.ACF_EVERY:
+            self._feed_deferred()
         return self._feed_markers(recs, marks)
+
+    ACF_EVERY = 4
+    """Between step markers, the calls reach the ACF every this many markers, in one batch:
+    there they only keep the period and notice a new pattern (whose anchor is missed for
+    4 periods + 64 calls first anyway), and a feed's cost is mostly per feed, not per call.
+    The tracker's decisions happen at fixed token counts, so batching changes none of them,
+    only when they are seen."""
+
+    def _feed_deferred(self) -> None:
+        """The calls held back between step markers, to the ACF (the period; a new epoch on a
+        new pattern). Their anchors' iterations are not the ones measured: none is emitted."""
+        n, self._held_calls, self._deferred_marks = self._held_calls, 0, 0
+        if n and self._hold is not None:
+            self._feed_calls(self._hold[:n])  # (copied into the window by _append)
+        self._step_calls = []
 
     def _feed_markers(self, recs: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Iterations between consecutive markers of one key. The first key seen is measured;
