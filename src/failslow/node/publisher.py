@@ -83,8 +83,16 @@ class NodePublisher:
         the request counter (one store round trip, ~20 us idle and ~100 us under the ranks'
         load - a third of what the summaries it replaces cost)."""
         self._asked = threading.Event()
+        self.polls = 0
+        """Polls made so far (:meth:`run` counts them)."""
 
-    def run(self, stop: Callable[[], bool], poll_s: float = 0.05, idle_s: float = 0.2) -> None:
+    def run(
+        self,
+        stop: Callable[[], bool],
+        poll_s: float = 0.05,
+        idle_s: float = 0.2,
+        calm_s: float = 0.3,
+    ) -> None:
         """Poll until ``stop()``; a failing poll is logged, never raised (the publisher must
         not take its launcher down). After a poll that read records the next one comes about
         one iteration later (:meth:`next_wait`); while polls find no new record (a job between
@@ -93,11 +101,12 @@ class NodePublisher:
         while not stop():
             try:
                 self.poll()
+                self.polls += 1
                 idle = self.analyzer.records_seen == 0
             except Exception:
                 log.warning("failslow: node publisher poll failed", exc_info=True)
                 idle = False
-            wait = min(2 * wait, idle_s) if idle else self.next_wait(poll_s, idle_s)
+            wait = min(2 * wait, idle_s) if idle else self.next_wait(poll_s, idle_s, calm_s)
             if self.wake.wait(wait):
                 self.wake.clear()
 
@@ -106,7 +115,7 @@ class NodePublisher:
         (None before any is known)."""
         return self._iteration_s or None
 
-    def next_wait(self, poll_s: float, idle_s: float) -> float:
+    def next_wait(self, poll_s: float, idle_s: float, calm_s: float = 0.3) -> float:
         """The wait after a poll that read records: one of this node's iterations (the median
         of its ranks' recent ones), within ``[poll_s, idle_s]``, so that a poll reads about one
         iteration's records. Much of a poll's cost is per poll, not per record - a few array
@@ -114,12 +123,23 @@ class NodePublisher:
         ranks, waking a thread whose caches they emptied - so polling several times per
         iteration only multiplies the analyzer's CPU (the job of ``benchmarks/analyzer_cost.py``
         on an idle machine: 110 us per rank and step polled twice per step, 100 once, 70 every
-        two steps). Every two iterations would save more, but an onset then reaches the store
-        up to two iterations after the ranks wrote it: the controller e2e's onset -> diagnosis
-        went from a median of 8-10 iterations to 10-16 (``reaction_time.py``, 35 ms
-        iterations). Before any iteration time is known: ``poll_s``."""
+        two steps). Every two iterations always would save more, but an onset then reaches the
+        store up to two iterations after the ranks wrote it, and so does every answer of the
+        profiling that follows it: the controller e2e's onset -> diagnosis went from a median
+        of 8-10 iterations to 10-16 (``reaction_time.py``, 35 ms iterations). So the wait is
+        two iterations only while every local rank is calm (:attr:`LocalAnalyzer.quiet`: the
+        newest iteration within the threshold, nothing held, nothing slow): an onset's first
+        slow iteration is then read at most one more iteration late (less than one of its own
+        slow iterations), and from it on the polls come every iteration. A poll costs mostly
+        per wake-up, not per record: the thread wakes cold (on this machine, 0.39 ms of CPU
+        per 4-rank poll back to back, 1.1 ms after 0.1 s asleep, 1.3 ms for two iterations
+        after 0.1 s). The wait stays within ``[poll_s, idle_s]``, or ``[poll_s, calm_s]`` while
+        calm (``calm_s`` below 0.5 s: another node's controller waits for this node's summaries
+        at most that long). Before any iteration time is known: ``poll_s``."""
         if not self._iteration_s:
             return poll_s
+        if self.analyzer.quiet:
+            return min(max(2 * self._iteration_s, poll_s), max(calm_s, idle_s))
         return min(max(self._iteration_s, poll_s), idle_s)
 
     def poll(self) -> list[RankUpdate]:

@@ -91,6 +91,12 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
                 publisher.asked_here = True
                 ctl = threading.Thread(target=controller.run, args=(done.is_set,), daemon=True)
                 ctl.start()
+                # the straggler's iterations now, not as of the publisher's last poll (up to
+                # two iterations old while its ranks are calm): one poll more, then the fault
+                polls = publisher.polls
+                publisher.wake.set()
+                while publisher.polls == polls:
+                    time.sleep(0.001)
                 onset_iteration = publisher.iterations[SLOW]
                 throttle.start()
             time.sleep(0.02)

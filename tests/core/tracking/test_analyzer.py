@@ -156,8 +156,8 @@ def test_a_ring_created_in_the_same_timestamp_tick_is_found(tmp_path) -> None:
 def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) -> None:
     """Between steps or before the job starts, the node publisher's wait doubles up to
     ``idle_s``; records bring it back to ``poll_s`` while no iteration time is known, and to
-    one iteration (within ``poll_s`` .. ``idle_s``) once one is: a poll's cost is mostly per
-    poll, so a poll reads about one iteration's records."""
+    two iterations while every rank is calm, one as soon as the newest iteration is slow
+    (within ``poll_s`` .. ``idle_s``): a poll's cost is mostly per poll."""
     from failslow.core.control.store import open_store
     from failslow.node import publisher as publisher_module
 
@@ -173,9 +173,11 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
         waits.append(s)
         if len(waits) == 6:  # training resumes: too few calls for the period yet
             t = _write_steps(writer, np.full(5, 0.08))
-        if len(waits) == 9:  # enough calls: iterations of 0.08 s, then 0.5 s
+        if len(waits) == 9:  # enough calls: iterations of 0.08 s
             t = _write_steps(writer, np.full(60, 0.08), t)
-        if len(waits) == 12:
+        if len(waits) == 11:  # two slower steps: the newest iteration is 1.5x
+            t = _write_steps(writer, np.full(2, 0.12), t)
+        if len(waits) == 13:  # iterations of 0.5 s
             _write_steps(writer, np.full(20, 0.5), t)
 
     monkeypatch.setattr(pub.wake, "wait", sleep)  # the wait between polls
@@ -184,11 +186,18 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
     finally:
         store.close()
     assert waits[:9] == [0.1, 0.2, 0.2, 0.2, 0.2, 0.2, 0.05, 0.1, 0.2]
-    assert waits[9] == pytest.approx(0.08, rel=0.01)  # one iteration
-    assert waits[10:12] == [pytest.approx(0.16, rel=0.01), 0.2]
-    assert waits[12] == 0.2  # one iteration, at most idle_s
+    assert waits[9] == pytest.approx(0.16, rel=0.01)  # calm: two iterations
+    assert waits[10] == 0.2  # nothing new: doubled, at most idle_s
+    assert waits[11] == pytest.approx(0.08, rel=0.01)  # the newest is slow: one iteration
+    assert waits[12] == pytest.approx(0.16, rel=0.01)  # nothing new: doubled
+    assert waits[13] == 0.2  # one iteration, at most idle_s
     assert pub.iterations[0] > 60
     assert pub.step_time() == pytest.approx(0.5, rel=0.01)  # the node's step time now
+    # Calm with 0.5 s iterations: two of them, at most calm_s (another node's controller
+    # waits 0.5 s for the summaries), never less than the wait while not calm.
+    monkeypatch.setattr(LocalAnalyzer, "quiet", property(lambda self: True))
+    assert pub.next_wait(0.05, 0.2) == 0.3
+    assert pub.next_wait(0.05, 30.0) == pytest.approx(1.0, rel=0.01)
 
 
 def test_the_publisher_tells_its_process_when_it_wrote_an_event(tmp_path) -> None:

@@ -290,3 +290,27 @@ def test_a_level_that_creeps_past_the_line_is_not_an_onset() -> None:
     rng = np.random.default_rng([1, 1000 + CATEGORIES.index(category), 112])
     trace = life_trace(category, rng, positive=False)
     assert onsets(detect(trace.times)) == []
+
+
+def test_calm_until_an_iteration_is_slow_and_again_once_relieved() -> None:
+    """``calm`` (the node's publisher then polls every other iteration) holds while nothing
+    could become an event: it ends at the first slow iteration - before the onset is
+    reported - stays off while the fail-slow lasts, and comes back after the relief. The
+    baselines never claim it."""
+    x = noisy(400, seed=3)
+    x[200:300] *= 1.5
+    det = FailSlowDetector()
+    calm = []
+    types = {}
+    for i, v in enumerate(x):
+        for e in det.update(float(v)):
+            types[i] = e.type
+        calm.append(det.calm)
+    assert [types[i] for i in sorted(types)] == ["onset", "relief"]
+    onset, relief = sorted(types)
+    assert 200 <= onset <= 205 < 300 <= relief
+    assert all(calm[50:200])  # a clean 2% noise: calm throughout
+    assert not any(calm[200 : onset + 1])  # from the first slow iteration on, before the report
+    assert not any(calm[onset:relief])  # slow
+    assert all(calm[relief + 1 : relief + 50])
+    assert not BOCDDetector().calm and not SlidingWindowDetector().calm

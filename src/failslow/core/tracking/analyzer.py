@@ -199,6 +199,12 @@ class LocalAnalyzer:
                 updates.append(RankUpdate(rank, times, first, events, reported_at))
         return updates
 
+    @property
+    def quiet(self) -> bool:
+        """Every rank's detector is calm (:attr:`FailSlowDetector.calm`): no event is on its
+        way, so the next poll may come later."""
+        return bool(self.ranks) and all(s.detector.calm for s in self.ranks.values())
+
     def group_summaries(self, *, iterations: int = 5, seconds: float = 10.0) -> list[GroupSummary]:
         """Per-group summaries of every local rank over its last ``iterations`` iterations
         (the last ``seconds`` while its iterations are not known yet): what the node publishes

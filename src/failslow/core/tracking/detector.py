@@ -127,6 +127,12 @@ class Detector(abc.ABC):
         """True while a reported fail-slow has not been relieved."""
         return self._slow
 
+    @property
+    def calm(self) -> bool:
+        """Nothing is under way that the next iterations could turn into an event (a reader
+        may then look less often). Unless a detector knows better: never."""
+        return False
+
     def _observe(self, x_seconds: float) -> tuple[float, int]:
         """Validate and record one iteration time; returns (log time, its index)."""
         y = math.log(check_time(x_seconds))
@@ -226,6 +232,7 @@ class FailSlowDetector(Detector):
         self._held_step = 0  # duration of the rhythm whose slot holds them
         self.special = SpecialSteps() if special else None
         self._special_held: list[tuple[float, int]] = []  # iterations of another call count
+        self._newest = 0.0  # log time of the newest iteration (fed, held or left out)
 
     @property
     def baseline_s(self) -> float | None:
@@ -240,6 +247,7 @@ class FailSlowDetector(Detector):
         whose count is not the usual step's (an eval, checkpoint or logging step) is left out
         (:mod:`.special`). Events carry this iteration's index as ``detected_at``."""
         y = math.log(check_time(x_seconds))
+        self._newest = y
         it = self.iterations
         self.iterations += 1
         events: list[ChangeEvent] = []
@@ -268,6 +276,22 @@ class FailSlowDetector(Detector):
         return [
             e if e.detected_at == it else dataclasses.replace(e, detected_at=it) for e in events
         ]
+
+    @property
+    def calm(self) -> bool:
+        """No fail-slow reported and none begun, as far as the newest iteration shows: the
+        level is known, nothing is slow, no iteration is held (a rhythm's slot, a special
+        step) and the newest one is within the threshold of the level. An onset needs
+        ``min_post`` slow points after that, so the node's publisher may poll every other
+        iteration while every rank is calm (:meth:`failslow.node.publisher.NodePublisher.
+        next_wait`) and see the first slow one at most an iteration later."""
+        return not (
+            self._slow
+            or self._held
+            or self._special_held
+            or self._level is None
+            or self._high(self._newest)
+        )
 
     def _high(self, y: float) -> bool:
         """Is log time ``y`` above the current level by the threshold?"""
