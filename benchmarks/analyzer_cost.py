@@ -16,6 +16,13 @@ window of ``--window`` steps early in the run and again after ``--steps`` steps 
 the two must match, because a poll may cost O(new records), never O(history) (the summarizer
 keeps the newest 16,384 records and once copied all of them on every poll).
 
+A third figure is a poll's CPU after ``--sleep`` seconds asleep (the thread's CPU time,
+``time.thread_time_ns``), one poll per step, over ``--sleep-window`` steps, beside the same
+polls made back to back: the node's publisher sleeps between polls, and a thread that wakes
+after a while pays for it (on these machines 2-3x the back-to-back cost, even with the cores
+idle). That is why the publisher polls less often while its ranks are calm, rather than
+cutting the per-record work further.
+
 The last column is the analyzer's CPU per step as a share of the ranks' CPU per step
 (``--rank-cpu-ms``: 100 ms, the DDP job's measured rank CPU per step, times the ranks): the
 analyzer's part of the tracking overhead on a node whose cores are all busy with ranks.
@@ -108,6 +115,16 @@ def measure(args: argparse.Namespace, mode: str) -> dict[str, float]:
                     analyzer.poll()
                     cpu += time.process_time_ns() - c0
             out[name] = cpu / args.window / 2 / 1e3  # us per poll
+        for name, pause in (("hot", 0.0), ("woken", args.sleep)):
+            cpu = 0
+            for _ in range(args.sleep_window):
+                job.step()
+                if pause:
+                    time.sleep(pause)
+                c0 = time.thread_time_ns()
+                analyzer.poll()
+                cpu += time.thread_time_ns() - c0
+            out[name] = cpu / args.sleep_window / 1e3  # us per poll of one step's records
         out["iterations"] = min(s.iterations for s in analyzer.ranks.values())
         analyzer.close()
         for w in job.writers:
@@ -123,6 +140,8 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=200.0)
     p.add_argument("--rank-cpu-ms", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sleep", type=float, default=0.1, help="seconds asleep before a poll")
+    p.add_argument("--sleep-window", type=int, default=100, help="steps per sleep figure")
     args = p.parse_args()
     table = Table(title=f"LocalAnalyzer CPU, {args.ranks} ranks, 2 polls per step")
     for col in (
@@ -130,6 +149,8 @@ def main() -> None:
         "us / poll (early)",
         "us / poll (after history)",
         "late / early",
+        "us / poll, 1 step (back to back)",
+        f"us / poll, 1 step (after {args.sleep:g} s asleep)",
         "iterations",
         "share of rank CPU",
     ):
@@ -142,10 +163,12 @@ def main() -> None:
             f"{r['early']:.0f}",
             f"{r['late']:.0f}",
             f"{r['late'] / r['early']:.2f}",
+            f"{r['hot']:.0f}",
+            f"{r['woken']:.0f}",
             f"{r['iterations']:.0f}",
             f"{100 * share:.3f}%",
         )
-    Console(width=120).print(table)
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":
