@@ -177,3 +177,46 @@ def test_during_a_fail_slow_only_large_excursions_start_a_rhythm() -> None:
     assert learn(0.15, slow=False) == [(50, 1)]
     assert learn(0.15, slow=True) == []
     assert learn(0.6, slow=True) == [(50, 1)]
+
+
+def test_noise_as_dense_as_a_rhythm_is_not_one() -> None:
+    """Heavy noise: 15% of the iterations are one-point excursions of one size, at random.
+    Four aligned ones are then certain at some period; the rule asks for more the denser the
+    alike excursions are (none at all when one lies in every slot), so almost none is
+    explained away - before it, 754 of 3024 were."""
+    rng = np.random.default_rng(5)
+    high = rng.random(20_000) < 0.15
+    explained = feed(Rhythm(), high)
+    assert explained.sum() <= 0.01 * high.sum()
+
+
+def test_a_rhythm_among_dense_noise_is_learned_from_more_occurrences() -> None:
+    """A logging step every 10 iterations among 5% random spikes of the same size: the
+    chance that a slot holds a spike asks for more than four occurrences, not for none."""
+    rng = np.random.default_rng(6)
+    noise = rng.random(3000) < 0.05
+    high = steps(3000, 10, 3, 1) | noise
+    rhythm = Rhythm()
+    explained = feed(rhythm, high)
+    assert not explained[:50].any()  # four aligned occurrences are not enough here
+    logging = steps(3000, 10, 3, 1)
+    assert explained[1000:][logging[1000:]].mean() >= 0.95
+    assert 10 in [p.period for p in rhythm.periods]
+
+
+def test_a_harmonic_gives_way_to_its_base_rhythm() -> None:
+    """A logging step every 20 iterations hidden for a while (a fail-slow): every fifth
+    occurrence lines up with an eval step, so a rhythm of 100 is learned from the logging
+    steps that show. Once the 20 is learned, the 100 of the same one-point step is dropped
+    (the 20 predicts its every slot), and no multiple of 20 is learned beside it; the
+    eval step of 3 iterations at a period of 250 keeps its own place."""
+    log = steps(4000, 20, 5, 1)
+    hidden = log.copy()
+    hidden[:1000] &= np.arange(1000) % 100 == 5  # only every fifth logging step shows
+    high = hidden | steps(4000, 250, 60, 3)
+    rhythm = Rhythm()
+    feed(rhythm, high[:1000])
+    assert [p.period for p in rhythm.periods if p.duration == 1] == [100]
+    explained = [rhythm.observe(t, bool(high[t])) for t in range(1000, 4000)]
+    assert sorted((p.period, p.duration) for p in rhythm.periods) == [(20, 1), (250, 3)]
+    assert np.array_equal(np.array(explained[1000:]), high[2000:])

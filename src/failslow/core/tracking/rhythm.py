@@ -29,6 +29,18 @@ Four aligned occurrences are needed because isolated GC spikes (up to 1% of iter
 noise excursions line up by chance; with ``keep`` (128) remembered excursions - enough to span
 four eval periods of a noisy job - such chance rhythms still appear now and then, but die at
 their first two empty slots (in the tests, under 1% of random spikes are ever explained).
+In a noisy job (10-20% jitter, as on shared cores) every tenth iteration is an excursion, four
+aligned ones are certain at some period, and chance rhythms filled ``max_rhythms`` and
+explained a fifth of the iterations away (``benchmarks/noise_false_alarms.py``). So the
+occurrences asked for grow with the density of the excursions alike to the new one: with
+``n`` of them over the remembered span, a slot of ``2 * tolerance + 1`` iterations holds one
+by chance with probability ``q``, and a rhythm needs the least ``k >= repeats`` earlier
+occurrences with ``n * q**k <= CHANCE`` (none is learned when ``q >= 1`` or ``k >= n``). A
+logging step every 10 iterations among 5% spikes of its size is then learned from its 9th
+occurrence instead of its 4th. A rhythm whose every slot a shorter one predicts (a multiple
+of its period, in its phase, a step no longer: a *harmonic*) is learned while the base rhythm
+is unknown - forgotten while a fail-slow hid it - and is dropped when the base is learned
+again, so it does not take the place of a rarer rhythm (a checkpoint's) in ``max_rhythms``.
 Before a rhythm is known, the detector's own rules apply: a slowdown must outlast a burst, and
 one the size of a remembered multi-iteration excursion must outlast it (:meth:`Rhythm.outlast`,
 :mod:`.detector`). A run the detector reported as a change of level still counts for the
@@ -43,11 +55,13 @@ slow level is an excursion, and a 3000-iteration congested fail-slow otherwise f
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
 LARGE = 0.25  # log excess (1.28x): smaller excursions are the noise's, not slow steps
 ALIKE = 0.4  # log: one slow step's occurrences differ by up to +-15% plus the noise
+CHANCE = 0.01  # the accepted expected number of chance alignments behind a learned rhythm
 
 
 @dataclass(slots=True)
@@ -206,12 +220,15 @@ class Rhythm:
         self._remember(new)
         if new.periodic or (self._failslow and new.size < LARGE):
             return
+        need = self._needed(new)
+        if need is None:
+            return
         for prev in reversed(self._seen):
             period = s - prev.start
             if period < self.min_period or not _alike(prev, new):
                 continue
             aligned = [new]
-            for k in range(1, self.repeats + 1):
+            for k in range(1, need + 1):
                 at = s - k * period
                 near = [
                     self._starts[x]
@@ -228,6 +245,20 @@ class Rhythm:
                         e.periodic = True
                     self._learn(Period(period, s, duration, hits=self.repeats + 1))
                     return
+
+    def _needed(self, new: Excursion) -> int | None:
+        """Earlier aligned occurrences ``new`` needs to start a rhythm: ``repeats``, or more
+        when the excursions alike to it are dense enough to line up by chance (see the
+        module docstring); None when they are too dense to tell a rhythm at all."""
+        alike = sum(1 for e in self._seen if e is not new and _alike(e, new))
+        if alike <= self.repeats:
+            return self.repeats
+        span = new.start - self._seen[0].start + 1
+        q = (2 * self.tolerance + 1) * alike / span
+        if q >= 1.0:
+            return None
+        need = max(self.repeats, math.ceil(math.log(CHANCE / alike) / math.log(q)))
+        return need if need < alike else None
 
     def _remember(self, new: Excursion) -> None:
         if len(self._seen) == self._seen.maxlen:
@@ -246,6 +277,20 @@ class Rhythm:
                 p.phase, p.misses = new.phase, 0
                 p.duration = max(p.duration, new.duration)
                 return
+        self.periods = [p for p in self.periods if not self._harmonic(p, of=new)]
         self.periods.append(new)
         if len(self.periods) > self.max_rhythms:  # drop the least confirmed
             self.periods.remove(min(self.periods, key=lambda p: p.hits))
+
+    def _harmonic(self, p: Period, *, of: Period) -> bool:
+        """Does ``of`` predict every slot of ``p``: a period a multiple of its own (within
+        the tolerance), a phase in its slot, and a step no longer? Such a rhythm is learned
+        when the base one is not known (forgotten while a fail-slow hid it) and would only
+        take a place among ``max_rhythms``."""
+        m = round(p.period / of.period)
+        return (
+            m >= 2
+            and abs(p.period - m * of.period) <= self.tolerance
+            and of.slot(p.phase, self.tolerance)
+            and p.duration <= of.duration
+        )
