@@ -23,6 +23,9 @@ after a while pays for it (on these machines 2-3x the back-to-back cost, even wi
 idle). That is why the publisher polls less often while its ranks are calm, rather than
 cutting the per-record work further.
 
+Each writer mode runs twice: with the detectors' BOCD update in C (the package's native
+kernel, :mod:`failslow.core.tracking.native`) and in numpy (the fallback when it was not built).
+
 The last column is the analyzer's CPU per step as a share of the ranks' CPU per step
 (``--rank-cpu-ms``: 100 ms, the DDP job's measured rank CPU per step, times the ranks): the
 analyzer's part of the tracking overhead on a node whose cores are all busy with ranks.
@@ -31,6 +34,7 @@ analyzer's part of the tracking overhead on a node whose cores are all busy with
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import tempfile
 import time
@@ -41,6 +45,7 @@ from rich.table import Table
 
 from failslow.core.events import OpCode, group_key
 from failslow.core.ring import RingWriter, ring_path
+from failslow.core.tracking import bocd
 from failslow.core.tracking.analyzer import LocalAnalyzer
 
 BUCKETS = (4_000_000, 4_000_000, 2_000_000)
@@ -91,7 +96,17 @@ class Job:
         self.t += dt
 
 
-def measure(args: argparse.Namespace, mode: str) -> dict[str, float]:
+def measure(args: argparse.Namespace, mode: str, kernel: str) -> dict[str, float]:
+    native = bocd.bocd_update
+    if kernel == "numpy":  # as if the kernel had not been built
+        bocd.bocd_update = lambda: None  # type: ignore[assignment]
+    try:
+        return _measure(args, mode)
+    finally:
+        bocd.bocd_update = native
+
+
+def _measure(args: argparse.Namespace, mode: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         job = Job(d, args.ranks, args.step_ms, mode, args.seed)
         # The rings were made long ago (a job's steady state): a directory changed under a
@@ -146,6 +161,7 @@ def main() -> None:
     table = Table(title=f"LocalAnalyzer CPU, {args.ranks} ranks, 2 polls per step")
     for col in (
         "writer",
+        "BOCD update",
         "us / poll (early)",
         "us / poll (after history)",
         "late / early",
@@ -155,11 +171,14 @@ def main() -> None:
         "share of rank CPU",
     ):
         table.add_column(col, justify="right")
-    for mode in ("hook", "shim"):
-        r = measure(args, mode)
+    if bocd.bocd_update() is None:
+        raise SystemExit("analyzer_cost: the native BOCD kernel is not built (pip install -e .)")
+    for mode, kernel in itertools.product(("hook", "shim"), ("C", "numpy")):
+        r = measure(args, mode, kernel)
         share = 2 * r["late"] / 1e3 / (args.rank_cpu_ms * args.ranks)
         table.add_row(
             mode,
+            kernel,
             f"{r['early']:.0f}",
             f"{r['late']:.0f}",
             f"{r['late'] / r['early']:.2f}",

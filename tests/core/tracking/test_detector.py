@@ -314,3 +314,29 @@ def test_calm_until_an_iteration_is_slow_and_again_once_relieved() -> None:
     assert not any(calm[onset:relief])  # slow
     assert all(calm[relief + 1 : relief + 50])
     assert not BOCDDetector().calm and not SlidingWindowDetector().calm
+
+
+def test_the_native_bocd_update_is_the_numpy_one() -> None:
+    """The C kernel (built by the package's build) and the numpy update agree to a few ulps
+    on a long series with a step, spikes and a moving prior mean; so do the detectors that
+    use them, event for event."""
+    c, py = RunLengthPosterior(native=True), RunLengthPosterior(native=False)
+    assert c.native and not py.native
+    y = np.log(noisy(3000, seed=9))
+    y[1000:1400] += 0.4
+    y[::97] += 1.0
+    worst = 0.0
+    for t, v in enumerate(y):
+        prior = None if t % 8 else float(np.median(y[max(0, t - 64) : t + 1]))
+        a, b = c.update(float(v), prior), py.update(float(v), prior)
+        assert not a.flags.writeable
+        worst = max(worst, float(np.max(np.abs(a - b))))
+    assert worst <= 1e-12
+    x = np.exp(y)
+    native = FailSlowDetector()
+    plain = FailSlowDetector()
+    plain.bocd = RunLengthPosterior(max_run=plain.bocd.max_run, native=False)
+    assert native.bocd.native
+    assert [e for v in x for e in native.update(float(v))] == [
+        e for v in x for e in plain.update(float(v))
+    ]

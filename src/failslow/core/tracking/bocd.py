@@ -15,12 +15,18 @@ Two practical choices, both standard:
 
 Because a run's observation count is its run length, ``kappa`` and ``alpha`` depend only on the
 slot and are precomputed with the Student-t normalising constants; only ``mu`` and ``beta`` move.
+
+An update runs in C when the package's native kernel was built (:mod:`.native`: the same
+arithmetic in one pass per array, 3-5x faster than ~25 numpy operations on 257 slots, which
+made BOCD most of a node analyzer's poll); otherwise in numpy. The two agree to a few ulps.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from scipy.special import gammaln
+
+from failslow.core.tracking.native import bocd_update
 
 
 class RunLengthPosterior:
@@ -34,7 +40,10 @@ class RunLengthPosterior:
         prior_scale: float = 0.1,
         kappa0: float = 1.0,
         alpha0: float = 1.0,
+        native: bool | None = None,
     ) -> None:
+        """``native``: run updates in the C kernel (None: when it was built; True: it must
+        have been)."""
         if not 0.0 < hazard < 1.0:
             raise ValueError(f"hazard must be in (0, 1), got {hazard!r}")
         if max_run < 2:
@@ -61,17 +70,36 @@ class RunLengthPosterior:
         self._beta = np.full(max_run + 1, self._beta0)
         self._w = np.zeros(max_run + 1)  # P(run holds j observations | data), j = 0..max_run
         self.t = -1
+        kernel = bocd_update() if native is not False else None
+        if native and kernel is None:
+            raise RuntimeError("the native BOCD kernel is not built (FAILSLOW_SKIP_NATIVE?)")
+        self._kernel = kernel
+        if kernel is not None:  # buffers the kernel writes in place, and their addresses
+            self._out = np.zeros(max_run + 1)  # the posterior after, swapped with _w
+            scratch = np.empty(max_run + 1)
+            self._keep = (self._mu, self._beta, scratch)
+            consts = (self._log_c, self._half_nu1, self._inv_nu_sf, self._step, self._shrink)
+            self._args = [a.ctypes.data for a in (*consts, self._mu, self._beta)]
+            self._ptr_w, self._ptr_out = self._w.ctypes.data, self._out.ctypes.data
+            self._ptr_lik = scratch.ctypes.data
+
+    @property
+    def native(self) -> bool:
+        """Whether updates run in the C kernel."""
+        return self._kernel is not None
 
     def update(self, y: float, prior_mean: float | None = None) -> np.ndarray:
         """Absorb one observation; return P(run holds j obs), j = 0..max_run (j = r_t + 1).
 
-        The returned array is a fresh one every call, read-only (the posterior itself: the
-        next update allocates anew, so no copy is needed).
+        The returned array is the posterior itself, read-only and valid until the next update
+        (no copy is made: callers read it at once).
         """
         if self.t < 0:
             self._mu[0] = y if prior_mean is None else prior_mean
         elif prior_mean is not None:
             self._mu[0] = prior_mean
+        if self._kernel is not None:
+            return self._native_update(y)
         mu, beta = self._mu, self._beta
         dev = y - mu
         dev2 = dev * dev
@@ -107,6 +135,22 @@ class RunLengthPosterior:
         self.t += 1
         new.flags.writeable = False
         return new
+
+    def _native_update(self, y: float) -> np.ndarray:
+        # mu and beta are updated in place; the posterior goes from _w into _out, then the two
+        # buffers swap (the one returned is read-only to its callers, written only here)
+        n, kernel = self.max_run + 1, self._kernel
+        assert kernel is not None
+        kernel(
+            n, y, self.t < 0, self._hazard, self._beta0, *self._args,
+            self._ptr_w, self._ptr_out, self._ptr_lik,
+        )  # fmt: skip
+        self._w, self._out = self._out, self._w
+        self._ptr_w, self._ptr_out = self._ptr_out, self._ptr_w
+        self.t += 1
+        view = self._w.view()
+        view.flags.writeable = False
+        return view
 
     @property
     def probabilities(self) -> np.ndarray:
