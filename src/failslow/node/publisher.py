@@ -44,6 +44,10 @@ from failslow.core.tracking.analyzer import LocalAnalyzer, RankUpdate
 log = logging.getLogger(__name__)
 
 RECENT = 9
+CALM_ITERATIONS = 3
+"""Iterations between polls while every local rank is calm (:meth:`NodePublisher.next_wait`)."""
+CALM_S = 0.45
+"""The longest wait between polls while calm: under the controller's 0.75 s summary wait."""
 """Iteration times kept per local rank for its published median."""
 
 
@@ -91,7 +95,7 @@ class NodePublisher:
         stop: Callable[[], bool],
         poll_s: float = 0.05,
         idle_s: float = 0.2,
-        calm_s: float = 0.3,
+        calm_s: float = CALM_S,
     ) -> None:
         """Poll until ``stop()``; a failing poll is logged, never raised (the publisher must
         not take its launcher down). After a poll that read records the next one comes about
@@ -115,7 +119,7 @@ class NodePublisher:
         (None before any is known)."""
         return self._iteration_s or None
 
-    def next_wait(self, poll_s: float, idle_s: float, calm_s: float = 0.3) -> float:
+    def next_wait(self, poll_s: float, idle_s: float, calm_s: float = CALM_S) -> float:
         """The wait after a poll that read records: one of this node's iterations (the median
         of its ranks' recent ones), within ``[poll_s, idle_s]``, so that a poll reads about one
         iteration's records. Much of a poll's cost is per poll, not per record - a few array
@@ -123,24 +127,27 @@ class NodePublisher:
         ranks, waking a thread whose caches they emptied - so polling several times per
         iteration only multiplies the analyzer's CPU (the job of ``benchmarks/analyzer_cost.py``
         on an idle machine: 110 us per rank and step polled twice per step, 100 once, 70 every
-        two steps). Every two iterations always would save more, but an onset then reaches the
-        store up to two iterations after the ranks wrote it, and so does every answer of the
-        profiling that follows it: the controller e2e's onset -> diagnosis went from a median
-        of 8-10 iterations to 10-16 (``reaction_time.py``, 35 ms iterations). So the wait is
-        two iterations only while every local rank is calm (:attr:`LocalAnalyzer.quiet`: the
-        newest iteration within the threshold, nothing held, nothing slow): an onset's first
-        slow iteration is then read at most one more iteration late (less than one of its own
-        slow iterations), and from it on the polls come every iteration. A poll costs mostly
-        per wake-up, not per record: the thread wakes cold (on this machine, 0.39 ms of CPU
-        per 4-rank poll back to back, 1.1 ms after 0.1 s asleep, 1.3 ms for two iterations
-        after 0.1 s). The wait stays within ``[poll_s, idle_s]``; while calm, its cap is the
-        larger of ``calm_s`` and ``idle_s`` (``calm_s`` below 0.5 s: another node's controller
-        waits for this node's summaries at most that long). Before any iteration time is
-        known: ``poll_s``."""
+        two steps). Several iterations always would save more, but an onset then reaches the
+        store up to that many iterations after the ranks wrote it, and so does every answer of
+        the profiling that follows it: with two, the controller e2e's onset -> diagnosis went
+        from a median of 8-10 iterations to 10-16 (``reaction_time.py``, 35 ms iterations).
+        So the wait is :data:`CALM_ITERATIONS` (3) iterations only while every local rank is
+        calm (:attr:`LocalAnalyzer.quiet`: the newest iteration within the threshold, nothing
+        held, nothing slow): an onset's first slow iteration is then read at most two healthy
+        iterations late (less than one of its own slow iterations at 3x), and from it on the
+        polls come every iteration. A poll costs mostly per wake-up, not per record: the
+        thread wakes cold (on this machine, 0.32-0.39 ms of CPU per 4-rank poll back to back,
+        1.0-1.1 ms after 0.1 s asleep, 1.3 ms for two iterations after 0.1 s). The wait stays
+        within ``[poll_s, idle_s]``; while calm, its cap is the larger of ``calm_s`` (0.45 s)
+        and ``idle_s``: a calm node answers a remote controller's request for summaries at
+        its next poll, and that controller waits at most 0.75 s
+        (:attr:`~failslow.core.control.controller.Controller.summary_wait_s`). Before any
+        iteration time is known: ``poll_s``."""
         if not self._iteration_s:
             return poll_s
         if self.analyzer.quiet:
-            return min(max(2 * self._iteration_s, poll_s), max(calm_s, idle_s))
+            calm = CALM_ITERATIONS * self._iteration_s
+            return min(max(calm, poll_s), max(calm_s, idle_s))
         return min(max(self._iteration_s, poll_s), idle_s)
 
     def poll(self) -> list[RankUpdate]:

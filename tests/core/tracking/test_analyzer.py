@@ -156,7 +156,7 @@ def test_a_ring_created_in_the_same_timestamp_tick_is_found(tmp_path) -> None:
 def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) -> None:
     """Between steps or before the job starts, the node publisher's wait doubles up to
     ``idle_s``; records bring it back to ``poll_s`` while no iteration time is known, and to
-    two iterations while every rank is calm, one as soon as the newest iteration is slow
+    three iterations while every rank is calm, one as soon as the newest iteration is slow
     (within ``poll_s`` .. ``idle_s``): a poll's cost is mostly per poll."""
     from failslow.core.control.store import open_store
     from failslow.node import publisher as publisher_module
@@ -186,18 +186,20 @@ def test_the_publisher_backs_off_while_nothing_arrives(tmp_path, monkeypatch) ->
     finally:
         store.close()
     assert waits[:9] == [0.1, 0.2, 0.2, 0.2, 0.2, 0.2, 0.05, 0.1, 0.2]
-    assert waits[9] == pytest.approx(0.16, rel=0.01)  # calm: two iterations
+    assert waits[9] == pytest.approx(0.24, rel=0.01)  # calm: three iterations
     assert waits[10] == 0.2  # nothing new: doubled, at most idle_s
     assert waits[11] == pytest.approx(0.08, rel=0.01)  # the newest is slow: one iteration
     assert waits[12] == pytest.approx(0.16, rel=0.01)  # nothing new: doubled
     assert waits[13] == 0.2  # one iteration, at most idle_s
     assert pub.iterations[0] > 60
     assert pub.step_time() == pytest.approx(0.5, rel=0.01)  # the node's step time now
-    # Calm with 0.5 s iterations: two of them, at most calm_s (another node's controller
-    # waits 0.5 s for the summaries), never less than the wait while not calm.
+    # Calm with 0.5 s iterations: three of them, at most calm_s (another node's controller
+    # waits 0.75 s for the summaries), never less than the wait while not calm.
     monkeypatch.setattr(LocalAnalyzer, "quiet", property(lambda self: True))
-    assert pub.next_wait(0.05, 0.2) == 0.3
-    assert pub.next_wait(0.05, 30.0) == pytest.approx(1.0, rel=0.01)
+    assert pub.next_wait(0.05, 0.2) == 0.45
+    assert pub.next_wait(0.05, 30.0) == pytest.approx(1.5, rel=0.01)
+    pub._iteration_s = 0.1
+    assert pub.next_wait(0.05, 0.2) == pytest.approx(0.3, rel=0.01)
 
 
 def test_the_publisher_tells_its_process_when_it_wrote_an_event(tmp_path) -> None:

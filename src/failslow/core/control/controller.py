@@ -120,9 +120,10 @@ class Controller:
         self.wake_publisher: Callable[[], None] | None = None
         """A node publisher in the same process (``failslow run`` hosts both): asked directly
         when summaries are requested (:meth:`failslow.node.publisher.NodePublisher.ask`)."""
-        self.summary_wait_s = 0.5
+        self.summary_wait_s = 0.75
         """How long :meth:`request_summaries` waits for every rank's (a publisher polls at
-        least every 0.2 s)."""
+        least every 0.2 s, or 0.45 s while its ranks are calm:
+        :meth:`failslow.node.publisher.NodePublisher.next_wait`)."""
 
     def request_summaries(self) -> int:
         """Ask every node publisher for its ranks' group summaries of this moment (greyhound
