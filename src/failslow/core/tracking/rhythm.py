@@ -36,8 +36,8 @@ occurrences asked for grow with the density of the excursions alike to the new o
 ``n`` of them over the remembered span, a slot of ``2 * tolerance + 1`` iterations holds one
 by chance with probability ``q``, and a rhythm needs the least ``k >= repeats`` earlier
 occurrences with ``n * q**k <= CHANCE`` (none is learned when ``q >= 1`` or ``k >= n``). A
-logging step every 10 iterations among 5% spikes of its size is then learned from its 9th
-occurrence instead of its 4th. A rhythm whose every slot a shorter one predicts (a multiple
+logging step every 10 iterations among 5% spikes of its size is then explained from its 10th
+occurrence instead of its 5th. A rhythm whose every slot a shorter one predicts (a multiple
 of its period, in its phase, a step no longer: a *harmonic*) is learned while the base rhythm
 is unknown - forgotten while a fail-slow hid it - and is dropped when the base is learned
 again, so it does not take the place of a rarer rhythm (a checkpoint's) in ``max_rhythms``.
