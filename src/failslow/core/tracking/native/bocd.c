@@ -1,7 +1,7 @@
 /* One update of the truncated run-length posterior of failslow.core.tracking.bocd
- * (Adams & MacKay 2007, as greyhound 4.2 uses it): the same arithmetic as
- * RunLengthPosterior._update_numpy, in one pass per array instead of ~25 numpy operations
- * (each ~1 us of dispatch on 257 elements). Plain C, no Python.h: loaded with ctypes.
+ * (Adams & MacKay 2007, as greyhound 4.2 uses it): the arithmetic of the numpy path of
+ * RunLengthPosterior.update, in one pass per array instead of ~25 numpy operations (each
+ * ~1 us of dispatch on 257 elements). Plain C, no Python.h: loaded with ctypes.
  *
  * n slots j = 0..n-1 (a run holding j observations). mu and beta are updated in place; w is
  * the posterior before, out the posterior after (out[0] = 0); lik is scratch of n doubles.
