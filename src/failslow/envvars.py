@@ -27,7 +27,8 @@ NATIVE_HOOK = "FAILSLOW_NATIVE_HOOK"
 always the Python kernel; ``1``: the C++ kernel, built at install if needed
 (:mod:`failslow.nccl_hook.native_hook`)."""
 SKIP_NATIVE = "FAILSLOW_SKIP_NATIVE"
-"""``1`` at install time: do not build the C shim."""
+"""``1`` at install time: build neither the C shim nor the detectors' BOCD kernel (which then
+runs in numpy)."""
 
 # -- the rank runtime ----------------------------------------------------------------------------
 STORE = "FAILSLOW_STORE"
