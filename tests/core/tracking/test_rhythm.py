@@ -205,11 +205,11 @@ def test_a_rhythm_among_dense_noise_is_learned_from_more_occurrences() -> None:
 
 
 def test_a_harmonic_gives_way_to_its_base_rhythm() -> None:
-    """A logging step every 20 iterations hidden for a while (a fail-slow): every fifth
-    occurrence lines up with an eval step, so a rhythm of 100 is learned from the logging
-    steps that show. Once the 20 is learned, the 100 of the same one-point step is dropped
-    (the 20 predicts its every slot), and no multiple of 20 is learned beside it; the
-    eval step of 3 iterations at a period of 250 keeps its own place."""
+    """A logging step every 20 iterations, mostly hidden for a while (as by a fail-slow's
+    congestion): only every fifth occurrence shows, so a rhythm of 100 is learned from them.
+    Once the 20 is learned, the 100 of the same one-point step is dropped (the 20 predicts
+    its every slot) and no multiple of 20 is learned beside it; an eval step of 3 iterations
+    every 250 keeps its own place."""
     log = steps(4000, 20, 5, 1)
     hidden = log.copy()
     hidden[:1000] &= np.arange(1000) % 100 == 5  # only every fifth logging step shows
