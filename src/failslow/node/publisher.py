@@ -44,11 +44,11 @@ from failslow.core.tracking.analyzer import LocalAnalyzer, RankUpdate
 log = logging.getLogger(__name__)
 
 RECENT = 9
+"""Iteration times kept per local rank for its published median."""
 CALM_ITERATIONS = 3
 """Iterations between polls while every local rank is calm (:meth:`NodePublisher.next_wait`)."""
 CALM_S = 0.45
 """The longest wait between polls while calm: under the controller's 0.75 s summary wait."""
-"""Iteration times kept per local rank for its published median."""
 
 
 class NodePublisher:
