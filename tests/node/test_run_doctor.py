@@ -316,6 +316,9 @@ def test_doctor_on_a_cpu_machine_says_there_is_no_nccl() -> None:
     assert report["ok"] is True and report["torch"]["cuda"] is None
     assert report["torch"]["hook_ops_missing"] == []
     assert report["shm"]["present"] == Path("/dev/shm").is_dir()
+    # the analyzer's BOCD kernel is reported beside capture (this venv builds it)
+    (tracking,) = [f for f in report["findings"] if f["area"] == "tracking"]
+    assert tracking["level"] == "ok" and "runs in C" in tracking["message"], tracking
 
 
 STUB_C = """\

@@ -113,9 +113,12 @@ def _cmd_update_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from failslow.nccl_hook.doctor import main as doctor
+    from failslow.core.tracking import native
+    from failslow.nccl_hook import doctor
 
-    return doctor(as_json=args.json)
+    report = doctor.diagnose()  # capture; the analyzer's own kernel is not capture's to check
+    report.add("tracking", *native.status())
+    return doctor.main(as_json=args.json, report=report)
 
 
 def _cmd_build_hook(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ SHM_MIN_FREE = 256 << 20
 
 @dataclass(slots=True)
 class Finding:
-    area: str  # torch | python-hook | nccl | shim | symbols | shm
+    area: str  # torch | python-hook | nccl | shim | symbols | shm | tracking (the CLI's)
     level: str  # ok | info | warn | error
     message: str
 
@@ -515,8 +515,9 @@ def print_report(report: Report) -> None:
     console.print(f"failslow doctor: {verdict}", highlight=False)
 
 
-def main(*, as_json: bool = False) -> int:
-    report = diagnose()
+def main(*, as_json: bool = False, report: Report | None = None) -> int:
+    """Print ``report`` (by default :func:`diagnose`'s) as a table or JSON; 1 if it has an error."""
+    report = diagnose() if report is None else report
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
     else:

@@ -340,3 +340,29 @@ def test_the_native_bocd_update_is_the_numpy_one() -> None:
     assert [e for v in x for e in native.update(float(v))] == [
         e for v in x for e in plain.update(float(v))
     ]
+
+
+def test_a_native_library_that_does_not_load_leaves_the_numpy_update_and_says_so(
+    tmp_path, monkeypatch
+) -> None:
+    """A built file that is not a library (a broken install, another machine's build) must not
+    take the analyzer down: the numpy update runs and ``failslow doctor`` warns, naming it."""
+    from failslow.core.tracking import native
+
+    broken = tmp_path / native.LIBRARY_NAME
+    broken.write_bytes(b"not an ELF file")
+    monkeypatch.setattr(native, "library_path", lambda: broken)
+    native._load.cache_clear()
+    try:
+        level, message = native.status()
+        assert level == "warn" and str(broken) in message and "numpy" in message
+        assert native.bocd_update() is None and not RunLengthPosterior().native
+        with pytest.raises(RuntimeError, match="does not load"):
+            RunLengthPosterior(native=True)
+        monkeypatch.setattr(native, "library_path", lambda: tmp_path / "missing.so")
+        native._load.cache_clear()
+        assert native.status()[0] == "info" and "FAILSLOW_SKIP_NATIVE" in native.status()[1]
+    finally:
+        monkeypatch.undo()
+        native._load.cache_clear()
+    assert native.status()[0] == "ok"  # this venv's build, loaded again

@@ -28,6 +28,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from failslow.core.tracking.native import bocd_update
+from failslow.core.tracking.native import status as native_status
 
 
 class RunLengthPosterior:
@@ -73,7 +74,7 @@ class RunLengthPosterior:
         self.t = -1
         kernel = bocd_update() if native is not False else None
         if native and kernel is None:
-            raise RuntimeError("the native BOCD kernel is not built (FAILSLOW_SKIP_NATIVE?)")
+            raise RuntimeError(f"native=True, but {native_status()[1]}")
         self._kernel = kernel
         if kernel is not None:  # buffers the kernel writes in place, and their addresses
             self._out = np.zeros(max_run + 1)  # the posterior after, swapped with _w

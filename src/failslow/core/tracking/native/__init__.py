@@ -26,12 +26,16 @@ def library_path() -> Path:
 
 
 @functools.cache
-def bocd_update() -> Callable[..., None] | None:
-    """``failslow_bocd_update`` of the built library, or None when it was not built."""
+def _load() -> tuple[Callable[..., None] | None, str, str]:
+    """The kernel (or None), and the level and words ``failslow doctor`` reports it with."""
     path = library_path()
     if not path.is_file():
-        return None
-    fn = ctypes.CDLL(str(path)).failslow_bocd_update
+        why = f"{LIBRARY_NAME} was not built (installed with FAILSLOW_SKIP_NATIVE=1?)"
+        return None, "info", f"the BOCD update runs in numpy: {why}; same results, slower"
+    try:
+        fn = ctypes.CDLL(str(path)).failslow_bocd_update
+    except (OSError, AttributeError) as e:  # a broken or foreign file: numpy, and say so
+        return None, "warn", f"the BOCD update runs in numpy: {path} does not load ({e})"
     fn.restype = None
     fn.argtypes = [
         ctypes.c_int,  # n
@@ -41,7 +45,20 @@ def bocd_update() -> Callable[..., None] | None:
         ctypes.c_double,  # beta0
         *[ctypes.c_void_p] * 10,  # log_c half_nu1 inv_nu_sf step shrink mu beta w out lik
     ]
-    return fn  # type: ignore[no-any-return]
+    return fn, "ok", f"the BOCD update runs in C ({path})"
 
 
-__all__ = ["LIBRARY_NAME", "bocd_update", "library_path"]
+def bocd_update() -> Callable[..., None] | None:
+    """``failslow_bocd_update`` of the built library, or None when it was not built or does
+    not load (then the numpy update runs; :func:`status` says why)."""
+    return _load()[0]
+
+
+def status() -> tuple[str, str]:
+    """``(level, message)`` for ``failslow doctor``: ``ok`` when the C kernel runs, ``info``
+    when it was not built, ``warn`` when it was built but does not load."""
+    _, level, message = _load()
+    return level, message
+
+
+__all__ = ["LIBRARY_NAME", "bocd_update", "library_path", "status"]
