@@ -5,7 +5,12 @@ controller --store URL``). It only reads what the nodes publish (:mod:`.publishe
 reliefs, per-group summaries) and what the ranks' agents report (:mod:`.agent`: their position
 on the pause group, validation results):
 
-- TRACKING: wait for a new onset (one counter read per tick).
+- TRACKING: wait for a new onset (one counter read per tick). Onsets soon after a round
+  (``cooldown_s``) are absorbed as that fail-slow's own; while a plan is in effect a round
+  re-validates every ``recheck_every_s`` or at a relief. An onset that steps up from the slow
+  level of the fail-slow diagnosed last (:meth:`Controller._compound`: a ladder's next rung, or
+  a second fault on top of the first) is localized at once, in or out of the cooldown: the
+  plan being bought may be for a root cause that is no longer the worst.
 - PROFILING: read every rank's group summaries once, build per-instance group profiles and
   name suspects: degraded groups (communication) and late ranks (compute) (greyhound 4.3,
   falcon 4.3). With no suspect the GEMM still runs on every rank: a straggler that is never
@@ -31,6 +36,7 @@ import enum
 import json
 import logging
 import math
+import statistics
 import threading
 import time
 from collections import Counter
@@ -114,6 +120,9 @@ class Controller:
         """Onsets absorbed in the cooldown after a round that found every rank healthy: a
         fail-slow can begin right after a false alarm, and its onsets come only once."""
         self._last_healthy = False
+        self._slow_from: float | None = None
+        """The iteration time the fail-slow diagnosed last started from (its onsets' median
+        ``before_s``; None after a relief or a healthy round): :meth:`_compound`'s line."""
         self.wake = threading.Event()
         """Set by a node publisher in the same process when it has written an onset or relief
         (``failslow run`` hosts both): :meth:`run` ticks at once instead of after ``tick_s``."""
@@ -191,20 +200,22 @@ class Controller:
                 new.append(record)
                 self._emit("onset", **{k: v for k, v in record.items() if k != "wall"})
         relief = any(r.get("type") == "relief" for r in new)
+        onsets = [r for r in new if r.get("type") == "onset"]
+        compound = self._compound(onsets)
         if relief:
             self._diagnosed_at = -math.inf  # the fail-slow is over: the next onset is new
-            self._held = []
+            self._held, self._slow_from = [], None
         if self.mitigation_active is not None and self.mitigation_active():
             since = time.time() - self._last_round
             due = since >= self.validation.recheck_every_s
             # a relief soon after a round is usually the plan's own effect on the step time
-            if (relief and since >= self.detection.cooldown_s) or due:  # still slow?
+            if (relief and since >= self.detection.cooldown_s) or due or compound:
                 self._recheck, self._onsets = True, new
-                self._enter(State.PROFILING, recheck="relief" if relief else "periodic")
+                why = "relief" if relief else "compound" if compound else "periodic"
+                self._enter(State.PROFILING, recheck=why)
                 return
-        onsets = [r for r in new if r.get("type") == "onset"]
         cooling = time.time() - self._diagnosed_at < self.detection.cooldown_s
-        if onsets and cooling:
+        if onsets and cooling and not compound:
             self.history.append(Transition(State.TRACKING, time.time(), {"absorbed": onsets}))
             if self._last_healthy:
                 self._held += onsets
@@ -216,6 +227,18 @@ class Controller:
             self._held = []
             self._onsets = onsets
             self._enter(State.PROFILING, onsets=onsets)
+
+    def _compound(self, onsets: list[dict[str, Any]]) -> bool:
+        """Whether one of ``onsets`` starts from the slow level of the fail-slow diagnosed
+        last: its ``before_s`` at least ``threshold`` (1.1) x the level that fail-slow started
+        from. The diagnosed fail-slow's own onsets, reported late by other ranks, start from
+        the healthy level and stay absorbed; a further step up is new (seen in the S4 demo: a
+        load change was diagnosed as a slow link, the injected slow GPU came 4 s later, and
+        the restart the planner bought at its break-even evicted the link's host)."""
+        if self._slow_from is None:
+            return False
+        line = self._slow_from * self.detection.threshold
+        return any(float(o.get("before_s") or 0.0) >= line for o in onsets)
 
     def _profile(self) -> None:
         from failslow.core.localize.profiling import degraded_groups, group_profiles, late_ranks
@@ -345,6 +368,15 @@ class Controller:
         self._diagnosed_at = self._last_round = time.time()
         recheck, self._recheck = self._recheck, False
         self._last_healthy = diagnosis is None and not recheck
+        started = [
+            float(o["before_s"])
+            for o in self._onsets
+            if o.get("type") == "onset" and o.get("before_s")
+        ]
+        if diagnosis is None:
+            self._slow_from = None
+        elif started:  # a periodic re-validation has no onsets: the line stays
+            self._slow_from = statistics.median(started)
         if diagnosis is None and recheck and self.on_healthy is not None:
             try:
                 self.on_healthy()  # every rank measured healthy while a plan is in effect
