@@ -281,6 +281,47 @@ def test_s4_evicts_what_the_standbys_replace_and_the_next_plan_uses_the_new_host
     assert isinstance(second.plan, RestartPlan) and second.plan.evict == ("standby0",)
 
 
+def test_a_slow_gpu_diagnosed_on_top_of_a_slow_link_is_what_the_restart_evicts(url: str) -> None:
+    """Seen in the S4 demo on a loaded machine: a load change was diagnosed as a slow link
+    (3, 0), and the injected slow GPU (rank 2) came before that restart was paid for. The
+    controller localizes the step up at once (a compound onset); its diagnosis replaces the
+    first one's candidates, the impact so far still counts, and the restart evicts rank 2's
+    host, not the link's."""
+    from failslow.core.planner.plans import RestartPlan
+
+    config = load_config(
+        {"planner": {"strategies": ["S4"], "rule": "break-even", "restart_s": 0.5}}, environ={}
+    )
+    capabilities = {**SUPPORTED, "microbatch_plans": "no", "snapshots": ""}
+    ranks = _ranks(url, 4)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, capabilities)
+        store.set_json(f"{keys.STANDBYS}/node", {"free": 1})
+        mitigator = Mitigator(store, config.planner, world_size=4)
+        mitigator.tick()
+        onset = {"type": "onset", "wall": time.time() + 1e-3, "before_s": 0.1}
+        time.sleep(0.01)
+        store.set_json(keys.STEPS, {"steps": [[20, 0.3]]})  # 0.2 s of impact: not yet paid
+        mitigator.tick()
+        link = Diagnosis(Kind.COMMUNICATION, slow_links=(SlowLink(3, 0, 2.0),),
+                         evidence={"onsets": [onset]})  # fmt: skip
+        mitigator.on_diagnosis(link)
+        mitigator.tick()
+        assert mitigator.active and not mitigator.actions
+        step_up = {"type": "onset", "wall": time.time(), "before_s": 0.3}
+        gpu = Diagnosis(Kind.BOTH, (SlowRank(2, 4.0),), (SlowLink(0, 1, 2.6),),
+                        evidence={"onsets": [step_up]})  # fmt: skip
+        mitigator.on_diagnosis(gpu)
+        mitigator.tick()
+        assert not mitigator.actions  # 0.2 s so far
+        store.set_json(keys.STEPS, {"steps": [[21, 0.3], [22, 0.3]]})  # 0.6 s >= 0.5 s
+        mitigator.tick()
+        _wait_applied(ranks, 1)
+    _stop(ranks)
+    (restart,) = mitigator.actions
+    assert isinstance(restart.plan, RestartPlan) and restart.plan.evict == (TOPOLOGY.hosts[2],)
+
+
 def test_a_job_that_went_on_with_fewer_ranks_is_planned_for_the_ranks_it_has(url: str) -> None:
     """odyssey after a fail-stop with no standby (``failslow run --min-ranks``): the controller
     was started for 4 ranks, the job record of the relaunch says 3 replicas keep the old global
