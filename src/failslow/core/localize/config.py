@@ -14,10 +14,12 @@ from dataclasses import dataclass
 @dataclass(kw_only=True, slots=True)
 class DetectionConfig:
     threshold: float = 1.1
-    """A rank or group is slow at > threshold x its peers' median (greyhound 4.3)."""
+    """A rank or group is slow at > threshold x its peers' median (greyhound 4.3); an onset
+    from threshold x the level the diagnosed fail-slow started from is a new step up."""
     cooldown_s: float = 30.0
     """Onsets this soon after a diagnosis (and no relief since) belong to the same fail-slow -
-    other ranks report the job-wide slowdown a few iterations later."""
+    other ranks report the job-wide slowdown a few iterations later - unless they step up from
+    its slow level (a ladder's next rung, a second fault): those are localized at once."""
 
 
 @dataclass(kw_only=True, slots=True)
