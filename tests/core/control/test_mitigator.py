@@ -47,6 +47,15 @@ def _diagnosis() -> Diagnosis:
     return Diagnosis(Kind.COMPUTE, slow_ranks=(SlowRank(2, 3.0),), evidence={"onsets": [onset]})
 
 
+def _s4_only() -> tuple[Any, dict[str, str]]:
+    """Settings and adapter capabilities of a job that restarts (S4, Algorithm 1's break-even,
+    0.5 s per restart) and has no other plan."""
+    config = load_config(
+        {"planner": {"strategies": ["S4"], "rule": "break-even", "restart_s": 0.5}}, environ={}
+    )
+    return config, {**SUPPORTED, "microbatch_plans": "no", "snapshots": ""}
+
+
 def _wait_applied(ranks: list[Rank], n: int) -> None:
     deadline = time.monotonic() + 20
     while any(len(r.applied) < n for r in ranks) and time.monotonic() < deadline:
@@ -221,10 +230,7 @@ def test_s4_evicts_what_the_standbys_replace_and_the_next_plan_uses_the_new_host
     rank 2's new host, and with no standby free none is planned at all."""
     from failslow.core.planner.plans import RestartPlan
 
-    config = load_config(
-        {"planner": {"strategies": ["S4"], "rule": "break-even", "restart_s": 0.5}}, environ={}
-    )
-    capabilities = {**SUPPORTED, "microbatch_plans": "no", "snapshots": ""}
+    config, capabilities = _s4_only()
     ranks = _ranks(url, 4)
 
     def diagnosed(diagnosis: Diagnosis, steps: range) -> None:
@@ -289,10 +295,7 @@ def test_a_slow_gpu_diagnosed_on_top_of_a_slow_link_is_what_the_restart_evicts(u
     host, not the link's."""
     from failslow.core.planner.plans import RestartPlan
 
-    config = load_config(
-        {"planner": {"strategies": ["S4"], "rule": "break-even", "restart_s": 0.5}}, environ={}
-    )
-    capabilities = {**SUPPORTED, "microbatch_plans": "no", "snapshots": ""}
+    config, capabilities = _s4_only()
     ranks = _ranks(url, 4)
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, capabilities)
