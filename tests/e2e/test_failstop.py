@@ -414,10 +414,19 @@ def test_a_rank_lost_on_the_second_node_restarts_both_nodes_and_a_bad_update_is_
     os.kill(victim, signal.SIGKILL)
     job.wait(lambda: bool(_failstops(tmp_path, 1)))
     job.wait(lambda: "rank 0: resumed at step" in logs[0].read_text())
+    (resumed,) = _RESUMED.findall(logs[0].read_text())
+    job.wait(lambda: job.step() >= int(resumed) + 2)  # training again
 
+    submitted = job.step()
     refused = _update(tmp_path / "state1", "--env", "FAILSLOW_DEMO_LOG_TAG=v2 ")
     assert refused.returncode != 0 and "submit updates to node 0's launcher" in refused.stderr
-    bad = json.dumps({"kind": "sdc", "slot": 1, "step": job.step() + 12})
+    # The bad step comes well after the update's launch, or the reattempt resumes where that
+    # launch did (CI once saw both at step 19). From the submit to the stop the job trains on:
+    # the submit's CLI starts, the launcher's poll sees it (1 s), the ranks agree on a stop 4
+    # steps ahead - 11 steps on an idle machine. The CLI's share grows with the machine's load:
+    # the refused submit, the same CLI, measures it in steps.
+    during = job.step() - submitted
+    bad = json.dumps({"kind": "sdc", "slot": 1, "step": job.step() + 20 + 3 * during})
     done = _update(tmp_path / "state0", "--env", "FAILSLOW_DEMO_LOG_TAG=v2 ", "--env",
                    f"FAILSLOW_DEMO_FAULT={bad}", "--note", "logs")  # fmt: skip
     assert done.returncode == 0, done.stderr
