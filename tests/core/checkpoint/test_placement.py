@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections import Counter
@@ -91,6 +92,19 @@ def test_shuffled_hosts(layout: tuple[int, int, int, int], rnd: random.Random) -
     if len(topo.host_names) > 1 and max(Counter(hosts).values()) * 2 > world:
         return
     _check_common(topo, backup_holders(topo))
+
+
+def test_every_arrangement_of_nine_ranks_on_hosts_of_four_four_and_one() -> None:
+    """TP=1, DP=3, PP=3 on hosts of 4, 4 and 1 GPUs, in each of the 630 distinct arrangements of
+    the hosts over the ranks. In 8 of them (CI's property test drew one) no pairwise swap meets
+    the last rank's hard constraint, while a placement that meets every rank's exists: a
+    three-way rotation of holders finds it."""
+    base = Topology.megatron(tp=1, dp=3, pp=3, gpus_per_host=4, micro_batches=1)
+    arrangements = set(itertools.permutations(base.hosts))
+    assert len(arrangements) == 630
+    for hosts in sorted(arrangements):
+        topo = base.with_hosts(list(hosts))
+        _check_common(topo, backup_holders(topo))
 
 
 def test_byterobust_fig9_layout() -> None:

@@ -21,7 +21,8 @@ Candidates are coordinate shifts ``(t, d, p) -> (t + a, d + b, p + c)`` (permuta
 construction; Fig. 9's pairing is one of them) and "neighbouring host" shifts of the ranks sorted
 by host; each is scored in O(world) with numpy, stopping at the first perfect one. Shuffled
 host layouts (after topology swaps) that no shift serves are then repaired by pairwise swaps of
-holders, which keep the permutation. Work is O(world * candidates) with a bounded number of
+holders, and where a rank's hard constraint is still unmet, by three-way rotations; both keep
+the permutation. Work is O(world * candidates) with a bounded number of
 candidates (a few dozen in the worst case) - no O(world^2) step. Pure and deterministic.
 """
 
@@ -166,6 +167,46 @@ def _repair(holders: np.ndarray, costs: np.ndarray, scorer: _Scorer) -> None:
             return
 
 
+_ROTATION_TRIES = 96
+"""Partners per side of a three-way rotation (bounds it at O(96^2) per rank it repairs)."""
+
+
+def _rotate(holders: np.ndarray, costs: np.ndarray, scorer: _Scorer) -> bool:
+    """Three-way rotations for ranks whose hard constraint no pairwise swap meets (in place):
+    ``r`` takes ``s``'s holder, ``s`` takes ``u``'s and ``u`` takes ``r``'s, when that lowers
+    the three ranks' cost. A swap needs a partner whose holder suits ``r`` *and* who can take
+    ``r``'s holder; in small shuffled layouts (9 ranks on hosts of 4, 4 and 1) no such partner
+    may exist while a rotation frees one. Returns whether anything changed."""
+    n = len(holders)
+    tries = min(n - 1, _ROTATION_TRIES)
+    stride = max(1, n // tries)
+    changed = False
+    for r in np.flatnonzero(costs >= _HARD).tolist():
+        if costs[r] < _HARD:
+            continue  # fixed by an earlier rotation
+        partners = [s for s in ((r + j * stride) % n for j in range(1, tries + 1)) if s != r]
+        hr = int(holders[r])
+        for s in partners:
+            new_r = scorer.cost(r, int(holders[s]))
+            if new_r >= _HARD:
+                continue
+            found = None
+            for u in partners:
+                if u == s:
+                    continue
+                new_s, new_u = scorer.cost(s, int(holders[u])), scorer.cost(u, hr)
+                if new_r + new_s + new_u < costs[r] + costs[s] + costs[u]:
+                    found = u, new_s, new_u
+                    break
+            if found is not None:
+                u, new_s, new_u = found
+                holders[r], holders[s], holders[u] = holders[s], holders[u], hr
+                costs[r], costs[s], costs[u] = new_r, new_s, new_u
+                changed = True
+                break
+    return changed
+
+
 def backup_holders(topology: Topology) -> tuple[int, ...]:
     """The rank that holds each rank's backup (``result[r]`` holds rank ``r``'s snapshot).
 
@@ -205,8 +246,10 @@ def backup_holders(topology: Topology) -> tuple[int, ...]:
             break
     assert best is not None and best_costs is not None
     if best_key is not None and best_key[:2] != (0, 0):
-        best = best.copy()
-        _repair(best, best_costs.copy(), scorer)
+        best, costs = best.copy(), best_costs.copy()
+        _repair(best, costs, scorer)
+        if (costs >= _HARD).any() and _rotate(best, costs, scorer):
+            _repair(best, costs, scorer)
     return tuple(int(h) for h in best)
 
 
