@@ -11,9 +11,9 @@ The world runs the ring + tree link tests (``ring_passes(4) + tree_passes(4)``) 
 then after the test shapes rank 2's egress towards rank 3's address with an htb rate limit (see
 :meth:`failslow.demo.netns.Network.shape`). ``2 -> 3`` is a hop of the ring (pass 1: ``0->1,
 2->3``) and in no tree pass, and it is the only link that moves rank 2's data to rank 3. Each
-phase's table goes through :func:`diagnose` like a links task's per-rank results. Run as a
-script, this file is one rank (``python test_slow_link.py worker RANK WORLD MASTER_ADDR PORT
-OUTDIR``).
+phase's table (confirmed at ``THRESHOLD``, as the controller's links task is) goes through
+:func:`diagnose` like a links task's per-rank results. Run as a script, this file is one rank
+(``python test_slow_link.py worker RANK WORLD MASTER_ADDR PORT OUTDIR``).
 """
 
 from __future__ import annotations
@@ -71,8 +71,11 @@ def _worker(rank: int, world: int, master: str, port: int, outdir: Path) -> None
                 raise SystemExit(f"rank {rank}: no go-{phase} within 90 s")
             time.sleep(0.02)
         t0 = time.perf_counter()
-        seconds = measure_links(passes, nbytes=NBYTES, repetitions=REPETITIONS, timeout_s=60)
-        # the same shape as a "links" task's result (failslow.runtime.agent.run_task)
+        seconds = measure_links(
+            passes, nbytes=NBYTES, repetitions=REPETITIONS, timeout_s=60, confirm=THRESHOLD
+        )
+        # the same shape as a "links" task's result (failslow.runtime.agent.run_task, which
+        # confirms at the controller's detection threshold too)
         result = {
             "ok": [[a, b, s] for (a, b), s in seconds.items()],
             "wall_s": time.perf_counter() - t0,
@@ -153,9 +156,11 @@ def test_a_tc_shaped_link_is_named(tmp_path: Path) -> None:
     assert not ours & set(_root_links()), _root_links()
     for phase in PHASES:
         print(_table(phase, results[phase]))
-    # The shaped class carried the shaped link's payload: one warm-up and REPETITIONS timed
-    # transfers of NBYTES (plus TCP/IP headers), nothing of the other links.
-    assert (REPETITIONS + 1) * NBYTES <= shaped_bytes < (REPETITIONS + 2) * NBYTES, shaped_bytes
+    # The shaped class carried the shaped link's payload: one warm-up and two rounds of
+    # REPETITIONS timed transfers of NBYTES (plus TCP/IP headers; the link was above THRESHOLD
+    # in the first round, so the test confirmed it), nothing of the other links.
+    sent = 2 * REPETITIONS + 1
+    assert sent * NBYTES <= shaped_bytes < (sent + 1) * NBYTES, shaped_bytes
     healthy = diagnose(None, results["healthy"], threshold=THRESHOLD)
     assert healthy is None, healthy
     shaped = diagnose(None, results["shaped"], threshold=THRESHOLD)

@@ -26,8 +26,9 @@ If the controller dies, the trap's own timeout releases the rank; if the store i
 :class:`~failslow.core.control.resilient.ResilientStore` answers None and nothing is armed.
 Tasks: ``{"kind": "gemm", ...}`` (:func:`failslow.core.localize.validation.gemm.gemm_seconds`; with
 ``"serial": true`` the ranks take turns, for CPU ranks that share cores - GPUs measure at once) and
-``{"kind": "links", "passes": [[[src, dst], ...], ...], "nbytes": n, "repetitions": r}``
-(:func:`failslow.core.localize.validation.links.measure_links`).
+``{"kind": "links", "passes": [[[src, dst], ...], ...], "nbytes": n, "repetitions": r,
+"confirm": x}`` (:func:`failslow.core.localize.validation.links.measure_links`; ``confirm``:
+time the passes again when a link is above x the median link).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def run_task(task: Mapping[str, Any]) -> Any:
             nbytes=int(task.get("nbytes", 1 << 20)),
             repetitions=int(task.get("repetitions", 3)),
             timeout_s=float(task.get("timeout_s", 60.0)),
+            confirm=float(task["confirm"]) if task.get("confirm") else None,
         )
         return [[a, b, seconds] for (a, b), seconds in measured.items()]
     raise ValueError(f"unknown validation task kind {kind!r}")

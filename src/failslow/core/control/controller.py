@@ -317,6 +317,7 @@ class Controller:
                 "passes": [[list(link) for link in one] for one in passes],
                 "nbytes": self.validation.link_mb << 20,
                 "repetitions": self.validation.link_repetitions,
+                "confirm": self.detection.threshold,  # a link the diagnosis would call slow
             },
         ]
         widen = 1.0
