@@ -69,7 +69,7 @@ def test_the_members_a_pass_leaves_idle_carry_ballast() -> None:
     assert _ballast([(3, 2)], [0, 1, 2, 3]) == [(0, 1)]
     assert _ballast([(2, 0)], [0, 1, 2, 3, 4]) == [(1, 3)]  # an odd one out stays idle
     assert _ballast([(0, 1), (2, 3)], [0, 1, 2, 3]) == []
-    assert _ballast([(5, 9)], [1, 5, 7, 9, 12]) == [(1, 7)]  # a group's members, in order
+    assert _ballast([(5, 9)], [1, 5, 7, 9, 12]) == [(1, 7)]  # the tested ranks, in order
 
 
 def test_schedule_and_size_checks() -> None:

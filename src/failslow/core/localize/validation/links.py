@@ -108,9 +108,9 @@ def measure_links(
     only ever adds time and seldom hits one link in both rounds, while a degraded link is slow
     in both. Every rank holds the same table, so all agree on the second round.
 
-    ``ballast``: in each pass, the members no timed link uses transfer between themselves,
-    untimed (:func:`_ballast`), so that every pass loads the machines alike; False leaves them
-    idle, as greyhound's passes do.
+    ``ballast``: in each pass, the tested ranks (those of any pass) that no timed link of the
+    pass uses transfer between themselves, untimed (:func:`_ballast`), so that every pass loads
+    the machines alike; False leaves them idle, as greyhound's passes do.
     """
     import torch.distributed as dist
 
@@ -148,16 +148,19 @@ def measure_links(
     return seconds
 
 
-def _ballast(one_pass: list[Link], members: Sequence[int]) -> list[Link]:
-    """Untimed transfers between the members a pass leaves idle, paired in ascending order.
+def _ballast(one_pass: list[Link], tested: Sequence[int]) -> list[Link]:
+    """Untimed transfers between the tested ranks (those of any pass) that ``one_pass`` leaves
+    idle, paired in ascending order.
 
     A pass of one pair (a tree's) and a pass of every rank (a ring's) do not time their links
     under the same load: the ring's concurrent pairs share the hosts' cores, memory bandwidth
-    and fabric. On 4 CPU ranks of 2 cores the lone pairs measured 0.77x the median link and the
-    concurrent ones 1.04-1.06x (up to 1.48x) - a healthy link over greyhound's 1.1 in most
-    tests. With the idle ranks transferring too, every pass loads the machines alike."""
+    and fabric. On 4 CPU ranks of 2 cores the lone pairs measured 0.72x and 0.76x the median
+    link and the concurrent ones 1.02-1.08x (up to 1.5x) - a healthy link over greyhound's 1.1
+    in most tests (benchmarks/README.md). With the idle ranks transferring too, every pass loads
+    the machines alike. Only tested ranks: the world's other ranks, which wait at the barriers
+    of a test of a few suspect groups, add no traffic."""
     busy = {r for link in one_pass for r in link}
-    idle = [r for r in members if r not in busy]
+    idle = [r for r in tested if r not in busy]
     return list(zip(idle[0::2], idle[1::2], strict=False))
 
 
@@ -177,7 +180,8 @@ class _LinkTest:
         self.schedule = schedule
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.me = dist.get_rank()
-        self.pairs = [self._mine(p, _ballast(p, members) if ballast else []) for p in schedule]
+        tested = sorted({r for one_pass in schedule for link in one_pass for r in link})
+        self.pairs = [self._mine(p, _ballast(p, tested) if ballast else []) for p in schedule]
         """Per pass: this rank's pair (None: idle) and whether it is a timed link."""
         backend = str(dist.get_backend(group)).lower()
         self.device = torch.device("cpu")
