@@ -1,7 +1,7 @@
 """Link tests on a real 4-rank gloo world (greyhound 4.3, Fig. 10).
 
 The test process owns the TCPStore (port 0) and runs this file as a script once per rank
-(``python test_links.py worker RANK WORLD PORT OUT``). The world goes through three phases:
+(``python test_links.py worker RANK WORLD PORT OUT``). The world goes through these phases:
 ``healthy`` (ring and tree link tests, 1 MB), ``transient`` (rank 3 duty-cycles itself with
 SIGSTOP/SIGCONT during the first round of each link test only, as a busy core delays one end
 for a while: once judged on one round, once with ``confirm``), ``slow`` (the test duty-cycles
