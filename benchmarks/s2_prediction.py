@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/s2_prediction.py [--runs deepspeed,megatron,accelerate,fsdp,deepspeed:2]
-        [--from-dirs DIR ...]
+        [--repeat N] [--from-dirs DIR ...]
 
 Runs ``failslow demo --framework F --no-live`` for each run (the S2 demos: a compute fail-slow
 on rank 2 from step 60 to 180; detection, validation and the planner's S2 plan by themselves;
@@ -20,7 +20,12 @@ directories (``--from-dirs``), and prints for every applied micro-batch plan, fr
   measured time per micro-batch, rest and optimizer part, :mod:`failslow.core.planner.
   measured_step`), else *GEMM model* on the observed scale (``before * step_time_s /
   baseline_step_s``, the healthy time per micro-batch and the validation GEMM's slowdown);
-- its error against *measured*. Goal (issue 17): within 10% for every S2 demo.
+- its error against *measured*. Goal (issue 17, again issue 44): within 10% for every S2 demo;
+- what the closed loop said of it (issue 44): *effect* (every rank reported running it, or not)
+  and the controller's own *verdict* a few steps after it applied (its measured saving against
+  the predicted one: pays, or short - then re-planned or reverted).
+
+``--repeat N`` runs every demo N times (a row per run and plan).
 
 The default runs have 4 ranks on this machine's 2 cores, and ``deepspeed:2`` one rank per core:
 on an oversubscribed CPU, moving micro-batches between replicas also moves CPU share between
@@ -68,11 +73,13 @@ def rows_of(run_dir: Path) -> list[dict[str, Any]]:
             for s, t in e.get("steps") or []:
                 steps[int(s)] = float(t)
     plans = [e for e in events if e.get("kind") == "plan" and e.get("committed")]
+    effects = {e.get("apply_step"): e for e in events if e.get("kind") == "effect"}
+    outcomes = {e.get("apply_step"): e for e in events if e.get("kind") == "outcome"}
     healthy = _median(steps, 10, SLOW_START)
     rows = []
     for i, e in enumerate(plans):
         plan = e.get("plan") or {}
-        if e.get("action") != "apply" or plan.get("type") != "MicroBatchPlan":
+        if e.get("action") not in ("apply", "replan") or plan.get("type") != "MicroBatchPlan":
             continue
         start = int(e["apply_step"])
         end = next((int(p["apply_step"]) for p in plans[i + 1 :]), SLOW_END)
@@ -93,6 +100,9 @@ def rows_of(run_dir: Path) -> list[dict[str, Any]]:
                 "measured": measured,
                 "predicted": predicted,
                 "model": "GEMM model" if baseline else "rank profiles",
+                "action": e.get("action"),
+                "effect": (effects.get(start) or {}).get("state", "-"),
+                "verdict": (outcomes.get(start) or {}).get("verdict", "-"),
             }
         )
     return rows
@@ -105,12 +115,12 @@ def _world_size(run_dir: Path) -> int | None:
     return json.loads(summary.read_text()).get("world_size")
 
 
-def _run_demo(run: str, out: Path, console: Console) -> Path:
+def _run_demo(run: str, out: Path, console: Console, repeat: int = 0) -> Path:
     framework, _, ranks = run.partition(":")
     cmd = [sys.executable, "-m", "failslow.cli", "demo", "--framework", framework, "--no-live"]
     if ranks:
         cmd += ["--world-size", ranks, "--slow-rank", str(int(ranks) - 1)]
-    run_dir = out / f"demo-{framework}-{ranks or 'default'}"
+    run_dir = out / f"demo-{framework}-{ranks or 'default'}-{repeat + 1}"
     console.print(f"running {' '.join(cmd[2:])} -> {run_dir}")
     subprocess.run([*cmd, "--out", str(run_dir)], check=True, stdout=subprocess.DEVNULL)
     return run_dir
@@ -131,17 +141,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default=",".join(RUNS), help="FRAMEWORK[:RANKS],...")
     parser.add_argument("--from-dirs", nargs="+", type=Path, metavar="DIR")
     parser.add_argument("--out", type=Path, help="where demo runs go (default: a temp dir)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of every demo")
     args = parser.parse_args(argv)
-    console = Console(width=max(Console().width, 150))
+    console = Console(width=max(Console().width, 170))
     if args.from_dirs:
         dirs = list(args.from_dirs)
     else:
         out = args.out or Path(tempfile.mkdtemp(prefix="s2-prediction-"))
-        dirs = [_run_demo(run, out, console) for run in args.runs.split(",")]
+        dirs = [
+            _run_demo(run, out, console, i)
+            for i in range(args.repeat)
+            for run in args.runs.split(",")
+        ]
     table = Table(title="S2 plan: predicted vs measured step time (issue 17 goal: within 10%)")
-    for col in ("run", "ranks", "counts", "healthy", "before", "measured", "predicted", "error"):
-        table.add_column(col, justify="left" if col in ("run", "counts") else "right")
+    for col in ("run", "ranks", "action", "counts", "healthy", "before", "measured", "predicted",
+                "error"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("run", "counts", "action") else "right")
     table.add_column("model")
+    table.add_column("effect")
+    table.add_column("verdict")
     for run_dir in dirs:
         rows = rows_of(run_dir)
         if not rows:
@@ -150,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             table.add_row(
                 r["run"],
                 str(r["ranks"] or "-"),
+                str(r["action"]),
                 str(r["counts"]),
                 _fmt(r["healthy"]),
                 _fmt(r["before"]),
@@ -157,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 _fmt(r["predicted"]),
                 _err(r["predicted"], r["measured"]),
                 r["model"],
+                str(r["effect"]),
+                str(r["verdict"]),
             )
     console.print(table)
     return 0

@@ -145,6 +145,33 @@ def failslow_revert_topology_plan(plan: TopologyPlan, step: int) -> bool | None:
 
 
 # -------------------------------------------------------------------------------------------
+# Adapter: what the rank ran (the closed loop, DESIGN.md invariant 7) - called in every rank
+# process, in the training thread, at the step boundary after a plan's apply step
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def failslow_verify_microbatch_plan(plan: MicroBatchPlan, step: int, forwards: int) -> str | None:
+    """Check what this rank ran in ``step``, the first step of ``plan``, against the plan,
+    from counters the plan does not set: ``forwards`` (the training forwards the session's step
+    profile counted in the step), the micro-batches the share-aware loader handed out for it,
+    the gradient weight the framework applied. Return ``""`` when the rank ran its replica's
+    count, weight and share, else one line saying what it ran instead (the plan is then
+    reported "not in effect" and rolled back). ``None``: no plugin can tell, which counts as
+    not in effect. Decision hook (``firstresult``).
+    """
+
+
+@hookspec(firstresult=True)
+def failslow_observed_coord() -> tuple[int, int, int] | None:
+    """This process's role as the framework's own state has it now - ``(tp, dp, pp)``
+    coordinates read from its process groups or device mesh, not from failslow's bookkeeping
+    - to check a topology plan after its apply step. Decision hook (``firstresult``); ``None``:
+    no plugin can tell (the plan is then not in effect).
+    """
+
+
+# -------------------------------------------------------------------------------------------
 # Adapter: state (in-memory checkpoints) and hot update - called in every rank process, in the
 # training thread, by its snapshot service (failslow.runtime.snapshot_service) and session
 # -------------------------------------------------------------------------------------------
@@ -231,9 +258,13 @@ def failslow_on_plan_result(plan: Plan, step: int | None, outcome: str, detail: 
     - in the controller's process: ``"committed"`` (every rank accepted; it takes effect at
       ``step``) or ``"aborted"`` (``step`` None; ``detail`` names the rank and the reason; no
       rank changed anything);
-    - in every rank's process: ``"applied"`` (this rank runs it from ``step``), ``"rolled
+    - in every rank's process: ``"applied"`` (this rank switched to it at ``step``), ``"rolled
       back"`` (some rank failed to switch at ``step``; every rank went back; ``detail`` says
-      which) or ``"aborted"`` (the channel aborted it before ``step``).
+      which) or ``"aborted"`` (the channel aborted it before ``step``); after the step, ``"in
+      effect"`` or ``"not in effect"`` (``detail``: what the rank ran instead) from what the
+      rank checked it ran;
+    - in the controller's process, after the apply step: ``"in effect"`` (every rank ran it)
+      or ``"not in effect"`` (``detail``: the first rank's reason; the plan is rolled back).
 
     Observation hook."""
 

@@ -34,7 +34,12 @@ def exported_names(tmp_path: Path) -> set[str]:
     metrics(event("steps", steps=[[1, 0.1]]))
     plan = {"type": "MicroBatchPlan", "counts": [1], "weights": [1.0], "step_time_s": 0.1}
     metrics(event("plan", action="apply", strategy="S2", plan=plan, reason="", apply_step=2,
-                  committed=True, detail="", in_effect=plan))  # fmt: skip
+                  committed=True, detail="", in_effect=None))  # fmt: skip
+    metrics(event("effect", action="apply", strategy="S2", plan=plan, apply_step=2,
+                  state="in effect", detail="", in_effect=plan))  # fmt: skip
+    metrics(event("outcome", action="apply", strategy="S2", plan=plan, apply_step=2, before_s=0.2,
+                  predicted_s=0.1, measured_s=0.1, verdict="pays", reason=""))  # fmt: skip
+    metrics(event("unavailable", strategy="S3", reason="no factory"))
     with Snapshotter(tmp_path, rank=0) as snap:
         snap.start({"w": torch.zeros(8)}, 1)
         snap.wait_sealed(10.0)

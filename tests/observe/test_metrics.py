@@ -72,11 +72,27 @@ def test_control_events_become_job_level_series(served) -> None:
     metrics(event("steps", steps=[[s, 1.0] for s in range(80, 100)]))
     metrics(
         event(
-            "plan", action="apply", strategy="S2", plan=plan_to_dict(PLAN), reason="break-even",
-            apply_step=100, committed=True, detail="", in_effect=plan_to_dict(PLAN),
+            "plan", action="apply", strategy="S2 micro-batches", plan=plan_to_dict(PLAN),
+            reason="break-even", apply_step=100, committed=True, detail="", in_effect=None,
+        )
+    )  # fmt: skip
+    committed = scrape(server)  # committed is not in effect: nothing reported running it yet
+    assert committed[("failslow_plan_in_effect", (("strategy", "none"),))] == 1
+    metrics(
+        event(
+            "effect", action="apply", strategy="S2 micro-batches", plan=plan_to_dict(PLAN),
+            apply_step=100, state="in effect", detail="", in_effect=plan_to_dict(PLAN),
         )
     )  # fmt: skip
     metrics(event("steps", steps=[[100, 0.5], [101, 0.4], [102, 0.45]]))
+    metrics(
+        event(
+            "outcome", action="apply", strategy="S2 micro-batches", plan=plan_to_dict(PLAN),
+            apply_step=100, before_s=1.0, predicted_s=0.5, measured_s=0.45, verdict="pays",
+            reason="r",
+        )
+    )  # fmt: skip
+    metrics(event("unavailable", strategy="S3 topology", reason="no model factory"))
     metrics(event("state", state="tracking", detail={}))
     got = scrape(server)
     assert got[("failslow_controller_state", (("failslow_controller_state", "tracking"),))] == 1
@@ -92,6 +108,8 @@ def test_control_events_become_job_level_series(served) -> None:
     assert got[("failslow_diagnosis_link_slowdown_ratio", link)] == 4.0
     key = (("action", "apply"), ("outcome", "committed"), ("strategy", "S2"))
     assert got[("failslow_plans_total", key)] == 1
+    key = (("action", "apply"), ("outcome", "in effect"), ("strategy", "S2"))
+    assert got[("failslow_plans_total", key)] == 1
     assert got[("failslow_plan_in_effect", (("strategy", "S2"),))] == 1
     assert got[("failslow_plan_in_effect", (("strategy", "none"),))] == 0
     # estimated vs measured effect of the plan in effect
@@ -103,21 +121,32 @@ def test_control_events_become_job_level_series(served) -> None:
     assert got[("failslow_job_step", ())] == 102
     assert got[("failslow_job_step_seconds", ())] == 0.45
     assert got[("failslow_job_step_duration_seconds_count", ())] == 23
+    # the outcome against the prediction, and a strategy that cannot take effect here
+    assert got[("failslow_plan_outcomes_total", (("strategy", "S2"), ("verdict", "pays")))] == 1
+    assert got[("failslow_plan_outcome_predicted_step_seconds", ())] == 0.5
+    assert got[("failslow_plan_outcome_measured_step_seconds", ())] == 0.45
+    assert got[("failslow_strategy_unavailable", (("strategy", "S3"),))] == 1
 
 
 def test_a_revert_returns_to_the_even_split_and_an_abort_changes_nothing(served) -> None:
     registry, server = served
     metrics = ControlMetrics(registry)
-    base = dict(strategy="S2", plan=plan_to_dict(PLAN), reason="r", detail="")
-    metrics(event("plan", action="apply", apply_step=10, committed=True,
+    base = dict(strategy="S2", plan=plan_to_dict(PLAN), detail="")
+    metrics(event("plan", action="apply", apply_step=10, committed=True, reason="r",
+                  in_effect=None, **base))  # fmt: skip
+    metrics(event("effect", action="apply", apply_step=10, state="in effect",
                   in_effect=plan_to_dict(PLAN), **base))  # fmt: skip
-    metrics(event("plan", action="revert", apply_step=None, committed=False,
+    metrics(event("plan", action="revert", apply_step=None, committed=False, reason="r",
                   in_effect=plan_to_dict(PLAN), **base))  # fmt: skip
     got = scrape(server)
     assert got[("failslow_plan_in_effect", (("strategy", "S2"),))] == 1
     aborted = (("action", "revert"), ("outcome", "aborted"), ("strategy", "S2"))
     assert got[("failslow_plans_total", aborted)] == 1
-    metrics(event("plan", action="revert", apply_step=30, committed=True, in_effect=None, **base))
+    metrics(event("plan", action="revert", apply_step=30, committed=True, reason="r",
+                  in_effect=plan_to_dict(PLAN), **base))  # fmt: skip
+    assert scrape(server)[("failslow_plan_in_effect", (("strategy", "S2"),))] == 1
+    metrics(event("effect", action="revert", apply_step=30, state="in effect", in_effect=None,
+                  **base))  # fmt: skip
     got = scrape(server)
     assert got[("failslow_plan_in_effect", (("strategy", "S2"),))] == 0
     assert got[("failslow_plan_in_effect", (("strategy", "none"),))] == 1

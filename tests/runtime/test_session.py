@@ -55,6 +55,24 @@ class Recording:
         self.results.append(f"{outcome} {step} {detail}")
 
 
+class Checking(Recording):
+    """Also checks what its loop ran (rank 0 is replica 0), as the adapters' kit does."""
+
+    @failslow.hookimpl
+    def failslow_verify_microbatch_plan(
+        self, plan: MicroBatchPlan, step: int, forwards: int
+    ) -> str:
+        return "" if forwards == plan.counts[0] else f"ran {forwards} micro-batches"
+
+
+def _steps(session: Session, steps: range, micro_batches: object) -> None:
+    """Step boundaries, each step running ``micro_batches()`` training micro-batches."""
+    for step in steps:
+        session.step_boundary(step)
+        for _ in range(micro_batches()):  # type: ignore[operator]
+            session.micro_batch()
+
+
 def _session(adapter: Recording) -> Session:
     session = Session({"capture": False}, source="test")
     session.register(adapter)
@@ -62,18 +80,41 @@ def _session(adapter: Recording) -> Session:
 
 
 def test_a_scheduled_plan_applies_at_its_step_boundary() -> None:
-    adapter = Recording()
+    adapter = Checking()
     session = _session(adapter)
     session.schedule(UNEVEN, 3)
     for step in range(5):
-        session.step_boundary(step)
+        _steps(session, range(step, step + 1), lambda: adapter.counts[0])
         assert adapter.counts == ((3, 5) if step >= 3 else (4, 4))
     assert adapter.applied == [(3, (3, 5))]
     assert session.current == UNEVEN
     assert [s for s, _ in session.step_times] == [0, 1, 2, 3]
-    assert adapter.results == ["applied 3 "]
+    # checked at the next boundary against what the step ran
+    assert adapter.results == ["applied 3 ", "in effect 3 "]
     with pytest.raises(ValueError, match="step 2 already passed"):
         session.schedule(UNEVEN, 2)
+    session.close()
+
+
+def test_a_plan_the_loop_does_not_run_is_not_in_effect() -> None:
+    """A loop that runs its own 4 micro-batches whatever the plan says (the Trainer feeding
+    DeepSpeed): applied, then reported not in effect with what ran."""
+    adapter = Checking()
+    session = _session(adapter)
+    session.schedule(UNEVEN, 2)
+    _steps(session, range(4), lambda: 4)
+    assert adapter.results == ["applied 2 ", "not in effect 2 ran 4 micro-batches"]
+    session.close()
+
+
+def test_a_plan_no_plugin_can_check_is_not_in_effect() -> None:
+    adapter = Recording()
+    session = _session(adapter)
+    session.schedule(UNEVEN, 1)
+    _steps(session, range(3), lambda: adapter.counts[0])
+    assert adapter.results[1] == (
+        "not in effect 1 no plugin reports what the rank ran (failslow_verify_microbatch_plan)"
+    )
     session.close()
 
 

@@ -22,5 +22,8 @@ def failslow_on_plan(plan: Any, action: str, reason: str) -> None:
 
 @hookimpl
 def failslow_on_plan_result(plan: Any, step: int | None, outcome: str, detail: str) -> None:
-    where = f" from step {step}" if step is not None else ""
-    log.warning("failslow: %s %s%s %s", type(plan).__name__, outcome, where, detail)
+    checked = outcome in ("in effect", "not in effect")  # after the step, from what ran
+    where = "" if step is None else f" at step {step}" if checked else f" from step {step}"
+    log.warning(
+        "failslow: %s %s%s%s", type(plan).__name__, outcome, where, f": {detail}" if detail else ""
+    )

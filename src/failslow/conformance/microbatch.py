@@ -109,6 +109,19 @@ class AbstractMicroBatchPlanTests(ConformanceFixtures):
                         f"replicas {ranks[0]} and {other} disagree on {name}"
                     )
 
+    def test_every_rank_reports_each_plan_in_effect(self, layout_run: LayoutRun) -> None:
+        """Invariant 7: after its apply step each rank checked what it ran (its forwards, its
+        loader's reads for the step, its gradient weight) against the plan and found it; the
+        last plan (step 3) has no later boundary to be checked at."""
+        require(layout_run, "microbatch_plans")
+        for rank_run in layout_run.ranks:
+            seen = rank_run.result["effects"]["microbatch"]
+            for step in (1, 2):
+                said = [[o, d] for o, s, d in seen if s == step]
+                assert said == [["applied", ""], ["in effect", ""]], (
+                    f"rank {rank_run.rank}: the plan of step {step} was reported {said}"
+                )
+
     def test_a_malformed_plan_is_refused(self, layout_run: LayoutRun) -> None:
         """Counts that do not add up to the global batch fail at prepare, loudly."""
         require(layout_run, "microbatch_plans")

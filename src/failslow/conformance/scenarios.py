@@ -11,6 +11,9 @@ three jobs are built from the same seed:
    more skewed plan at step 2 and the even split again at step 3, each scheduled with
    ``session.schedule(plan, step)`` on every rank (no store). Invariant 2 (greyhound 5.2,
    weighted aggregation: weight ``counts[r] * D / M``): its parameters equal the reference's.
+   Invariant 7: what each rank's session reported of every plan (``effects``: applied, then in
+   effect or not, from what the rank ran) - the plans of steps 1 and 2 are checked at the next
+   boundaries.
 3. ``pause`` - after step :data:`HOLD` the ranks wait at a file handshake; the test process
    requests the pause trap on every ring, lets them go, sees every rank park at its next
    collective, and releases them (greyhound 4.3: pause for validation, then resume).
@@ -42,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow import hookimpl
 from failslow.conformance.harness import AdapterHarness, AdapterJob
 from failslow.conformance.requests import request_each
 from failslow.core.planner.allocation import loss_weights
@@ -77,6 +81,19 @@ def weighted(counts: tuple[int, ...], micro_batches: int) -> MicroBatchPlan:
     """``counts`` with the weights ``m_r * D / M`` that keep the even split's gradient."""
     assert sum(counts) == micro_batches
     return MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
+
+
+class PlanResults:
+    """A plugin recording what the session reports of each plan on this rank."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[Any]] = []
+
+    @hookimpl
+    def failslow_on_plan_result(
+        self, plan: Any, step: int | None, outcome: str, detail: str
+    ) -> None:
+        self.seen.append([outcome, step, detail])
 
 
 class LayoutRunner:
@@ -140,7 +157,10 @@ class LayoutRunner:
             session.schedule(weighted(counts, topology.micro_batches), step)
         self.result["plans"] = {str(step): list(counts) for step, counts in schedule.items()}
         self.result["malformed_plan"] = self._malformed(job, topology.micro_batches, topology.dp)
+        results = PlanResults()
+        session.register(results)
         self._steps(job, "microbatch")
+        self.result["effects"] = {"microbatch": results.seen}
         job.close()
 
     def _malformed(self, job: AdapterJob, micro_batches: int, dp: int) -> dict[str, Any]:
@@ -173,7 +193,10 @@ class LayoutRunner:
             refused = {"raised": type(exc).__name__, "message": str(exc)}
         session.schedule(rotated, SWAP_STEP)
         pid = os.getpid()
+        results = PlanResults()
+        session.register(results)
         self._steps(job, "swap")
+        self.result.setdefault("effects", {})["swap"] = results.seen
         self.result["swap"] = {
             "plan": list(rotated.hosts),
             "hosts": list(hosts),

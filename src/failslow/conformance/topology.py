@@ -64,6 +64,19 @@ class AbstractTopologySwapTests(ConformanceFixtures):
                 f"rank {rank_run.rank}: session steps {got_steps} with the swap"
             )
 
+    def test_every_rank_reports_the_swap_in_effect(self, layout_run: LayoutRun) -> None:
+        """Invariant 7: at the boundary after the swap each rank read its role from the
+        framework's own rebuilt groups or mesh (``failslow_observed_coord``) and found the one
+        the plan gave it."""
+        require(layout_run, "topology_plans")
+        from failslow.conformance.scenarios import SWAP_STEP
+
+        for rank_run in layout_run.ranks:
+            said = [[o, d] for o, s, d in rank_run.result["effects"]["swap"] if s == SWAP_STEP]
+            assert said == [["applied", ""], ["in effect", ""]], (
+                f"rank {rank_run.rank}: the swap was reported {said}"
+            )
+
     def test_a_plan_that_crowds_one_host_is_refused(self, layout_run: LayoutRun) -> None:
         require(layout_run, "topology_plans")
         for rank_run in layout_run.ranks:

@@ -189,6 +189,7 @@ class Run:
     injected: tuple[int | None, int | None] = (None, None)
     controller_state: str = "-"
     actions: list[dict[str, Any]] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
     diagnoses: list[str] = field(default_factory=list)
 
 
@@ -467,9 +468,14 @@ def _observe(run: Run, out: Path, plane: Any) -> None:
                 "reason": a.reason
                 if a.outcome is None or a.outcome.committed
                 else a.outcome.reason,
+                "committed": bool(a.outcome and a.outcome.committed),
+                "effect": a.effect,
+                "effect_detail": a.effect_detail,
+                "outcome": a.result.to_dict() if a.result is not None else None,
             }
             for a in plane.mitigator.actions
         ]
+        run.unavailable = dict(plane.mitigator.unavailable)
 
 
 def step_times_of(out: Path, world_size: int) -> np.ndarray:

@@ -52,8 +52,10 @@ def live_view(run: Any, *, enabled: bool) -> Iterator[Callable[[], None]]:
         for a in run.actions:
             t.add_row(
                 f"{a['action']} {a['strategy']}",
-                f"{_what(a)} from step {a['apply_step']}: {a['reason']}",
+                f"{_what(a)} from step {a['apply_step']}{effect_text(a)}: {a['reason']}",
             )
+        for strategy, why in run.unavailable.items():
+            t.add_row(f"{strategy} unavailable", why)
         return t
 
     if not enabled:
@@ -61,6 +63,25 @@ def live_view(run: Any, *, enabled: bool) -> Iterator[Callable[[], None]]:
         return
     with Live(table(), console=Console(stderr=True), refresh_per_second=4) as live:
         yield lambda: live.update(table())
+
+
+def effect_text(action: dict[str, Any]) -> str:
+    """``, in effect; measured 0.095 s vs 0.091 s predicted (pays)`` - what the ranks reported
+    after the apply step and what the controller measured (empty before either)."""
+    text = ""
+    if action.get("effect"):
+        text = f", {action['effect']}"
+        if action.get("effect_detail"):
+            text += f" ({action['effect_detail']})"
+    elif action.get("committed"):
+        text = ", committed (not checked yet)"
+    outcome = action.get("outcome") or {}
+    if outcome.get("measured_s") is not None:
+        text += f"; measured {outcome['measured_s']:.3f} s"
+        if outcome.get("predicted_s") is not None:
+            text += f" vs {outcome['predicted_s']:.3f} s predicted"
+        text += f" ({outcome.get('verdict')})"
+    return text
 
 
 def phases(run: Any, steps: int) -> dict[str, tuple[int, int]]:
@@ -101,6 +122,7 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
         "steps_run": len(times),
         "phases": rows,
         "actions": run.actions,
+        "unavailable": getattr(run, "unavailable", {}),
         "diagnoses": [json.loads(d) for d in run.diagnoses],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -171,8 +193,10 @@ def print_phases(summary: dict[str, Any]) -> None:
     for a in summary["actions"]:
         console.print(
             f"{a['action']} {a['strategy']}: {_what(a)} from step {a['apply_step']}"
-            f" ({a['reason']})"
+            f"{effect_text(a)} ({a['reason']})"
         )
+    for strategy, why in (summary.get("unavailable") or {}).items():
+        console.print(f"{strategy} unavailable in this job: {why}")
 
 
 def _plot(times: np.ndarray, summary: dict[str, Any], path: Path) -> None:

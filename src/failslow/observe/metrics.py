@@ -11,10 +11,16 @@ otherwise. Two sources, one registry per launcher:
   ``failslow_validation_rounds_total{result}``, ``failslow_validation_pause_seconds``,
   ``failslow_diagnoses_total{kind}``, the last diagnosis's
   ``failslow_diagnosis_rank_slowdown_ratio{rank}`` / ``..._link_slowdown_ratio{a,b}`` (the
-  ``top_k`` largest), ``failslow_plans_total{strategy,action,outcome}``,
-  ``failslow_plan_in_effect{strategy}``, the plan's estimated vs measured effect
+  ``top_k`` largest), ``failslow_plans_total{strategy,action,outcome}`` (outcome: committed,
+  aborted, then in effect or not in effect once the ranks reported),
+  ``failslow_plan_in_effect{strategy}`` (set only from what every rank reported running), the
+  plan's estimated vs measured effect
   (``failslow_plan_{estimated,baseline,measured,before}_step_seconds``,
-  ``failslow_plan_overhead_seconds``), the job's ``failslow_job_step``,
+  ``failslow_plan_overhead_seconds``), its outcome a few steps after it took effect
+  (``failslow_plan_outcomes_total{strategy,verdict}``,
+  ``failslow_plan_outcome_{predicted,measured}_step_seconds``), the strategies that could not
+  take effect in this job (``failslow_strategy_unavailable{strategy}``), the job's
+  ``failslow_job_step``,
   ``failslow_job_step_seconds`` and ``failslow_job_step_duration_seconds`` (histogram).
 - :class:`NodeCollector`, on every node: read at scrape time (no cost between scrapes) from the
   node publisher's per-rank tracker state - ``failslow_rank_iteration_seconds{rank}``,
@@ -46,6 +52,13 @@ from failslow.errors import ConfigError
 
 STATES = ("tracking", "profiling", "validating", "diagnosed")
 STRATEGIES = ("S2", "S3", "S4")
+STRATEGY_OF = {"MicroBatchPlan": "S2", "TopologyPlan": "S3", "RestartPlan": "S4"}
+"""The strategy label of a plan in effect, by its type."""
+
+
+def _short(strategy: Any) -> str:
+    """``"S2"`` for the planner's ``"S2 micro-batches"`` (a bounded label set)."""
+    return str(strategy).split(" ", 1)[0]
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 PAUSE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -124,6 +137,29 @@ class ControlMetrics:
         for attr, (unit, what) in plan_gauges.items():
             name = f"failslow_plan_{attr}_{unit}"
             setattr(self, attr, pc.Gauge(name, f"The plan in effect: {what}", **r))
+        self.outcomes = pc.Counter(
+            "failslow_plan_outcomes",
+            "Plans measured a few steps after they took effect, by verdict (pays, short: saved "
+            "under half the predicted, unknown)",
+            ["strategy", "verdict"],
+            **r,
+        )
+        self.outcome_predicted = pc.Gauge(
+            "failslow_plan_outcome_predicted_step_seconds",
+            "The last measured plan: the step time it predicted (on the observed scale)",
+            **r,
+        )
+        self.outcome_measured = pc.Gauge(
+            "failslow_plan_outcome_measured_step_seconds",
+            "The last measured plan: the median step time it gave",
+            **r,
+        )
+        self.unavailable = pc.Gauge(
+            "failslow_strategy_unavailable",
+            "1 for a strategy whose plan could not take effect in this job (never planned again)",
+            ["strategy"],
+            **r,
+        )
         self.step = pc.Gauge("failslow_job_step", "The newest step the job reported", **r)
         self.step_s = pc.Gauge(
             "failslow_job_step_seconds", "The newest step's time (rank 0's)", **r
@@ -158,6 +194,20 @@ class ControlMetrics:
                 self._effect()
             elif kind == "plan":
                 self._plan(ev)
+            elif kind == "effect":
+                self.plans.labels(_short(ev.get("strategy")), str(ev.get("action")),
+                                  str(ev.get("state"))).inc()  # fmt: skip
+                self._in_effect(ev.get("in_effect"), ev.get("apply_step"))
+            elif kind == "outcome":
+                self.outcomes.labels(_short(ev.get("strategy")), str(ev.get("verdict"))).inc()
+                for gauge, key in (
+                    (self.outcome_predicted, "predicted_s"),
+                    (self.outcome_measured, "measured_s"),
+                ):
+                    value = ev.get(key)
+                    gauge.set(float(value) if value is not None else float("nan"))
+            elif kind == "unavailable":
+                self.unavailable.labels(_short(ev.get("strategy"))).set(1.0)
 
     def _state(self, ev: dict[str, Any]) -> None:
         state = ev["state"]
@@ -184,12 +234,11 @@ class ControlMetrics:
 
     def _plan(self, ev: dict[str, Any]) -> None:
         outcome = "committed" if ev.get("committed") else "aborted"
-        strategy = str(ev.get("strategy"))
-        self.plans.labels(strategy, str(ev.get("action")), outcome).inc()
-        if not ev.get("committed"):
-            return
-        current = ev.get("in_effect")
-        effective = strategy if current is not None else "none"
+        self.plans.labels(_short(ev.get("strategy")), str(ev.get("action")), outcome).inc()
+
+    def _in_effect(self, current: dict[str, Any] | None, apply_step: Any) -> None:
+        """The plan every rank reported running (None: the even split), from ``apply_step``."""
+        effective = STRATEGY_OF.get(str((current or {}).get("type")), "none")
         for name in (*STRATEGIES, "none"):
             self.in_effect.labels(name).set(1.0 if name == effective else 0.0)
         plan = current or {}
@@ -200,7 +249,7 @@ class ControlMetrics:
         ):
             value = plan.get(key)
             gauge.set(float(value) if value is not None else float("nan"))
-        self._applied_at = ev.get("apply_step") if current is not None else None
+        self._applied_at = apply_step if current is not None else None
         self.measured.set(float("nan"))
         self.before.set(float("nan"))
         self._effect()

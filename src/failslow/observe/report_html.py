@@ -207,6 +207,20 @@ def _measured(a: Action, unit: str) -> str:
     return escape(text) + (f": <b>{escape(gain)}</b>" if gain else "")
 
 
+def _effect(a: Action) -> str:
+    if a.effect is None:
+        return "-" if a.committed else "not recorded" if a.committed is None else "-"
+    text = a.effect + (f": {a.effect_detail}" if a.effect_detail else "")
+    outcome = a.outcome
+    if outcome and outcome.get("measured_s") is not None:
+        predicted = outcome.get("predicted_s")
+        text += f"; measured {fmt_s(outcome['measured_s'])}"
+        text += f" vs {fmt_s(predicted)} predicted" if predicted is not None else ""
+        text += f" ({outcome.get('verdict')})"
+    tag = "ok" if a.effect == "in effect" else "bad"
+    return f'<span class="tag {tag}">{escape(text)}</span>'
+
+
 def _actions(view: RunView) -> str:
     if not view.actions:
         return section(
@@ -218,11 +232,11 @@ def _actions(view: RunView) -> str:
         rows.append([
             str(i), f'<span class="tag {escape(a.action)}">{escape(a.action)}</span>',
             escape(a.strategy), escape(a.what), "-" if a.apply_step is None else str(a.apply_step),
-            committed, escape(a.reason), _estimated(a), _measured(a, view.step_unit),
+            committed, _effect(a), escape(a.reason), _estimated(a), _measured(a, view.step_unit),
         ])  # fmt: skip
         fields = {
             "action": a.action, "strategy": a.strategy, "apply-step": a.apply_step,
-            "estimated": a.estimated_s, "baseline": a.baseline_s,
+            "estimated": a.estimated_s, "baseline": a.baseline_s, "effect": a.effect,
             "before": a.before[2] if a.before else None, "after": a.after[2] if a.after else None,
         }  # fmt: skip
         attrs.append("".join(
@@ -230,13 +244,16 @@ def _actions(view: RunView) -> str:
             for k, v in fields.items() if v is not None
         ))  # fmt: skip
     caption = (
+        "Effect: what every rank reported running after the apply step (a plan is in effect only "
+        "when every rank ran it; one that is not is rolled back), then the step time the "
+        "controller measured a few steps later against the plan's prediction. "
         "Estimated: the planner's model - the step time with the plan against the same model's "
         "baseline (it judges a plan by that ratio). Measured: the median step time from the apply "
         "step to the next action, against the steps before it (since the previous action or the "
         "fail-slow's start, at most 20)."
     )
-    head = ["#", "action", "strategy", "what", f"apply {view.step_unit}", "committed", "reason",
-            "estimated (model)", "measured"]  # fmt: skip
+    head = ["#", "action", "strategy", "what", f"apply {view.step_unit}", "committed", "effect",
+            "reason", "estimated (model)", "measured"]  # fmt: skip
     return section(
         "actions",
         "Actions",

@@ -83,6 +83,12 @@ class Action:
     overhead_s: float | None = None
     before: tuple[int, int, float | None] | None = None  # steps [a, b), median step time
     after: tuple[int, int, float | None] | None = None
+    effect: str | None = None
+    """What the ranks reported after the apply step: "in effect" / "not in effect" (None: not
+    recorded)."""
+    effect_detail: str = ""
+    outcome: dict[str, Any] | None = None
+    """The controller's measurement a few steps later: predicted_s, measured_s, verdict."""
 
 
 @dataclass
@@ -211,6 +217,14 @@ def _journal_records(
             view.diagnoses.append(d)
         elif kind == "plan":
             view.actions.append(_journal_action(ev, wall))
+        elif kind in ("effect", "outcome"):
+            action = _action_of(view.actions, ev)
+            if action is not None and kind == "effect":
+                action.effect, action.effect_detail = str(ev["state"]), str(ev.get("detail") or "")
+            elif action is not None:
+                action.outcome = {k: ev.get(k) for k in ("predicted_s", "measured_s", "verdict")}
+        elif kind == "unavailable":
+            view.notes.append(f"{ev['strategy']} is unavailable in this job: {ev['reason']}")
         elif kind == "state":
             detail = ev.get("detail") or {}
             if ev["state"] == "profiling":
@@ -222,6 +236,16 @@ def _journal_records(
                     Round(wall, step_at(walls, wall), trigger or "-", suspects,
                           detail.get("healthy"), detail.get("paused_s"))
                 )  # fmt: skip
+
+
+def _action_of(actions: list[Action], ev: dict[str, Any]) -> Action | None:
+    """The newest committed action at ``ev``'s apply step (what an effect or outcome is of)."""
+    step = ev.get("apply_step")
+    return next(
+        (a for a in reversed(actions) if a.committed and a.apply_step == step
+         and a.action == ev.get("action")),
+        None,
+    )  # fmt: skip
 
 
 def _trigger(detail: dict[str, Any]) -> str:

@@ -48,6 +48,8 @@ table.evidence td:first-child { font-weight: 600; white-space: nowrap; }
   border-radius: 9px; background: #e5e7eb; font-size: 12px; }
 .tag.apply { background: #dbeafe; color: #1e40af; }
 .tag.revert { background: #ede9fe; color: #5b21b6; }
+.tag.replan { background: #dbeafe; color: #1e40af; }
+.tag.rollback { background: #fee2e2; color: #991b1b; }
 .tag.ok { background: #dcfce7; color: #166534; }
 .tag.bad { background: #fee2e2; color: #991b1b; }
 .hot { color: #b91c1c; font-weight: 700; }

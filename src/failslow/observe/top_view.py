@@ -134,7 +134,19 @@ def _action_line(action: dict[str, Any] | None) -> str:
     if action.get("apply_step") is not None:
         text += f" at step {action['apply_step']}"
     text += ", committed" if action.get("committed") else ", not committed"
+    if action.get("effect"):
+        text += f", {action['effect']}"
+        if action.get("effect_detail"):
+            text += f" ({action['effect_detail']})"
+    if action.get("measured_s") is not None:
+        predicted = action.get("predicted_s")
+        text += f", measured {action['measured_s']:.3f} s/step"
+        text += f" vs {predicted:.3f} s predicted" if predicted is not None else ""
     return text + (f": {action['reason']}" if action.get("reason") else "")
+
+
+def _unavailable_line(unavailable: dict[str, str]) -> str:
+    return "; ".join(f"{name}: {why}" for name, why in sorted(unavailable.items()))
 
 
 def _steps_line(steps: list[list[Any]]) -> str:
@@ -223,6 +235,11 @@ def _render(frame: dict[str, Any]) -> RenderableType:
                 ("diagnosis", _diagnosis_line(diagnoses["last"], now)),
                 ("plan", describe_plan(status.get("in_effect"))),
                 ("action", _action_line(status.get("last_action"))),
+                *(
+                    [("unavailable", _unavailable_line(status["unavailable"]))]
+                    if status.get("unavailable")
+                    else []
+                ),
                 ("steps", _steps_line(frame["steps"])),
             ]
         )

@@ -14,7 +14,10 @@ module:
 - the rank's step profile (time per micro-batch, the rest, the optimizer part), published with
   its agent's progress record for the planner's S2 estimate (:mod:`.step_profile`);
 - plans received over the plan channel (:mod:`failslow.core.control.plan_channel`) and applied
-  at the step boundary every rank agreed on, all ranks or none (:mod:`.plan_application`);
+  at the step boundary every rank agreed on, all ranks or none (:mod:`.plan_application`); at
+  the next boundary, what the rank ran in that step is checked against the plan and the
+  verdict goes back to the controller (the receiver's thread sends it), which calls a plan
+  in effect only when every rank ran it;
 - in-memory snapshots, backups on peers and resume (byterobust 6.3; :mod:`.snapshot_service`),
   and the stop for a hot update (byterobust 6.1; :meth:`Session._stop_for_update`).
 
@@ -94,12 +97,16 @@ class Session:
             capabilities=lambda: self.capabilities,
             even_plan=lambda: even_plan(self.topology),
             all_ranks_ok=self._all_ranks_ok,
+            topology=lambda: self.topology,
         )
+        self._epoch_of: dict[int, int] = {}
+        """The plan channel's epoch of the plan applied at a step (reported when checked)."""
         self.snapshot_service: SnapshotService | None = None
         self._job_report: Any = None
         self._last_boundary: float | None = None
         self._outcomes_seen = 0
         self.started = False
+        self._started_wall = time.time()
         self.metric_watch = MetricWatch(config.checks, can_roll_back=self._can_roll_back)
         """``failslow.report_metrics`` of this rank (byterobust 4.1)."""
 
@@ -219,10 +226,13 @@ class Session:
         return caps
 
     def job_record(self) -> dict[str, Any]:
+        """What rank 0 publishes: the layout, the adapter's capabilities, the world size and
+        when this launch started (a restart is in effect once a later launch registered)."""
         return {
             "topology": self.topology.to_dict(),
             "capabilities": self.capabilities.to_dict(),
             "world_size": self.world_size,
+            "started": self._started_wall,
         }
 
     # ---- snapshots ---------------------------------------------------------------------------
@@ -299,9 +309,15 @@ class Session:
         self._last_boundary = time.perf_counter()
         self.profile.boundary(now, self._last_boundary)
         self.step = step
+        checked = self.plans.check(step, self.profile.last_calls)  # before a new plan applies
+        if checked is not None:
+            self._report_effect(checked[0].step, checked[1])
         plan = self.plans.scheduled(step)
         if self.receiver is not None:
-            plan = self.receiver.due(step) or plan
+            due = self.receiver.due(step)
+            if due is not None:
+                plan = due
+                self._epoch_of[step] = self.receiver.due_epoch  # type: ignore[assignment]
             self._report_outcomes()
         if isinstance(plan, StopForUpdate):
             self._stop_for_update(plan, step)
@@ -309,11 +325,20 @@ class Session:
             self._stop_for_restart(plan, step)
         elif plan is not None:
             applied = self.plans.apply(plan, step)
-            if applied and isinstance(plan, TopologyPlan) and self._job_report is not None:
+            if not applied:
+                self._report_effect(step, f"rolled back at step {step}: {self.plans.rolled_back}")
+            elif isinstance(plan, TopologyPlan) and self._job_report is not None:
                 self._job_report.publish_job(self.job_record())  # roles moved: a new layout
         service = self.snapshot_service
         if service is not None and service.due(step):
             service.snapshot(step)
+
+    def _report_effect(self, step: int, reason: str) -> None:
+        """Tell the controller what this rank ran at the plan of ``step`` ("": the plan); a
+        plan scheduled on the rank itself (tests, offline use) has no one to tell."""
+        epoch = self._epoch_of.pop(step, None)
+        if epoch is not None and self.receiver is not None:
+            self.receiver.report_effect(epoch, reason)
 
     def micro_batch(self) -> None:
         """The adapter is about to run a training micro-batch (one forward call of it):

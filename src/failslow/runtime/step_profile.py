@@ -64,6 +64,9 @@ class StepProfile:
         """(calls, spacing, rest, post, before the optimizer) of the last ``window`` steps."""
         self._rests: collections.deque[tuple[float, float]] = collections.deque(maxlen=long_window)
         self._spacing: float | None = None
+        self.last_calls = 0
+        """Training micro-batch calls between the last two boundaries (what the step that just
+        ended ran: a plan's effect is checked against it)."""
 
     def micro_batch(self) -> None:
         """A training micro-batch (one forward call of it) starts now."""
@@ -77,6 +80,7 @@ class StepProfile:
         """A step boundary: the step since the last one ended at ``end``; the next starts at
         ``start`` (default ``end``; later when a validation pause parked the rank between)."""
         starts, self._starts = self._starts, []
+        self.last_calls = len(starts)
         optimizer, self._optimizer = self._optimizer, None
         last, self._boundary = self._boundary, end if start is None else start
         if last is None or not starts:

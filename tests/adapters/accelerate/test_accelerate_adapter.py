@@ -12,7 +12,7 @@ pytest.importorskip(
 )
 
 import failslow.accelerate
-from failslow.adapters.accelerate.plugin import NO_SHARE_LOADER, AccelerateAdapter
+from failslow.adapters.accelerate.plugin import AccelerateAdapter
 from failslow.adapters.common.microbatch import ReplicaSplit
 from failslow.core.planner.allocation import loss_weights
 from failslow.core.planner.plans import MicroBatchPlan
@@ -57,11 +57,13 @@ def test_plans_need_the_share_aware_loader():
     adapter = AccelerateAdapter.__new__(AccelerateAdapter)
     adapter.flavor, adapter.unshard_once = "ddp", False
     adapter.split = ReplicaSplit(replica=0, replicas=2, micro_batches=4, framework="Accelerate")
+    adapter.split.loader_hint = "build the training loader with fs.loader(dataset)"
     counts = (1, 3)
     plan = MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
     with pytest.raises(ConfigError) as info:
         adapter.failslow_prepare_microbatch_plan(plan, rank=0)
-    assert str(info.value) == NO_SHARE_LOADER
+    assert "a loader failslow does not re-cut per plan" in str(info.value)
+    assert str(info.value).endswith("fs.loader(dataset)")
 
 
 def test_a_single_process_job_is_refused_with_what_to_do():

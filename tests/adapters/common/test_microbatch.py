@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch.utils.data import TensorDataset
@@ -64,3 +66,68 @@ def test_keep_global_batch_refuses_what_it_cannot_keep() -> None:
     split.loader(TensorDataset(torch.zeros(8, 1)), micro_batch_size=1)
     with pytest.raises(FailslowError, match="data loader was built before the restore"):
         split.keep_global_batch(8)
+
+
+# ---- what a rank ran against the plan (the closed loop) ----------------------------------------
+def _plan(*counts: int) -> Any:
+    from failslow.core.planner.allocation import loss_weights
+    from failslow.core.planner.plans import MicroBatchPlan
+
+    return MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
+
+
+def _read_step(loader_iter: object, split: ReplicaSplit, n: int) -> None:
+    for _ in range(n):
+        next(loader_iter)  # type: ignore[call-overload]
+
+
+def test_a_rank_that_ran_its_share_is_in_effect() -> None:
+    data = TensorDataset(torch.arange(64.0).reshape(64, 1))
+    split = ReplicaSplit(replica=2, replicas=4, micro_batches=8)
+    split.micro_loss_scale = lambda: 1 / 2  # the framework's 1 / G, G = 8 / 4
+    batches = iter(split.loader(data, micro_batch_size=2))
+    plan = _plan(3, 2, 1, 2)
+    assert split.ready(plan) == (3, 2, 1, 2)
+    _read_step(batches, split, 2)  # step 0, the even split
+    split.apply(plan, step=1)
+    _read_step(batches, split, 1)  # step 1: one micro-batch
+    assert split.verify(plan, step=1, forwards=1) == ""
+
+
+def test_what_a_rank_ran_instead_of_the_plan_is_said() -> None:
+    data = TensorDataset(torch.arange(64.0).reshape(64, 1))
+    split = ReplicaSplit(replica=2, replicas=4, micro_batches=8)
+    split.micro_loss_scale = lambda: 1 / 2
+    batches = iter(split.loader(data, micro_batch_size=2))
+    plan = _plan(3, 2, 1, 2)
+    split.apply(plan, step=0)
+    _read_step(batches, split, 1)
+    # a loop of its own ran two forwards (the Trainer's accumulation)
+    assert split.verify(plan, step=0, forwards=2) == (
+        "ran 2 micro-batches in step 0, the plan gives its replica 1 (the training loop "
+        "decides the count, not failslow)"
+    )
+    # the framework divided by another count: the weight is off
+    split.micro_loss_scale = lambda: 1 / 4
+    assert split.verify(plan, step=0, forwards=1).startswith(
+        "weighted its gradient 0.25 in step 0 (1 micro-losses x 0.25), the plan 0.5"
+    )
+    split.micro_loss_scale = lambda: 1 / 2
+    # the data of the step came from somewhere else: nothing read from the share-aware loader
+    assert split.verify(plan, step=5, forwards=1) == (
+        "read none of step 5's micro-batches from the share-aware loader (the loop feeds other "
+        "data)"
+    )
+    # interleaved: two forwards per micro-batch
+    split.forwards_per_micro_batch = 2
+    assert split.verify(plan, step=0, forwards=2) == ""
+
+
+def test_a_plan_is_refused_where_the_rank_reads_data_failslow_cannot_re_cut() -> None:
+    split = ReplicaSplit(replica=0, replicas=2, micro_batches=4)
+    split.loader_hint = "use fs.loader(dataset)"
+    with pytest.raises(ConfigError, match=r"does not re-cut per plan.*use fs\.loader\(dataset\)$"):
+        split.ready(_plan(1, 3))
+    assert split.verify(_plan(1, 3), step=0, forwards=0).startswith("its split runs 2")
+    split.reads_data = lambda: False  # a middle pipeline stage: no data of its own
+    assert split.ready(_plan(1, 3)) == (1, 3)

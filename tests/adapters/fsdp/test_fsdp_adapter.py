@@ -48,6 +48,12 @@ def _adapter(flavor: str, unshard_once: bool = False) -> FSDPAdapter:
     return adapter
 
 
+def _with_loader(adapter: FSDPAdapter) -> FSDPAdapter:
+    """Its share-aware loader built (what a plan needs on a rank that reads data)."""
+    adapter.split.loader(torch.utils.data.TensorDataset(torch.zeros(64, 1)), micro_batch_size=2)
+    return adapter
+
+
 def _plan(*counts: int) -> MicroBatchPlan:
     return MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
 
@@ -59,11 +65,18 @@ def test_pure_fsdp_declares_plans_unsupported_unless_unsharded_once():
         plain.failslow_prepare_microbatch_plan(_plan(1, 3, 2, 2), rank=0)
     for adapter in (_adapter("fsdp", unshard_once=True), _adapter("hsdp"), _adapter("ddp")):
         assert adapter.failslow_capabilities().microbatch_plans == ""
-        assert adapter.failslow_prepare_microbatch_plan(_plan(1, 3, 2, 2), rank=0)
+        assert _with_loader(adapter).failslow_prepare_microbatch_plan(_plan(1, 3, 2, 2), rank=0)
+
+
+def test_a_plan_is_refused_while_the_rank_reads_data_failslow_cannot_re_cut():
+    adapter = _adapter("ddp")
+    with pytest.raises(ConfigError, match="a loader failslow does not re-cut per plan"):
+        adapter.failslow_prepare_microbatch_plan(_plan(1, 3, 2, 2), rank=0)
+    assert adapter.split.counts == (2, 2, 2, 2)
 
 
 def test_counts_that_leave_a_replica_idle_or_miss_the_batch_are_refused():
-    adapter = _adapter("ddp")
+    adapter = _with_loader(_adapter("ddp"))
     with pytest.raises(ConfigError, match="at least 1 micro-batch"):
         adapter.failslow_prepare_microbatch_plan(_plan(0, 4, 2, 2), rank=0)
     with pytest.raises(ConfigError, match="must sum to the 8"):

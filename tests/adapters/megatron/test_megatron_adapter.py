@@ -41,6 +41,7 @@ def _adapter(*, ep: int = 1, chunks: int = 1, pp: int = 2, **config: object) -> 
     adapter.config = SimpleNamespace(**{**defaults, **config})
     adapter.topology = SimpleNamespace(pp=pp)
     adapter.split = ReplicaSplit(replica=0, replicas=2, micro_batches=8, framework="Megatron-core")
+    adapter._observe_split()
     return adapter
 
 
@@ -75,6 +76,21 @@ def test_the_interleaved_schedule_takes_only_counts_its_group_rule_allows():
     adapter = _adapter(chunks=2, pp=2, microbatch_group_size_per_vp_stage=4)
     with pytest.raises(ConfigError, match="interleaved schedule cannot run 2"):
         adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
+
+
+def test_a_plan_is_refused_once_the_loop_feeds_its_own_data_iterator():
+    """Megatron-LM's loop with its own iterator (its pretraining sampler): each replica would
+    draw more or fewer batches of its own stream under a plan - other data than the even
+    split's. Refused with what to pass; the adapter's own iterator, or none (a middle pipeline
+    stage), is fine."""
+    adapter = _adapter()
+    adapter._step_data = adapter._data_source(iter([]))
+    assert adapter._step_data == "foreign"
+    with pytest.raises(ConfigError, match=r"does not re-cut.*data_iterator=fs\.data_iterator"):
+        adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
+    adapter._step_data = adapter._data_source([None, None])
+    assert adapter._step_data == "none"
+    assert adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
 
 
 def test_topology_swaps_are_declared_with_their_reason():

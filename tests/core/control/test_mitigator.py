@@ -352,3 +352,202 @@ def test_a_job_that_went_on_with_fewer_ranks_is_planned_for_the_ranks_it_has(url
     _stop(ranks)
     relief = [p for _, p in ranks[0].applied][-1]
     assert isinstance(relief, MicroBatchPlan) and relief.counts == (6, 5, 5)
+
+
+# ---- the closed loop: what the ranks ran, then what it bought ----------------------------------
+def _events_of(mitigator: Mitigator) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    mitigator.on_event = events.append
+    return events
+
+
+def _tick_until(mitigator: Mitigator, done: Any, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        mitigator.tick()
+        time.sleep(0.02)
+    assert done(), "timed out"
+
+
+FIRST = 1000
+"""The ranks' first step in these tests: after the steps the tests report as rank 0's."""
+
+
+def _steps_after(store: Store, first: int, seconds: float, n: int) -> None:
+    store.set_json(keys.STEPS, {"steps": [[s, seconds] for s in range(first, first + n)]})
+
+
+def _passed(store: Store, action: Any, seconds: float = 0.3) -> int:
+    """Rank 0 reports the steps up to ``action``'s apply step (the five before it at
+    ``seconds``); returns the apply step."""
+    assert action.outcome is not None and action.outcome.apply_step is not None
+    step = int(action.outcome.apply_step)
+    _steps_after(store, step - 5, seconds, 6)
+    return step
+
+
+def test_a_plan_every_rank_ran_is_in_effect_and_its_outcome_is_measured(url: str) -> None:
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+    ranks = _ranks(url, 4, first_step=FIRST)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        mitigator = Mitigator(store, config.planner, world_size=4)
+        events = _events_of(mitigator)
+        mitigator.tick()
+        diagnosis = _diagnosis()
+        time.sleep(0.01)
+        _steps_after(store, 20, 0.3, 10)
+        mitigator.tick()
+        mitigator.on_diagnosis(diagnosis)
+        mitigator.tick()
+        (action,) = mitigator.actions
+        assert action.outcome is not None and action.outcome.apply_step is not None
+        # committed is what the ranks were told, not what they run
+        assert mitigator.desired == action.plan and mitigator.in_effect is None
+        step = _passed(store, action)
+        _tick_until(mitigator, lambda: mitigator.in_effect is not None)
+        assert mitigator.in_effect == action.plan and action.effect == "in effect"
+        # GEMM-sized [5, 5, 1, 5]: 0.125 s predicted against 0.3 s before; 0.13 s measured
+        _steps_after(store, step + 1, 0.13, 8)
+        _tick_until(mitigator, lambda: action.result is not None)
+    _stop(ranks)
+    assert action.result is not None and action.result.verdict == "pays"
+    assert action.result.before_s == pytest.approx(0.3)
+    assert action.result.measured_s == pytest.approx(0.13)
+    assert action.result.predicted_s == pytest.approx(0.125)
+    kinds = [e["kind"] for e in events if e["kind"] != "steps"]
+    assert kinds == ["plan", "effect", "outcome"]
+    (effect,) = [e for e in events if e["kind"] == "effect"]
+    assert effect["state"] == "in effect" and effect["apply_step"] == step
+    assert list(effect["in_effect"]["counts"]) == list(action.plan.counts)  # type: ignore[attr-defined]
+    assert mitigator.planner is not None
+    assert mitigator.planner.ski._event.measured == {"S2 micro-batches": 0.13}  # type: ignore[union-attr]
+
+
+def test_a_plan_a_rank_did_not_run_is_rolled_back_and_its_strategy_disabled(url: str) -> None:
+    """The Trainer + DeepSpeed case: every rank applied the counts, but rank 2's loop ran its
+    own 4 micro-batches. Not in effect, rolled back to the even split (in effect), and S2 is
+    never planned again in this job, with the rank's reason in the events."""
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+
+    def loop_of_its_own(plan: object) -> str:
+        counts = getattr(plan, "counts", (4,) * 4)
+        return "" if counts[2] == 4 else "ran 4 micro-batches in step 9, the plan gives it 1"
+
+    ranks = [
+        *_ranks(url, 2, first_step=FIRST),
+        Rank(url, 2, ran=loop_of_its_own, first_step=FIRST),
+        Rank(url, 3, first_step=FIRST),
+    ]
+    for r in ranks[2:]:
+        r.start()
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        mitigator = Mitigator(store, config.planner, world_size=4)
+        events = _events_of(mitigator)
+        mitigator.tick()
+        diagnosis = _diagnosis()
+        time.sleep(0.01)
+        _steps_after(store, 20, 0.3, 10)
+        mitigator.tick()
+        mitigator.on_diagnosis(diagnosis)
+        mitigator.tick()
+        bought = mitigator.actions[0]
+        _passed(store, bought)
+        _tick_until(mitigator, lambda: len(mitigator.actions) == 2)
+        rollback = mitigator.actions[1]
+        _passed(store, rollback)
+        _tick_until(mitigator, lambda: rollback.effect != "")
+        # the same fail-slow's next rung: S2 is not offered again
+        other = Diagnosis(Kind.COMPUTE, slow_ranks=(SlowRank(1, 3.0),))
+        mitigator.on_diagnosis(other)
+        mitigator.tick()
+    _stop(ranks)
+    why = "rank 2: ran 4 micro-batches in step 9, the plan gives it 1"
+    assert bought.effect == "not in effect" and bought.effect_detail == why
+    assert rollback.action == "rollback" and rollback.reason == f"not in effect: {why}"
+    assert rollback.plan == MicroBatchPlan(counts=(4, 4, 4, 4), weights=(1.0,) * 4)
+    assert rollback.effect == "in effect" and mitigator.in_effect is None
+    assert mitigator.unavailable == {"S2 micro-batches": why}
+    assert len(mitigator.actions) == 2  # nothing planned for the new diagnosis
+    assert mitigator.planner is not None and mitigator.planner.ski.candidates() == ()
+    for r in ranks:
+        assert [p for _, p in r.applied] == [bought.plan, rollback.plan]
+    kinds = [(e["kind"], e.get("state") or e.get("action")) for e in events
+             if e["kind"] not in ("steps",)]  # fmt: skip
+    assert kinds == [
+        ("plan", "apply"), ("effect", "not in effect"), ("unavailable", None),
+        ("plan", "rollback"), ("effect", "in effect"),
+    ]  # fmt: skip
+
+
+def test_a_rank_that_never_reports_leaves_the_plan_not_in_effect(url: str) -> None:
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+    ranks = _ranks(url, 3, first_step=FIRST) + _ranks(url, 1, ran=None, first_step=FIRST)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        mitigator = _diagnosed_after_slow_steps(store, config, ranks)
+        mitigator.loop.grace_s = 0.5
+        (action,) = mitigator.actions
+        _passed(store, action)
+        _tick_until(mitigator, lambda: action.effect != "")
+    _stop(ranks)
+    assert action.effect == "not in effect"
+    assert action.effect_detail == (
+        f"only 3 of 4 ranks reported running it 0.5 s after step {action.outcome.apply_step}"
+    )
+    assert mitigator.actions[-1].action == "rollback"
+
+
+def test_a_plan_that_saves_under_half_its_prediction_is_replanned_once_then_reverted(
+    url: str,
+) -> None:
+    """The CPU-saturated machine: S2 in effect, and the job runs as slow as before. Re-planned
+    once from the ranks' newer profiles (the healthy replicas got slower with more micro-
+    batches), still short, reverted - and the planner judges S2 by what it measured, so it does
+    not buy it again while the fail-slow lasts."""
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+    ranks = _ranks(url, 4, first_step=FIRST)
+
+    def profiles(slow: tuple[int, float], healthy: tuple[int, float]) -> None:
+        """Rank 2's and rank 0's step profiles: (micro-batches per step, seconds apart)."""
+        for rank, (calls, spacing) in ((2, slow), (0, healthy)):
+            store.set_json(f"{keys.VALIDATE}/progress/{rank}", {"step": 1, "profile": {
+                "calls": calls, "spacing": spacing, "rest": 0.0, "rest_low": 0.0}})  # fmt: skip
+
+    def in_effect(action: Any) -> int:
+        step = _passed(store, action)
+        _tick_until(mitigator, lambda: action.effect == "in effect")
+        return step
+
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        profiles((4, 0.1), (4, 0.025))
+        mitigator = _diagnosed_after_slow_steps(store, config, ranks)
+        (bought,) = mitigator.actions
+        assert bought.plan.counts == (5, 5, 1, 5)  # type: ignore[attr-defined]
+        step = in_effect(bought)
+        # with more micro-batches the healthy replicas got slower (no core to spare), rank 2
+        # with fewer faster: the newer profiles ask for another split
+        profiles((1, 0.05), (5, 0.03))
+        _steps_after(store, step + 1, 0.3, 8)  # no faster than before
+        _tick_until(mitigator, lambda: len(mitigator.actions) == 2)
+        replanned = mitigator.actions[1]
+        assert replanned.action == "replan" and replanned.replans == 1
+        assert replanned.plan.counts == (5, 4, 3, 4)  # type: ignore[attr-defined]
+        assert replanned.plan.step_time_s == pytest.approx(0.15)
+        step = in_effect(replanned)
+        _steps_after(store, step + 1, 0.3, 8)
+        _tick_until(mitigator, lambda: len(mitigator.actions) == 3)
+        reverted = mitigator.actions[2]
+        in_effect(reverted)
+        # more slow steps buy nothing: S2 is judged by its measured 0.3 s
+        _steps_after(store, step + 20, 0.3, 10)
+        _ = [mitigator.tick() for _ in range(3)]
+    _stop(ranks)
+    assert bought.result is not None and bought.result.verdict == "short"
+    assert replanned.result is not None and replanned.result.verdict == "short"
+    assert reverted.action == "revert" and reverted.reason.startswith("did not pay: measured")
+    assert reverted.plan.counts == (4, 4, 4, 4)  # type: ignore[attr-defined]
+    assert mitigator.in_effect is None and mitigator.active
+    assert len(mitigator.actions) == 3

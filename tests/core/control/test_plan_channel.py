@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -37,7 +37,9 @@ def url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 class Rank(threading.Thread):
-    """Steps of ``step_s``; records the step at which each plan arrived."""
+    """Steps of ``step_s``; records the step at which each plan arrived, and at the next step
+    reports what it ran as a session does: ``ran(plan)`` is "" (it ran the plan) or what it
+    ran instead; ``ran=None`` never reports (a rank whose adapter cannot tell)."""
 
     def __init__(
         self,
@@ -47,13 +49,17 @@ class Rank(threading.Thread):
         refuse: str = "",
         step_s: float = 0.005,
         token: str | None = None,
+        ran: Callable[[object], str] | None = lambda plan: "",
+        first_step: int = 0,
     ) -> None:
         super().__init__(daemon=True)
         self.store = open_store(url, timeout_s=CONNECT_S)
         self.applied: list[tuple[int, MicroBatchPlan]] = []
-        self.step = 0
+        self.step = first_step
         self.stop = threading.Event()
         self.step_s = step_s
+        self.ran = ran
+        self._unchecked: tuple[int, int, object] | None = None
 
         def prepare(plan: object) -> None:
             if refuse:
@@ -73,9 +79,15 @@ class Rank(threading.Thread):
         self.receiver.start()
         while not self.stop.is_set():
             self.step += 1
+            if self._unchecked is not None and self.ran is not None:
+                _, epoch, applied = self._unchecked
+                self.receiver.report_effect(epoch, self.ran(applied))
+            self._unchecked = None
             plan = self.receiver.due(self.step)
             if plan is not None:
                 self.applied.append((self.step, plan))
+                assert self.receiver.due_epoch is not None
+                self._unchecked = (self.step, self.receiver.due_epoch, plan)
             time.sleep(self.step_s)
         self.receiver.stop()
 
@@ -254,3 +266,23 @@ def test_data_read_ahead_learns_the_plan_before_its_step(url: str) -> None:
         assert receiver.before_data(10) == [(10, PLAN)]  # the decision is read before step 10
         step[0] = 10
         assert receiver.due(10) == PLAN
+
+
+def test_each_rank_reports_what_it_ran_and_the_controller_reads_two_counters(url: str) -> None:
+    """The closed loop's third phase: after the apply step each rank says whether it ran the
+    plan; the controller reads the counts and the first refusal's reason."""
+    from failslow.core.control.plan_channel import read_effect
+
+    ranks = _ranks(url, 3) + _ranks(url, 1, ran=lambda plan: "ran 4 micro-batches in step 9")
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        outcome = dispatch(store, PLAN, world_size=4, horizon_steps=5, timeout_s=20)
+        assert outcome.committed, outcome.reason
+        deadline = time.monotonic() + 20
+        effect = read_effect(store, outcome.epoch)
+        while effect.ran + effect.not_ran < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            effect = read_effect(store, outcome.epoch)
+        _stop(ranks)
+    assert (effect.ran, effect.not_ran) == (3, 1)
+    assert effect.why == "rank 0: ran 4 micro-batches in step 9"
+    assert effect.state(4) == "not in effect" and effect.state(3) == "not in effect"

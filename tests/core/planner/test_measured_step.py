@@ -128,3 +128,54 @@ def test_a_job_that_lost_a_replica_expects_the_survivors_longest_share() -> None
     got = resized_step_s(profiles, [4, 4, 4, 4], even_counts(16, 3))
     assert got == pytest.approx((0.1 + 4 * 0.12 + 0.05, 0.1 + 6 * 0.12 + 0.05))
     assert resized_step_s([profiles[0], None, None, None], [4] * 4, [6, 5, 5]) is None
+
+
+def _steps(*parts: tuple[float, float]) -> MeasuredSteps:
+    return MeasuredSteps(tuple(ReplicaStep(per_microbatch_s=t, rest_s=r) for t, r in parts))
+
+
+def test_best_counts_are_sized_from_what_each_replica_measured() -> None:
+    """The issue-44 job: the GEMM said 2.4x, the rank's training ran 4x slower; sized from its
+    measured time per micro-batch, it gets one micro-batch, not two."""
+    healthy, slow = (0.025, 0.01), (0.1, 0.04)
+    model = _steps(healthy, healthy, slow, healthy)
+    assert model.best_counts(16) == (5, 5, 1, 5)
+    # equal replicas: the even split; a fixed part counts (the slow replica's rest is long)
+    assert _steps(healthy, healthy).best_counts(8) == (4, 4)
+    assert _steps((0.02, 0.0), (0.02, 0.1)).best_counts(12) == (8, 4)
+    # among equally fast splits, the one closest to even (moving work costs on shared cores)
+    assert _steps((0.03, 0.0), (0.03, 0.0), (0.05, 0.0), (0.03, 0.0)).best_counts(16) == (
+        5, 4, 3, 4,
+    )  # fmt: skip
+
+
+def test_best_counts_keep_pipeline_multiples_and_minimums() -> None:
+    model = _steps((0.01, 0.0), (0.08, 0.0))
+    assert model.best_counts(8, multiple_of=2, minimum=2) == (6, 2)
+    with pytest.raises(ValueError, match="multiples of 2"):
+        model.best_counts(7, multiple_of=2)
+
+
+def test_best_counts_is_the_exact_min_max() -> None:
+    import itertools
+    import random
+
+    rng = random.Random(4)
+    for _ in range(200):
+        d, total = rng.randint(2, 4), rng.randint(4, 12)
+        parts = [(rng.choice([0.01, 0.02, 0.03, 0.05, 0.1]), rng.choice([0.0, 0.01, 0.05]))
+                 for _ in range(d)]  # fmt: skip
+        if total < d:
+            continue
+        got = _steps(*parts).best_counts(total)
+        assert sum(got) == total and min(got) >= 1
+
+        def slowest(counts: tuple[int, ...], parts: list[tuple[float, float]] = parts) -> float:
+            return max(r + m * t for (t, r), m in zip(parts, counts, strict=True))
+
+        best = min(
+            slowest(c)
+            for c in itertools.product(range(1, total + 1), repeat=d)
+            if sum(c) == total
+        )
+        assert slowest(got) == pytest.approx(best, abs=1e-12), (parts, total, got)

@@ -191,3 +191,53 @@ def test_a_plan_is_judged_by_its_models_relative_gain_when_it_has_a_baseline():
     absolute = planner(None)
     absolute.onset(COMPUTE, healthy_step_s=1.0)
     assert run(absolute, [2.0, 2.0]) == []
+
+
+# ---- what the job showed (the closed loop) -----------------------------------------------------
+def test_a_disabled_strategy_leaves_the_event_and_is_never_planned_again():
+    planner = MultiLevelPlanner(three_levels(), min_gain=0.0)
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    assert run(planner, [2.0, 2.0]) == [(1, "apply", "microbatch")]
+    planner.disable("microbatch", "rank 2 ran 4 micro-batches")
+    assert planner.applied == ()
+    assert [n for n, _ in planner.candidates()] == ["topology", "restart"]
+    assert planner.disabled == {"microbatch": "rank 2 ran 4 micro-batches"}
+    # the impact keeps accruing: the next level is bought when it pays (30 s)
+    assert run(planner, [2.0] * 30)[0][1:] == ("apply", "topology")
+    # a new fail-slow: still no microbatch plan
+    planner.relief()
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    assert "microbatch" not in [n for n, _ in planner.candidates()]
+
+
+def test_a_strategy_is_judged_by_its_measured_step_once_it_ran():
+    """S2 predicted 1.1 s; in effect it measured 2.0 s (no gain): reverted, it is not bought
+    again on its prediction - the next level is bought on its own terms."""
+    planner = MultiLevelPlanner(three_levels(), min_gain=0.05)
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    assert run(planner, [2.0, 2.0]) == [(1, "apply", "microbatch")]
+    planner.measured("microbatch", 2.0)
+    planner.dropped("microbatch")
+    assert planner.applied == ()
+    assert run(planner, [2.0] * 3) == []
+    # a compound onset makes the candidates anew: microbatch is still judged by 2.0 s
+    assert planner.onset(COMPUTE, healthy_step_s=1.0) == []
+    assert [d for d in run(planner, [2.0] * 5) if d[2] == "microbatch"] == []
+
+
+def test_rebuild_replaces_the_applied_plan_only_when_the_new_one_differs():
+    from failslow.core.planner.plans import MicroBatchPlan
+
+    def split(*counts: int, step: float) -> MicroBatchPlan:
+        return MicroBatchPlan(counts=counts, weights=(1.0,) * 4, overhead_s=1.0, step_time_s=step)
+
+    plans = iter([split(5, 5, 1, 5, step=1.5), split(5, 5, 1, 5, step=1.4),
+                  split(5, 4, 3, 4, step=1.2)])  # fmt: skip
+    s2 = Strategy("microbatch", COMPUTE_ONLY, lambda _d: next(plans))
+    planner = MultiLevelPlanner([s2], min_gain=0.0)
+    planner.onset(COMPUTE, healthy_step_s=1.0)
+    assert run(planner, [2.0])[0][1:] == ("apply", "microbatch")
+    assert planner.rebuild("microbatch", "newer profiles") is None  # the same change
+    decision = planner.rebuild("microbatch", "newer profiles")
+    assert decision is not None and decision.plan.step_time_s == 1.2
+    assert decision.reason == "newer profiles" and planner.applied == ("microbatch",)

@@ -38,16 +38,11 @@ from failslow import hookimpl
 from failslow.adapters.common.loop import is_training_forward
 from failslow.adapters.common.state import counters, restore_counters
 from failslow.adapters.fsdp.plugin import FSDPAdapter
-from failslow.core.planner.plans import MicroBatchPlan
 from failslow.errors import ConfigError
 
 NO_REBUILD = (
     "Accelerate keeps the prepared model, optimizer and device mesh in its own process-wide "
     "state, which a swap cannot rebuild in place"
-)
-NO_SHARE_LOADER = (
-    "micro-batch plans need each replica to read its exact share of every global batch: "
-    "build the training loader with fs.loader(dataset)"
 )
 
 
@@ -104,6 +99,7 @@ class AccelerateAdapter(FSDPAdapter):
             unshard_once=unshard_once,
             framework="Accelerate",
         )
+        self.split.micro_loss_scale = lambda: 1.0 / int(accelerator.gradient_accumulation_steps)
         self._done = 0
         """Micro-batches of the current step already entered (``accumulate``)."""
         self._hook: Any = None
@@ -133,13 +129,6 @@ class AccelerateAdapter(FSDPAdapter):
             self.begin_step()
 
     # ---- hooks beyond the FSDP adapter's -------------------------------------------------------
-    @hookimpl
-    def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
-        super().failslow_prepare_microbatch_plan(plan, rank)
-        if not self.split.samplers:
-            raise ConfigError(NO_SHARE_LOADER)
-        return True
-
     @hookimpl
     def failslow_snapshot_state(self, step: int) -> dict[str, Any]:
         state = super().failslow_snapshot_state(step)

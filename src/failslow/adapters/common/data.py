@@ -43,6 +43,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from failslow.errors import ConfigError, FailslowError
 
+READS_KEPT = 16
+"""Steps whose read counts a :class:`ShareSampler` keeps (a loader reads a few steps ahead at
+most; a plan is checked one step after it applied)."""
+
 
 def check_counts(counts: Sequence[int], *, replicas: int, micro_batches: int) -> tuple[int, ...]:
     """``counts`` as a tuple if it is a valid split of ``micro_batches`` over ``replicas``
@@ -133,6 +137,9 @@ class ShareSampler(Sampler[list[int]]):
         self.before_step: Callable[[int], None] | None = None
         """Called with a step before its first indices are handed out (the kit registers the
         plans decided for it there, :class:`failslow.adapters.common.microbatch.ReplicaSplit`)."""
+        self._reads: dict[int, int] = {}
+        """Micro-batches handed out per step, for the last :data:`READS_KEPT` steps read (what
+        the kit checks a plan against after its apply step)."""
 
     def _check(self, counts: Sequence[int]) -> tuple[int, ...]:
         return check_counts(counts, replicas=self.replicas, micro_batches=self.micro_batches)
@@ -200,6 +207,11 @@ class ShareSampler(Sampler[list[int]]):
             return self.step + 1
         return self.step
 
+    def read_in(self, step: int) -> int:
+        """Micro-batches of global step ``step`` this sampler handed out (0: none, or the step
+        is more than :data:`READS_KEPT` steps behind the newest read)."""
+        return self._reads.get(step, 0)
+
     def has_read(self, step: int) -> bool:
         """True once a micro-batch of global step ``step`` (or a later one) was handed out."""
         return self.step > step or (self.step == step and self.offset > 0)
@@ -214,9 +226,16 @@ class ShareSampler(Sampler[list[int]]):
             while self.offset < len(mine):
                 batch = mine[self.offset]
                 self.offset += 1
+                self._count_read()
                 yield batch
             self.step += 1
             self.offset = 0
+
+    def _count_read(self) -> None:
+        reads = self._reads
+        reads[self.step] = self.offset
+        if len(reads) > READS_KEPT:
+            del reads[min(reads)]
 
     def __len__(self) -> int:
         """Micro-batches in one epoch for this replica under the counts in effect now."""

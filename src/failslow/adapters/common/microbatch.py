@@ -18,6 +18,15 @@ the same bookkeeping, whatever its framework's loop looks like:
   a step's first micro-batch before the step boundary) learns of each plan before it reads the
   plan's apply step (:meth:`ReplicaSplit.bind`): every plan carries the step it takes effect.
 
+A plan is in effect only when the rank ran it (DESIGN.md, the closed loop; invariant 7):
+:meth:`ReplicaSplit.ready` refuses before anything changes a plan this rank could not run (no
+share-aware loader where the rank reads data), and :meth:`ReplicaSplit.verify` checks, after
+the apply step, what the rank actually ran against the plan from counters the plan does not
+set: the training forwards the session's step profile counted, the micro-batches the
+share-aware loader handed out for that step, and the gradient weight the framework applied
+(its scale of each micro-loss, :attr:`ReplicaSplit.micro_loss_scale`, times the
+micro-batches run).
+
 Where the framework scales each micro-loss by ``1 / G`` with ``G = M / D`` (DeepSpeed's
 ``engine.backward``, Accelerate's ``accumulate``), summing ``m_r`` such losses already is the
 weight ``w_r`` on the replica's mean - no extra scaling; :meth:`ReplicaSplit.loss_scale` says
@@ -64,6 +73,16 @@ class ReplicaSplit:
         self.framework = framework
         """Named in refusals ("every DP replica of a DeepSpeed job must run ...")."""
         self.counts: tuple[int, ...] = (micro_batches // replicas,) * replicas
+        self.forwards_per_micro_batch = 1
+        """Training forwards the session counts per micro-batch (Megatron's interleaved
+        schedule: one per model chunk)."""
+        self.reads_data: Callable[[], bool] = lambda: True
+        """Whether this rank reads micro-batches of the data in its steps (pipeline engines:
+        the first and last stages only)."""
+        self.micro_loss_scale: Callable[[], float | None] = lambda: None
+        """What the framework multiplies each micro-loss by in the step that just ran (None:
+        the adapter cannot tell); times the micro-batches run it is the replica's gradient
+        weight."""
         self.samplers: list[ShareSampler] = []
         self._pending_samplers: list[dict[str, Any]] = []
         self._plans_for_data: Callable[[int], list[tuple[int, Any]]] | None = None
@@ -129,6 +148,68 @@ class ReplicaSplit:
                 f"job must run at least {self.minimum} {unit} per step"
             )
         return counts
+
+    def ready(self, plan: MicroBatchPlan) -> tuple[int, ...]:
+        """:meth:`check`, and that this rank can run the plan's data share: a rank that reads
+        data must read it through a share-aware loader failslow re-cuts per plan
+        (ConfigError naming what to build otherwise). Changes nothing."""
+        counts = self.check(plan)
+        if self.reads_data() and not self.samplers:
+            raise ConfigError(
+                f"micro-batch counts {list(counts)}: this rank reads its micro-batches from a "
+                f"loader failslow does not re-cut per plan, so its replica would read more or "
+                f"fewer batches of its own stream than the plan's share; {self.loader_hint}"
+            )
+        return counts
+
+    loader_hint = "build the training loader with failslow's loader"
+    """What :meth:`ready` tells a job without a share-aware loader to build (each adapter
+    names its own)."""
+
+    def verify(self, plan: MicroBatchPlan, step: int, forwards: int) -> str:
+        """What this rank ran in ``step`` (``plan``'s apply step) against ``plan``: "" when
+        it ran its replica's count with its weight on its share, else one line saying what it
+        ran. ``forwards``: the training forwards the session's step profile counted in the
+        step (the adapters announce every one); the rest is read from the share-aware loaders
+        and the framework's scale of the micro-losses."""
+        want = plan.counts[self.replica]
+        per = self.forwards_per_micro_batch
+        if self.count != want:
+            return f"its split runs {self.count} micro-batches per step, the plan {want}"
+        if forwards != want * per:
+            ran = f"{forwards // per}" if forwards % per == 0 else f"{forwards / per:.2f}"
+            return (
+                f"ran {ran} micro-batches in step {step}, the plan gives its replica {want} "
+                "(the training loop decides the count, not failslow)"
+            )
+        scale = self.micro_loss_scale()
+        if scale is not None:
+            weight = want * scale
+            if abs(weight - plan.weights[self.replica]) > 1e-6 * max(1.0, abs(weight)):
+                return (
+                    f"weighted its gradient {weight:.6g} in step {step} ({want} micro-losses "
+                    f"x {scale:.6g}), the plan {plan.weights[self.replica]:.6g}"
+                )
+        if not self.reads_data():
+            return ""
+        if not self.samplers:
+            return (
+                f"read its micro-batches of step {step} from a loader failslow does not re-cut; "
+                f"{self.loader_hint}"
+            )
+        reads = [sampler.read_in(step) for sampler in self.samplers]
+        if not any(reads):
+            return (
+                f"read none of step {step}'s micro-batches from the share-aware loader (the "
+                "loop feeds other data)"
+            )
+        wrong = [r for r in reads if r and r != want]
+        if wrong:
+            return (
+                f"read {wrong[0]} micro-batches of step {step} from the share-aware loader, the "
+                f"plan gives its replica {want}"
+            )
+        return ""
 
     def apply(self, plan: MicroBatchPlan, step: int) -> None:
         """Run ``plan``'s counts from global step ``step`` on (every tracked loader too)."""

@@ -89,6 +89,16 @@ class DeepSpeedAdapter:
         self.split = ReplicaSplit(
             replica=coord[1], replicas=dp, micro_batches=micro_batches, framework="DeepSpeed"
         )
+        self.split.loader_hint = (
+            "build it with failslow.deepspeed.initialize(..., training_data=dataset) or "
+            "engine.failslow.dataloader(dataset)"
+        )
+        self.split.micro_loss_scale = self._micro_loss_scale
+        if self.pipeline:  # the first and last stages read the data, the others activations
+            self.split.reads_data = lambda: engine.is_first_stage() or engine.is_last_stage()
+        self._extra_scale = 1.0
+        """failslow's own factor on DeepSpeed's ``1 / G`` (a larger old world's global batch:
+        :meth:`_scale_for_the_global_batch`)."""
         self._loader: Any = None
         self._data_iter: Iterator[Any] | None = None
         self._hook: Any = None
@@ -134,8 +144,20 @@ class DeepSpeedAdapter:
     @hookimpl
     def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
         self.failslow_capabilities().require("microbatch_plans")
-        self.split.check(plan)
+        self.split.ready(plan)
         return True
+
+    @hookimpl
+    def failslow_verify_microbatch_plan(
+        self, plan: MicroBatchPlan, step: int, forwards: int
+    ) -> str:
+        return self.split.verify(plan, step, forwards)
+
+    def _micro_loss_scale(self) -> float:
+        """What each micro-loss is multiplied by: DeepSpeed's ``1 / G`` (its configured
+        accumulation steps; none at G = 1), times failslow's factor."""
+        gas = self.engine.gradient_accumulation_steps()
+        return (1.0 / gas if gas > 1 else 1.0) * self._extra_scale
 
     @hookimpl
     def failslow_apply_microbatch_plan(self, plan: MicroBatchPlan, step: int) -> bool:
@@ -221,6 +243,7 @@ class DeepSpeedAdapter:
         snapshots. Wraps ``engine.backward`` once; 1.0 leaves it as DeepSpeed made it."""
         e = self.engine
         scale = self.split.loss_scale(framework_divides_by_accumulation=True)
+        self._extra_scale = scale
         unscaled = getattr(self, "_unscaled_backward", None)
         if scale == 1.0:
             if unscaled is not None:

@@ -216,6 +216,8 @@ class FSDPAdapter(swap.InPlaceSwap):
             micro_batches=accumulation_steps * replicas,
             framework=framework,
         )
+        self.split.loader_hint = "build the training loader with fs.loader(dataset)"
+        self.split.micro_loss_scale = lambda: self.loss_scale
         self.micro_batch_size = micro_batch_size
         self.topology = gather_topology(
             (shard, replica, 0),
@@ -255,8 +257,23 @@ class FSDPAdapter(swap.InPlaceSwap):
     @hookimpl
     def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
         self.failslow_capabilities().require("microbatch_plans")
-        self.split.check(plan)
+        self.split.ready(plan)
         return True
+
+    @hookimpl
+    def failslow_verify_microbatch_plan(
+        self, plan: MicroBatchPlan, step: int, forwards: int
+    ) -> str:
+        return self.split.verify(plan, step, forwards)
+
+    @hookimpl
+    def failslow_observed_coord(self) -> tuple[int, int, int]:
+        """(shard, replica, 0) from the device mesh the model runs on now (HSDP); every rank
+        its own replica under DDP and FSDP."""
+        if self.flavor != "hsdp":
+            return (0, self.rank, 0)
+        replica, shard = self.mesh.get_coordinate()
+        return (int(shard), int(replica), 0)
 
     @hookimpl
     def failslow_apply_microbatch_plan(self, plan: MicroBatchPlan, step: int) -> bool:

@@ -96,6 +96,7 @@ class MegatronAdapter(swap.InPlaceSwap):
             replica=coord[1], replicas=dp, micro_batches=num_microbatches * dp,
             framework="Megatron-core",
         )  # fmt: skip
+        self._observe_split()
         self.micro_batch_size = micro_batch_size
         # 1F1B and the no-pipelining schedule run any count; the interleaved one whole groups
         group = _vp_group(self.config, pp)
@@ -112,6 +113,23 @@ class MegatronAdapter(swap.InPlaceSwap):
         """Megatron rank (role) each process runs: the identity until a topology swap."""
         self._grid_sizes = grid.grid_sizes()
         self._swap_refusal = grid.swap_refusal()
+
+    def _observe_split(self) -> None:
+        """What the kit checks a plan against after its apply step, from each training
+        call: the forwards (one per model chunk and micro-batch), the micro-loss scale the
+        call used, and whether its ``data_iterator`` is one failslow re-cuts."""
+        self.split.loader_hint = "pass data_iterator=fs.data_iterator(dataset)"
+        self.split.forwards_per_micro_batch = len(self.model)  # interleaved: once per chunk
+        self.split.reads_data = lambda: self._step_data == "foreign"
+        self.split.micro_loss_scale = lambda: self._step_scale
+        self._step_data: str | None = None
+        """Where the last training step's ``data_iterator`` came from: ``"own"`` (this
+        adapter's :meth:`data_iterator`, whatever stage reads it), ``"none"`` or
+        ``"foreign"`` (the loop's own, which failslow cannot re-cut)."""
+        self._step_scale: float | None = None
+        """What the last training step multiplied each micro-loss by (the schedule's ``1 /
+        m_r`` times the replica's weight; None in per-token loss mode)."""
+        self._own_iterators: list[Any] = []
 
     # ---- hooks -------------------------------------------------------------------------------
     @hookimpl
@@ -157,7 +175,7 @@ class MegatronAdapter(swap.InPlaceSwap):
     @hookimpl
     def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
         self.failslow_capabilities().require("microbatch_plans")
-        counts = self.split.check(plan)
+        counts = self.split.ready(plan)
         reason = self._microbatch_reason(counts[self.split.replica])
         if reason:
             raise ConfigError(f"micro-batch counts {list(counts)}: {reason}")
@@ -167,6 +185,23 @@ class MegatronAdapter(swap.InPlaceSwap):
     def failslow_apply_microbatch_plan(self, plan: MicroBatchPlan, step: int) -> bool:
         self.split.apply(plan, step)
         return True
+
+    @hookimpl
+    def failslow_verify_microbatch_plan(
+        self, plan: MicroBatchPlan, step: int, forwards: int
+    ) -> str:
+        return self.split.verify(plan, step, forwards)
+
+    @hookimpl
+    def failslow_observed_coord(self) -> tuple[int, int, int]:
+        """(tp, dp, pp) ranks of this process in Megatron's current process groups."""
+        from megatron.core import parallel_state as ps
+
+        return (
+            ps.get_tensor_model_parallel_rank(),
+            ps.get_data_parallel_rank(),
+            ps.get_pipeline_model_parallel_rank(),
+        )
 
     # ---- S3: the swap in place (its flow is the kit's InPlaceSwap) -----------------------------
     def _become(self, topology: Topology, state: dict[str, Any], step: int, *, split: bool) -> None:
@@ -352,7 +387,18 @@ class MegatronAdapter(swap.InPlaceSwap):
             collate_fn=collate_fn,
             **loader_kwargs,
         )
-        return itertools.chain.from_iterable(itertools.repeat(loader))
+        iterator = itertools.chain.from_iterable(itertools.repeat(loader))
+        self._own_iterators.append(iterator)
+        return iterator
+
+    def _data_source(self, data: Any) -> str:
+        """``"own"``, ``"none"`` or ``"foreign"`` for a step's ``data_iterator`` (a list of
+        them, one per model chunk, on the interleaved schedule)."""
+        given = [d for d in (data if isinstance(data, list | tuple) else [data]) if d is not None]
+        if not given:
+            return "none"
+        own = all(any(d is it for it in self._own_iterators) for d in given)
+        return "own" if own else "foreign"
 
     # ---- training ----------------------------------------------------------------------------
     def forward_backward(self, **kwargs: Any) -> Any:
@@ -382,6 +428,10 @@ class MegatronAdapter(swap.InPlaceSwap):
         if self.session is not None and "forward_step_func" in kwargs:
             kwargs["forward_step_func"] = _announced(kwargs["forward_step_func"], self.session)
         weight = 1.0 if self.config.calculate_per_token_loss else self.split.weight
+        self._step_data = self._data_source(kwargs.get("data_iterator"))
+        self._step_scale = (
+            None if self.config.calculate_per_token_loss else weight / kwargs["num_microbatches"]
+        )
         scale = self.config.grad_scale_func
         if weight != 1.0:
             self.config.grad_scale_func = _weighted(scale, weight)

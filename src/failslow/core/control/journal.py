@@ -16,9 +16,19 @@ Events are JSON-able dicts with ``kind`` and ``wall`` (Unix time):
 - ``{"kind": "diagnosis", "diagnosis": {kind, slow_ranks, slow_links, evidence}}``;
 - ``{"kind": "steps", "steps": [[step, seconds], ...]}`` - step times new to the mitigator
   (rank 0's; a synchronous job has one step time);
-- ``{"kind": "plan", "action": "apply"|"revert", "strategy", "plan": {...}, "reason",
-  "apply_step", "committed", "detail", "in_effect"}`` - a decision and its dispatch; ``plan``
-  carries the model's estimates (``overhead_s``, ``step_time_s``, ``baseline_step_s``).
+- ``{"kind": "plan", "action": "apply"|"replan"|"revert"|"rollback", "strategy", "plan":
+  {...}, "reason", "epoch", "apply_step", "committed", "detail", "in_effect", "desired"}`` - a
+  decision and its dispatch; ``plan`` carries the model's estimates (``overhead_s``,
+  ``step_time_s``, ``baseline_step_s``); ``desired`` is what the ranks were told to run,
+  ``in_effect`` what every rank reported running (the closed loop, :mod:`.closed_loop`);
+- ``{"kind": "effect", "action", "strategy", "plan", "epoch", "apply_step", "state": "in
+  effect"|"not in effect", "detail", "in_effect"}`` - what the ranks reported running after a
+  plan's apply step (``detail``: the first rank's reason when it did not);
+- ``{"kind": "outcome", "action", "strategy", "plan", "apply_step", "before_s",
+  "predicted_s", "measured_s", "verdict": "pays"|"short"|"unknown", "reason"}`` - a plan's
+  measured step time a few steps after it took effect, beside its prediction;
+- ``{"kind": "unavailable", "strategy", "reason"}`` - a strategy whose plan could not take
+  effect in this job: never planned again.
 
 Per event the cost is one line appended and, for the status record, one store write; step
 events come once per mitigator tick (10 Hz), never per rank: nothing grows with the world size.
@@ -108,6 +118,7 @@ class StatusBoard:
             "last_diagnosis": None,
             "in_effect": None,
             "last_action": None,
+            "unavailable": {},
             "step": None,
             "step_s": None,
             "wall": time.time(),
@@ -130,6 +141,19 @@ class StatusBoard:
                     for k in ("action", "strategy", "reason", "apply_step", "committed", "wall")
                 }
                 s["in_effect"] = ev.get("in_effect")
+            elif kind == "effect":
+                s["in_effect"] = ev.get("in_effect")
+                last = s["last_action"]
+                if last and last.get("apply_step") == ev.get("apply_step"):
+                    effect = {"effect": ev["state"], "effect_detail": ev["detail"]}
+                    s["last_action"] = {**last, **effect}
+            elif kind == "outcome":
+                last = s["last_action"]
+                if last and last.get("apply_step") == ev.get("apply_step"):
+                    keep = ("predicted_s", "measured_s", "verdict")
+                    s["last_action"] = {**last, **{k: ev.get(k) for k in keep}}
+            elif kind == "unavailable":
+                s["unavailable"] = {**s["unavailable"], ev["strategy"]: ev["reason"]}
             elif kind == "steps" and ev["steps"]:
                 s["step"], s["step_s"] = ev["steps"][-1]
             else:

@@ -16,7 +16,15 @@ is in effect, :meth:`on_healthy`):
   registers again from its new hosts, and the next plan is made on that layout;
 - each decision becomes a plan sent through :func:`~failslow.core.control.plan_channel.dispatch`
   (every rank switches at the same step, or none does); a revert of a micro-batch plan sends
-  the even split.
+  the even split;
+- a committed plan is what the ranks were told (:attr:`Mitigator.desired`), not what they run
+  (:attr:`Mitigator.in_effect`): that is set only when every rank reported running it
+  (:mod:`.closed_loop`). A plan not in effect is journaled with its reason and rolled back
+  (the plan confirmed before, or a topology swap's reverse), and its strategy is disabled for
+  this job with that reason. A plan in effect is measured a few steps later against its
+  prediction; one that saved less than half of it is re-planned once from the ranks' newer
+  step profiles (S2) or reverted, and the planner judges the strategy by what it measured;
+- a restart (S4) is in effect when the job registered again without the evicted hosts.
 
 ``hooks`` (a pluggy hook relay, optional) gets ``failslow_choose_plan`` (a site policy may
 replace a proposal), ``failslow_on_plan`` and ``failslow_on_plan_result``.
@@ -34,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from failslow.core.control import job_record, keys
+from failslow.core.control.closed_loop import ClosedLoop, Outcome
 from failslow.core.control.journal import event
 from failslow.core.control.plan_channel import PlanOutcome, PlanResult, dispatch, horizon_steps
 from failslow.core.control.store import Store
@@ -48,18 +57,26 @@ from failslow.core.planner.plans import (
     RestartPlan,
     TopologyPlan,
     plan_to_dict,
+    same_change,
 )
 from failslow.core.planner.ski_rental import Decision
+from failslow.core.planner.topology_plan import reverse_topology_plan
 from failslow.core.topology import Topology
 
 log = logging.getLogger(__name__)
 
 CAPABILITY_OF = {"S2": "microbatch_plans", "S3": "topology_plans", "S4": "snapshots"}
+REPLANS = 1
+"""Re-plans from measured costs per plan that fell short, before it is reverted."""
 
 
 @dataclass
 class Action:
-    """One decision and what became of it (for the demo, the benchmark and the log)."""
+    """One decision and what became of it (for the demo, the benchmark and the log).
+
+    ``action``: ``"apply"`` (a strategy bought), ``"replan"`` (its plan made anew from newer
+    measurements), ``"revert"`` (relief, or a plan that did not pay) or ``"rollback"`` (back
+    from a plan that was not in effect)."""
 
     wall: float
     action: str
@@ -67,6 +84,16 @@ class Action:
     plan: Plan
     reason: str
     outcome: PlanOutcome | None = None
+    """The plan channel's: committed at a step, or aborted."""
+    effect: str = ""
+    """``"in effect"`` / ``"not in effect"`` once the ranks reported ("" before, or for a plan
+    never committed)."""
+    effect_detail: str = ""
+    result: Outcome | None = None
+    """Its measured step time against its prediction (plans bought or re-planned)."""
+    replans: int = 0
+    before: Topology | None = None
+    """The layout before a topology plan (its reverse is computed from it)."""
     detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,7 +129,16 @@ class Mitigator:
         micro-batch, rest before the optimizer, optimizer on], and the rank profiles they came
         from."""
         self.in_effect: Plan | None = None
-        """The plan every rank runs now (None: the job's own even split)."""
+        """The plan every rank reported running (None: the job's own even split)."""
+        self.desired: Plan | None = None
+        """The plan the ranks were told to run last (committed; None: the even split)."""
+        self.unavailable: dict[str, str] = {}
+        """Strategy -> why its plan could not take effect in this job (never planned again)."""
+        self.loop = ClosedLoop(
+            store, world_size=lambda: job_record.world_size(store, world_size), clock=clock
+        )
+        self._restart_check: tuple[Action, float] | None = None
+        """A committed restart and its wall time, until the job registered again."""
         self._restarted = False
         """A restart committed since the layout was read: the job re-registers from its new
         hosts (a standby took an evicted rank)."""
@@ -138,6 +174,7 @@ class Mitigator:
         for seconds in self._new_step_times():
             if self.planner is not None:
                 self._execute(self.planner.observe(seconds))
+        self._close_loop()
         while True:
             with self._lock:
                 if not self._queue:
@@ -148,6 +185,7 @@ class Mitigator:
             elif self.active:
                 self._slow_ranks = frozenset()
                 assert self.planner is not None
+                self.loop.stop_watching()  # over: nothing left to measure a plan against
                 self._execute(self.planner.relief())
 
     def _new_step_times(self) -> list[float]:
@@ -212,7 +250,7 @@ class Mitigator:
                 restart_s=planner_config.restart_s,
             ),
             healthy_microbatch_s=healthy_step_s * topology.dp / topology.micro_batches,
-            estimate=self._measured_step,
+            measure=self._measure,
             min_gain=planner_config.min_gain,
             strategies=allowed,
             rule=buy_rule(planner_config, topology.world_size),
@@ -235,12 +273,13 @@ class Mitigator:
         self._restarted = False
         self.topology = self.planner.topology = Topology.from_dict(job["topology"])
 
-    def _measured_step(self, plan: Plan, layout: Topology) -> float | None:
-        """An S2 plan's step time from the ranks' step profiles (:mod:`.measured_step`: the
-        diagnosed ranks' progress records and one healthy replica's); None for other plans or
-        where a rank published no profile (the plan's own model then stands)."""
+    def _measure(self, diagnosis: Diagnosis) -> MeasuredSteps | None:
+        """The job's per-replica step model from the ranks' step profiles
+        (:mod:`failslow.core.planner.measured_step`: the diagnosed ranks' progress records and
+        one healthy replica's, measured under the plan every rank reported running); None
+        where a rank published no profile (S2 is then sized from the GEMM)."""
         topology = self.topology
-        if not isinstance(plan, MicroBatchPlan) or topology is None or not self._slow_ranks:
+        if topology is None or not self._slow_ranks:
             return None
         diagnosed = sorted(self._slow_ranks)
         records = {
@@ -256,7 +295,7 @@ class Mitigator:
             "replicas": [[r.per_microbatch_s, r.rest_s, r.post_s] for r in model.replicas],
             "profiles": {str(r): (rec or {}).get("profile") for r, rec in records.items()},
         }
-        return model.step_s(plan.counts)
+        return model
 
     def _diagnosed(self, diagnosis: Diagnosis) -> None:
         # what the fail-slow is: its slow ranks, else the ends of its slow links (a re-validation
@@ -286,41 +325,196 @@ class Mitigator:
     # ---- turning decisions into plans on the ranks -------------------------------------------
     def _execute(self, decisions: list[Decision], diagnosis: Diagnosis | None = None) -> None:
         for decision in decisions:
-            plan = decision.plan
+            plan: Plan | None = decision.plan
             if decision.action == "revert":
-                if not isinstance(plan, MicroBatchPlan):
-                    log.warning("failslow: cannot revert %s; left in effect", decision.strategy)
+                plan = self._undoing(decision.plan, decision.strategy)
+                if plan is None:
                     continue
-                even = self._even_plan()
-                assert even is not None  # a revert follows a plan, which needed the topology
-                plan = even
             elif self.hooks is not None and diagnosis is not None:
                 plan = self.hooks.failslow_choose_plan(diagnosis=diagnosis, proposed=plan) or plan
-            if plan == self.in_effect or (plan == self._even_plan() and self.in_effect is None):
-                continue  # already what every rank runs
-            action = Action(
-                self._clock(), decision.action, decision.strategy, plan, decision.reason
+            assert plan is not None
+            self._send(decision.action, decision.strategy, plan, decision.reason)
+
+    def _undoing(self, plan: Plan, strategy: str) -> Plan | None:
+        """The plan that undoes ``plan``: the even split for a micro-batch plan, the reverse
+        swap for a topology plan (from the layout before it); None where nothing can (a
+        restart), said in the log."""
+        if isinstance(plan, MicroBatchPlan):
+            return self._even_plan()
+        if isinstance(plan, TopologyPlan):
+            done = next((a for a in reversed(self.actions) if a.plan == plan and a.before), None)
+            if done is not None and done.before is not None:
+                return reverse_topology_plan(done.before, plan, reason=f"undo {strategy}")
+        log.warning("failslow: cannot revert %s; left in effect", strategy)
+        return None
+
+    def _send(self, what: str, strategy: str, plan: Plan, reason: str) -> Action | None:
+        """Dispatch ``plan`` as ``what`` (apply, replan, revert, rollback); None when every
+        rank was told to run it already."""
+        even = self._even_plan()
+        if same_change(plan, self.desired if self.desired is not None else even):
+            return None  # already what the ranks were told to run
+        action = Action(self._clock(), what, strategy, plan, reason, before=self.topology)
+        self.actions.append(action)
+        if self.hooks is not None:
+            self.hooks.failslow_on_plan(plan=plan, action=what, reason=reason)
+        action.outcome = outcome = self._dispatch(plan)
+        if outcome.committed and isinstance(plan, RestartPlan):
+            self._restarted = True  # from its snapshot: the plan in effect stays in effect
+            self._restart_step = outcome.apply_step or self._restart_step
+            self._restart_check = (action, self._clock())
+        elif outcome.committed:
+            assert outcome.apply_step is not None
+            self.desired = None if same_change(plan, even) else plan
+            self.loop.committed(action, outcome.epoch, outcome.apply_step)
+            if isinstance(plan, TopologyPlan):
+                self._roles_moved(plan)
+        self._journal(action)
+        if self.hooks is not None:
+            self.hooks.failslow_on_plan_result(
+                plan=plan,
+                step=outcome.apply_step,
+                outcome=PlanResult.COMMITTED if outcome.committed else PlanResult.ABORTED,
+                detail=outcome.reason,
             )
-            self.actions.append(action)
-            if self.hooks is not None:
-                self.hooks.failslow_on_plan(plan=plan, action=decision.action, reason=action.reason)
-            action.outcome = self._dispatch(plan)
-            if action.outcome.committed and isinstance(plan, RestartPlan):
-                self._restarted = True  # from its snapshot: the plan in effect stays in effect
-                self._restart_step = action.outcome.apply_step or self._restart_step
-            elif action.outcome.committed:
-                self.in_effect = None if plan == self._even_plan() else plan
-                if isinstance(plan, TopologyPlan):
-                    self._roles_moved(plan)
-            self._journal(action)
-            if self.hooks is not None:
-                outcome = action.outcome
-                self.hooks.failslow_on_plan_result(
-                    plan=plan,
-                    step=outcome.apply_step,
-                    outcome=PlanResult.COMMITTED if outcome.committed else PlanResult.ABORTED,
-                    detail=outcome.reason,
-                )
+        return action
+
+    # ---- the closed loop: effect, then outcome -----------------------------------------------
+    def _close_loop(self) -> None:
+        for awaited, state, why in self.loop.effects(self.step_times):
+            self._effect(awaited.action, state, why)
+        for watched, outcome in self.loop.outcomes(self.step_times):
+            self._outcome(watched.action, outcome)
+        if self._restart_check is not None:
+            self._check_restart(*self._restart_check)
+
+    def _effect(self, action: Action, state: str, why: str) -> None:
+        """Every rank reported on ``action``'s plan: ``state`` is in effect or not."""
+        action.effect, action.effect_detail = state, why
+        assert action.outcome is not None and action.outcome.apply_step is not None
+        step = action.outcome.apply_step
+        if state == PlanResult.IN_EFFECT:
+            told = self.desired if self.desired is not None else self._even_plan()
+            if same_change(action.plan, told):
+                self.in_effect = self.desired
+            log.info("failslow: plan %d (%s) in effect from step %d", action.outcome.epoch,
+                     action.strategy, step)  # fmt: skip
+        else:
+            log.warning("failslow: plan %d (%s, %s at step %d) not in effect: %s",
+                        action.outcome.epoch, action.strategy, action.action, step,
+                        why)  # fmt: skip
+        self._journal_effect(action)
+        if self.hooks is not None:
+            self.hooks.failslow_on_plan_result(
+                plan=action.plan, step=step, outcome=state, detail=why
+            )
+        if state != PlanResult.IN_EFFECT:
+            self._roll_back(action, why)
+        elif action.action in ("apply", "replan") and self.active:
+            self.loop.watch(action, step, self.step_times)
+
+    def _roll_back(self, action: Action, why: str) -> None:
+        """Back from ``action``'s plan, which some rank did not run: to the plan every rank
+        ran before (the even split if none; a swap's reverse); its strategy is disabled."""
+        if action.action == "rollback":
+            log.error(
+                "failslow: the rollback to %s is not in effect either (%s); the ranks' plan "
+                "is unknown - no further plan is sent", action.strategy, why,
+            )  # fmt: skip
+            self.desired = self.in_effect = None
+            return
+        if action.action in ("apply", "replan") and self.planner is not None:
+            self._disable(action.strategy, why)
+        if action.plan != self.desired:
+            return  # a newer plan was sent since; its own report decides
+        if isinstance(action.plan, TopologyPlan) and action.before is not None:
+            back: Plan | None = reverse_topology_plan(
+                action.before, action.plan, reason="roll back: not in effect"
+            )
+        else:
+            back = self.in_effect if self.in_effect is not None else self._even_plan()
+        if back is not None:
+            self._send("rollback", action.strategy, back, f"not in effect: {why}")
+
+    def _disable(self, strategy: str, why: str) -> None:
+        assert self.planner is not None
+        self.planner.ski.disable(strategy, why)
+        self.unavailable[strategy] = why
+        if self.on_event is not None:
+            self.on_event(event("unavailable", strategy=strategy, reason=why))
+
+    def _outcome(self, action: Action, outcome: Outcome) -> None:
+        """``action``'s plan measured ``outcome`` while in effect: keep it, re-plan it from the
+        ranks' newer profiles, or revert it; the planner judges its strategy by it from now."""
+        action.result = outcome
+        if self.on_event is not None:
+            self.on_event(
+                event("outcome", action=action.action, strategy=action.strategy,
+                      plan=plan_to_dict(action.plan), **outcome.to_dict())
+            )  # fmt: skip
+        log.info("failslow: %s outcome: %s", action.strategy, outcome.reason)
+        if self.planner is None or not self.active:
+            return
+        if not same_change(action.plan, self.in_effect):
+            return  # replaced since: its outcome is a record only
+        self.planner.ski.measured(action.strategy, outcome.measured_s)
+        if outcome.verdict != "short" or not isinstance(action.plan, MicroBatchPlan):
+            return
+        if action.replans < REPLANS:
+            replan = self._replan(action, outcome)
+            if replan is not None:
+                replan.replans = action.replans + 1
+                return
+        self.planner.ski.dropped(action.strategy)
+        even = self._even_plan()
+        if even is not None:
+            self._send("revert", action.strategy, even, f"did not pay: {outcome.reason}")
+
+    def _replan(self, action: Action, outcome: Outcome) -> Action | None:
+        """``action``'s strategy planned again from the ranks' newer step profiles, sent when
+        it differs, is not the even split and predicts a gain on what was measured."""
+        assert self.planner is not None
+        decision = self.planner.ski.rebuild(
+            action.strategy, f"re-planned from measured step profiles: {outcome.reason}"
+        )
+        if decision is None or same_change(decision.plan, self._even_plan()):
+            return None
+        predicted = decision.plan.step_time_s
+        if predicted is None or predicted >= outcome.measured_s * (1.0 - self.config.min_gain):
+            return None
+        return self._send("replan", decision.strategy, decision.plan, decision.reason)
+
+    def _check_restart(self, action: Action, committed_wall: float) -> None:
+        """A restart is in effect when the job registered again (a job record written after
+        the commit) on hosts without the evicted ones."""
+        plan = action.plan
+        assert isinstance(plan, RestartPlan)
+        job = self.store.get_json(keys.JOB) or {}
+        if float(job.get("started", 0.0)) <= committed_wall:
+            if self._clock() - committed_wall < self.config.restart_s + self.config.plan_timeout_s:
+                return
+            state = PlanResult.NOT_IN_EFFECT
+            why = (
+                "the job did not register again within "
+                f"{self.config.restart_s + self.config.plan_timeout_s:g} s"
+            )
+        else:
+            hosts = set(Topology.from_dict(job["topology"]).hosts)
+            kept = sorted(set(plan.evict) & hosts)
+            state = PlanResult.NOT_IN_EFFECT if kept else PlanResult.IN_EFFECT
+            why = f"the job came back on evicted host(s) {', '.join(kept)}" if kept else ""
+        self._restart_check = None
+        action.effect, action.effect_detail = state, why
+        self._journal_effect(action)
+        if self.hooks is not None:
+            self.hooks.failslow_on_plan_result(
+                plan=plan, step=action.outcome.apply_step if action.outcome else None,
+                outcome=state, detail=why,
+            )  # fmt: skip
+        if state != PlanResult.IN_EFFECT:
+            log.warning("failslow: restart not in effect: %s", why)
+            if self.planner is not None:
+                self._disable(action.strategy, why)
 
     def _journal(self, action: Action) -> None:
         if self.on_event is None or action.outcome is None:
@@ -333,14 +527,33 @@ class Mitigator:
                 strategy=action.strategy,
                 plan=plan_to_dict(action.plan),
                 reason=action.reason,
+                epoch=outcome.epoch,
                 apply_step=outcome.apply_step,
                 committed=outcome.committed,
                 detail=outcome.reason,
                 in_effect=None if self.in_effect is None else plan_to_dict(self.in_effect),
+                desired=None if self.desired is None else plan_to_dict(self.desired),
                 # what the S2 estimate came from (the newest, which this plan carries)
                 step_model=self._step_model
-                if action.action == "apply" and isinstance(action.plan, MicroBatchPlan)
+                if action.action in ("apply", "replan") and isinstance(action.plan, MicroBatchPlan)
                 else None,
+            )
+        )
+
+    def _journal_effect(self, action: Action) -> None:
+        if self.on_event is None or action.outcome is None:
+            return
+        self.on_event(
+            event(
+                "effect",
+                action=action.action,
+                strategy=action.strategy,
+                plan=plan_to_dict(action.plan),
+                epoch=action.outcome.epoch,
+                apply_step=action.outcome.apply_step,
+                state=action.effect,
+                detail=action.effect_detail,
+                in_effect=None if self.in_effect is None else plan_to_dict(self.in_effect),
             )
         )
 

@@ -19,6 +19,14 @@ Store traffic: one small read per rank per poll, O(1) writes per rank per plan; 
 reads two counters per check and never a per-rank key (no O(world size) work on any process).
 If the controller dies mid-plan, ranks waiting for a decision give up after ``decision_timeout_s``
 and keep their current plan - as every other rank does, since no commit was written.
+
+3. **effect** (DESIGN.md, the closed loop) - a commit is the plan's spec, not its status. After
+   the apply step each rank checks what it actually ran against the plan (its own counters:
+   micro-batches, gradient weight and data share for S2, its role for S3) and reports through
+   its poll thread: ``{prefix}/{n}/ran`` counts the ranks that ran it, ``{prefix}/{n}/not_ran``
+   those that did not, ``{prefix}/{n}/why`` holds the first one's reason. The controller reads
+   the two counters (:func:`read_effect`) and calls the plan in effect only when every rank
+   said so. O(1) writes per rank per plan, two counter reads per controller check.
 """
 
 from __future__ import annotations
@@ -57,7 +65,13 @@ class PlanResult:
     ROLLED_BACK = "rolled back"
     """Rank process: some rank failed to switch at ``step``; every rank went back to the plan
     in effect before."""
-
+    IN_EFFECT = "in effect"
+    """Rank process: after ``step`` this rank checked what it ran and it was the plan;
+    controller process: every rank said so."""
+    NOT_IN_EFFECT = "not in effect"
+    """Rank process: what this rank ran at ``step`` was not the plan (``detail`` says what it
+    ran); controller process: a rank said so, or not every rank confirmed in time - the plan
+    is rolled back."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,36 @@ def dispatch(
     apply_step = int((store.get(f"{base}/latest") or b"0").decode())
     store.set_json(f"{base}/decision", {"apply_step": apply_step})
     return PlanOutcome(n, plan, apply_step, "", time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What the ranks reported of plan ``n`` after its apply step."""
+
+    ran: int
+    """Ranks that ran the plan."""
+    not_ran: int
+    """Ranks that did not."""
+    why: str = ""
+    """The first of those ranks' reason."""
+
+    def state(self, world_size: int) -> str:
+        """``"in effect"`` (every rank ran it), ``"not in effect"`` (a rank did not) or
+        ``"pending"``."""
+        if self.not_ran:
+            return PlanResult.NOT_IN_EFFECT
+        return PlanResult.IN_EFFECT if self.ran >= world_size else "pending"
+
+
+def read_effect(store: Store, epoch: int, *, prefix: str = keys.PLANS) -> Effect:
+    """The ranks' reports on plan ``epoch`` so far (two counter reads; the reason only when a
+    rank did not run it)."""
+    base = f"{prefix}/{epoch}"
+    not_ran = store.add(f"{base}/not_ran", 0)
+    why = ""
+    if not_ran:
+        why = (store.get(f"{base}/why") or b"a rank did not run it").decode()
+    return Effect(store.add(f"{base}/ran", 0), not_ran, why)
 
 
 def horizon_steps(step_time_s: float | None, horizon_s: float, minimum: int = 2) -> int:
@@ -185,6 +229,10 @@ class PlanReceiver:
         """(epoch, plan, apply step or None, abort reason) of every plan this rank decided."""
         self._data_step = 0
         """The first step whose data this rank has not read yet (loaders read ahead)."""
+        self.due_epoch: int | None = None
+        """The epoch of the plan :meth:`due` returned last."""
+        self._effects: list[tuple[int, str]] = []
+        """(epoch, reason; "" = ran it) this rank checked and the poll thread has not sent."""
 
     def start(self) -> PlanReceiver:
         self._poller.start()
@@ -192,9 +240,34 @@ class PlanReceiver:
 
     def stop(self) -> None:
         self._poller.stop()
+        try:
+            self._send_effects()  # a report made at the last step boundary still goes out
+        except Exception:  # the store may be gone at exit: nothing to tell it then
+            log.debug("failslow: effect reports not sent at stop", exc_info=True)
+
+    def report_effect(self, epoch: int, reason: str) -> None:
+        """What this rank ran at plan ``epoch``'s apply step: ``reason`` empty if it ran the
+        plan, else what it ran instead. Sent by the poll thread (the training thread calls
+        this and goes on; no store access there)."""
+        with self._lock:
+            self._effects.append((epoch, reason))
+
+    def _send_effects(self) -> None:
+        with self._lock:
+            effects, self._effects = self._effects, []
+        for epoch, reason in effects:
+            base = f"{self.prefix}/{epoch}"
+            if reason:
+                self.store.compare_set(f"{base}/why", None, f"rank {self.rank}: {reason}".encode())
+                self.store.add(f"{base}/not_ran", 1)
+            else:
+                self.store.add(f"{base}/ran", 1)
 
     def poll(self) -> None:
-        """One poll: accept or refuse a new plan; fetch the decision of a pending one."""
+        """One poll: send this rank's effect reports; accept or refuse a new plan; fetch the
+        decision of a pending one."""
+        if self._effects:
+            self._send_effects()
         with self._lock:
             pending = self._pending
         if pending is not None:
@@ -288,6 +361,7 @@ class PlanReceiver:
                     f"rank {self.rank} is at step {step}"
                 )
             self._finish(pending, pending.apply_step, "")
+            self.due_epoch = pending.epoch
             return pending.plan
         return None
 

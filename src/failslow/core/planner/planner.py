@@ -15,11 +15,12 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 
 from failslow.core.diagnosis.record import Diagnosis
-from failslow.core.planner.allocation import microbatch_plan
+from failslow.core.planner.allocation import loss_weights, microbatch_plan
 from failslow.core.planner.config import PlannerConfig
 from failslow.core.planner.duration_prior import DurationPrior, DurationPriors
+from failslow.core.planner.measured_step import MeasuredSteps
 from failslow.core.planner.odyssey import ClusterState, ModelProfile, plan_failstop
-from failslow.core.planner.plans import Plan, RerouteOrReconfigure, RestartPlan
+from failslow.core.planner.plans import MicroBatchPlan, Plan, RerouteOrReconfigure, RestartPlan
 from failslow.core.planner.ski_rental import (
     ALL_KINDS,
     COMPUTE_ONLY,
@@ -80,8 +81,11 @@ def buy_rule(config: PlannerConfig, world_size: int) -> BuyRule:
 
 class Planner:
     """Decisions for one job. ``estimate`` (optional) predicts a plan's step time on the
-    observed scale (None where it cannot; the mitigator's is from the ranks' step profiles,
-    :mod:`failslow.core.planner.measured_step`).
+    observed scale (None where it cannot). ``measure`` (optional) gives the job's measured
+    per-replica step model for a diagnosis (the mitigator's, from the ranks' step profiles,
+    :mod:`failslow.core.planner.measured_step`; None where no profile is published): S2's
+    counts are then the ones that model says minimize the step, and its prediction is that
+    model's - the validation GEMM's slowdown only where nothing was measured.
 
     ``revert_topology``: undo a topology swap at relief, as greyhound does (7.5). Off by
     default: a node-granular swap leaves a healthy job exactly as fast as before (the same
@@ -105,6 +109,7 @@ class Planner:
         healthy_microbatch_s: float,
         profile: ModelProfile | None = None,
         estimate: Callable[[Plan, Topology], float | None] | None = None,
+        measure: Callable[[Diagnosis], MeasuredSteps | None] | None = None,
         standbys: Callable[[], int | None] | None = None,
         min_gain: float = 0.05,
         revert_topology: bool = False,
@@ -116,6 +121,7 @@ class Planner:
         self.profile = profile
         self._healthy_microbatch_s = healthy_microbatch_s
         self._estimate = estimate
+        self._measure = measure
         self._standbys = standbys
         levels = {
             "S2": Strategy("S2 micro-batches", COMPUTE_ONLY, self._s2),
@@ -156,15 +162,26 @@ class Planner:
 
     def _s2(self, diagnosis: Diagnosis) -> Plan | None:
         started = time.perf_counter()
-        plan = microbatch_plan(
-            self.topology, diagnosis, healthy_time=self._healthy_microbatch_s, overhead_s=0.0
-        )
+        topology = self.topology
+        model = self._measure(diagnosis) if self._measure is not None else None
+        if model is not None:  # sized from what each replica's step measured
+            unit = topology.microbatch_multiple or (topology.pp if topology.pp > 1 else 1)
+            counts = model.best_counts(topology.micro_batches, multiple_of=unit, minimum=unit)
+            plan: MicroBatchPlan = MicroBatchPlan(
+                counts=counts,
+                weights=tuple(loss_weights(counts)),
+                step_time_s=model.step_s(counts),
+            )
+        else:  # nothing measured yet: the validation GEMM's slowdown
+            plan = microbatch_plan(
+                topology, diagnosis, healthy_time=self._healthy_microbatch_s, overhead_s=0.0
+            )
         solve_s = time.perf_counter() - started
-        even = self.topology.micro_batches // self.topology.dp
+        even = topology.micro_batches // topology.dp
         if all(c == even for c in plan.counts):
             return None
         plan = replace(plan, overhead_s=solve_s + self.costs.microbatch_apply_s)
-        return self._with_estimate(plan, self.topology)
+        return plan if model is not None else self._with_estimate(plan, topology)
 
     def _s3(self, diagnosis: Diagnosis) -> Plan | None:
         plan = plan_topology(

@@ -97,6 +97,19 @@ class RerouteOrReconfigure(Plan):
     """Estimated total cost (seconds) of each option considered, for the record."""
 
 
+def same_change(a: Plan | None, b: Plan | None) -> bool:
+    """Whether ``a`` and ``b`` change the job the same way (the same counts and weights, the
+    same placement, the same evictions), whatever their estimates of cost and gain."""
+    if a is None or b is None:
+        return a is b
+    if type(a) is not type(b):
+        return False
+    def bare(plan: Plan) -> Plan:
+        return dataclasses.replace(plan, overhead_s=0.0, step_time_s=None, baseline_step_s=None)
+
+    return bare(a) == bare(b)
+
+
 PLAN_TYPES: dict[str, type[Plan]] = {
     cls.__name__: cls
     for cls in (

@@ -30,6 +30,14 @@ What this object adds to the paper's loop, each as a rule a user can read here:
   have changed since the onset; no plan then: nothing is bought). A
   restart does not supersede the plans before it: the job resumes from its in-memory snapshot,
   which carries the S2 split and the layout in force, so relief still reverts them.
+- **What was measured beats what was predicted** (DESIGN.md, the closed loop): the mitigator
+  tells the planner a plan's measured step time once it was in effect a few steps
+  (:meth:`MultiLevelPlanner.measured`); from then on this event judges that strategy by it,
+  so a plan that did not pay is not bought again on its prediction. A strategy whose plan
+  could not take effect in this job is disabled with its reason
+  (:meth:`MultiLevelPlanner.disable`) and never planned again; one reverted for not paying
+  leaves the event's applied plans (:meth:`MultiLevelPlanner.dropped`); a plan rebuilt from
+  newer measurements replaces its strategy's (:meth:`MultiLevelPlanner.rebuild`).
 - **A restart pays off what came before it**: it removes the diagnosed hosts, so the slow impact
   (and the fail-slow's age) count anew after it. A slowdown seen after the restart - another
   host, or a noisy re-validation - must pay for its own restart: never a storm of restarts on
@@ -64,7 +72,7 @@ from dataclasses import dataclass, field
 
 from failslow.core.diagnosis.record import Diagnosis, Kind
 from failslow.core.planner.duration_prior import DurationPriors
-from failslow.core.planner.plans import Plan
+from failslow.core.planner.plans import Plan, same_change
 from failslow.errors import FailslowError
 
 ALL_KINDS = frozenset(Kind)
@@ -133,6 +141,8 @@ class _Event:
     elapsed_s: float = 0.0
     """Seconds the fail-slow has lasted: its age at the diagnosis plus the steps since."""
     applied: list[_Candidate] = field(default_factory=list)
+    measured: dict[str, float] = field(default_factory=dict)
+    """Strategy -> the step time its plan gave while in effect (what it is judged by now)."""
     recent: list[float] = field(default_factory=list)
     bought: set[int] = field(default_factory=set)
     """Indices into ``candidates`` bought for the current diagnosis (ExpectedCost)."""
@@ -159,6 +169,8 @@ class MultiLevelPlanner:
         self._recent_window = max(1, recent_window)
         self._rule: BuyRule = rule if rule is not None else BreakEven()
         self._event: _Event | None = None
+        self.disabled: dict[str, str] = {}
+        """Strategy -> why it cannot take effect in this job (never planned again)."""
 
     @property
     def rule(self) -> BuyRule:
@@ -186,7 +198,7 @@ class MultiLevelPlanner:
     def _build(self, diagnosis: Diagnosis) -> list[_Candidate]:
         out = []
         for strategy in self._strategies:
-            if diagnosis.kind not in strategy.handles:
+            if diagnosis.kind not in strategy.handles or strategy.name in self.disabled:
                 continue
             plan = strategy.build(diagnosis)
             if plan is None:
@@ -260,13 +272,64 @@ class MultiLevelPlanner:
             if c.strategy.revertible
         ]
 
+    # ---- what the job showed (the closed loop) -------------------------------------------------
+    def disable(self, name: str, reason: str) -> None:
+        """Strategy ``name`` cannot take effect in this job (``reason``): never plan it again;
+        its plan leaves the event (it was rolled back)."""
+        self.disabled[name] = reason
+        event = self._event
+        if event is None:
+            return
+        event.applied = [c for c in event.applied if c.strategy.name != name]
+        kept = [c for c in event.candidates if c.strategy.name != name]
+        if len(kept) != len(event.candidates):  # indices move: keep what was bought
+            bought = [event.candidates[i] for i in event.bought]
+            done = event.candidates[: event.next_index]
+            event.candidates = kept
+            event.bought = {i for i, c in enumerate(kept) if any(c is b for b in bought)}
+            event.next_index = sum(1 for c in kept if any(c is d for d in done))
+
+    def measured(self, name: str, step_s: float) -> None:
+        """Strategy ``name``'s plan gave ``step_s`` per step while in effect: this event judges
+        it by that from now on, not by its prediction."""
+        if self._event is not None and step_s > 0.0:
+            self._event.measured[name] = step_s
+
+    def dropped(self, name: str) -> None:
+        """Strategy ``name``'s plan was reverted (it did not pay): no longer applied; it is
+        not bought again in this event unless a new diagnosis makes its plan anew."""
+        if self._event is not None:
+            self._event.applied = [c for c in self._event.applied if c.strategy.name != name]
+
+    def rebuild(self, name: str, reason: str) -> Decision | None:
+        """Build strategy ``name``'s plan again for the current diagnosis (newer measurements);
+        a Decision to apply it when it differs from the one applied, else None."""
+        event = self._event
+        if event is None or name in self.disabled:
+            return None
+        applied = next((c for c in event.applied if c.strategy.name == name), None)
+        if applied is None:
+            return None
+        plan = applied.strategy.build(event.diagnosis)
+        if plan is None or same_change(plan, applied.plan):
+            return None
+        fresh = _Candidate(applied.strategy, plan)
+        event.applied = [fresh if c is applied else c for c in event.applied]
+        event.candidates = [fresh if c.strategy.name == name else c for c in event.candidates]
+        event.measured.pop(name, None)  # the new plan is judged by its own prediction
+        return Decision("apply", name, plan, reason)
+
     def _buy(self) -> list[Decision]:
         if isinstance(self._rule, ExpectedCost):
             return self._buy_expected(self._rule)
         return self._buy_break_even()
 
     def _expected_step(self, candidate: _Candidate, current: float) -> float | None:
-        """The step time ``candidate`` is expected to give, on the observed scale."""
+        """The step time ``candidate`` is expected to give, on the observed scale: what its
+        strategy measured in this event, else its plan's prediction."""
+        event = self._event
+        if event is not None and candidate.strategy.name in event.measured:
+            return event.measured[candidate.strategy.name]
         expected = candidate.plan.step_time_s
         baseline = candidate.plan.baseline_step_s
         if expected is not None and baseline:

@@ -66,7 +66,7 @@ from failslow.core.planner.topology_cost import (
     link_traffic,
     placement_cost,
 )
-from failslow.core.topology import Topology
+from failslow.core.topology import Topology, inverse_placement
 from failslow.errors import FailslowError
 
 __all__ = ["plan_topology"]
@@ -346,3 +346,18 @@ def plan_topology(
     return TopologyPlan(
         hosts=hosts, moves=moves, reason=reason, overhead_s=pause + busiest / bandwidth
     )
+
+
+def reverse_topology_plan(before: Topology, plan: TopologyPlan, *, reason: str) -> TopologyPlan:
+    """The plan that moves every role back where it ran before ``plan`` (a swap rolled back
+    because it did not take effect on some rank, or reverted at relief): the role ``plan``
+    put on process ``p`` goes back to the host of the process it came from. Indexed, as every
+    plan is, by the placement in force once ``plan`` applied; the same state bytes move back."""
+    dest = before.placement(plan.hosts)
+    source = inverse_placement(dest)
+    hosts = tuple(before.hosts[source[p]] for p in range(before.world_size))
+    moves = tuple(
+        StateMove(role=m.role, src_host=m.dst_host, dst_host=m.src_host, nbytes=m.nbytes)
+        for m in plan.moves
+    )
+    return TopologyPlan(hosts=hosts, moves=moves, overhead_s=plan.overhead_s, reason=reason)

@@ -1,0 +1,206 @@
+"""What became of each committed plan: its effect on the ranks, then its outcome in step time.
+
+DESIGN.md, "The closed loop" (a Kubernetes controller's spec and status): a plan the plan
+channel committed is the spec. The mitigator (:mod:`.mitigator`) calls it in effect only from
+what was observed, in two stages this module watches:
+
+1. **effect** - after the apply step every rank checks what it ran against the plan and reports
+   (:meth:`~failslow.core.control.plan_channel.PlanReceiver.report_effect`). The plan is in
+   effect when every rank ran it; not in effect when a rank did not (its reason), or when not
+   every rank had reported :attr:`ClosedLoop.grace_s` after rank 0 was seen past the apply step
+   (a rank that died, an adapter that cannot check). Two counter reads per plan and tick.
+2. **outcome** - a plan in effect is watched for :data:`OUTCOME_STEPS` steps from
+   :data:`OUTCOME_FIRST` steps after its apply step (the first steps carry the switch): their
+   median is its measured step time, set against its prediction on the same scale
+   (:func:`predicted_step_s`) and the steps before it. :func:`judge` calls a plan short when
+   it saved less than half of what it predicted; the mitigator then re-plans from the measured
+   per-replica costs or reverts, and the planner judges the strategy by what it measured.
+
+Step times are rank 0's (a synchronous job has one step time), as the mitigator reads them:
+nothing here grows with the world size.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from failslow.core.control import keys
+from failslow.core.control.plan_channel import PlanResult, read_effect
+from failslow.core.control.store import Store
+from failslow.core.planner.plans import Plan
+
+OUTCOME_FIRST = 2
+"""Steps after the apply step before the outcome is measured (the apply step and the next carry
+the switch: loaders reading ahead, a validation pause's tail)."""
+OUTCOME_STEPS = 5
+"""Steps the outcome's median is taken over."""
+BEFORE_STEPS = 5
+"""Steps before the apply step whose median is the step time the plan set out to improve."""
+PAYS_SHARE = 0.5
+"""A plan pays when its measured saving is at least this share of the predicted one."""
+
+StepTimes = Mapping[int, tuple[float, float]]
+"""step -> (seconds, wall time the controller first saw it): the mitigator's record."""
+
+
+def median_before(steps: StepTimes, apply_step: int) -> float | None:
+    """The median of the :data:`BEFORE_STEPS` steps before ``apply_step`` (None: none known)."""
+    before = [steps[s][0] for s in range(apply_step - BEFORE_STEPS, apply_step) if s in steps]
+    return statistics.median(before) if before else None
+
+
+def predicted_step_s(plan: Plan, before_s: float | None) -> float | None:
+    """The step time ``plan`` predicts on the observed scale: its own estimate, or, for a model
+    that only knows relative gains (``baseline_step_s``), that gain applied to ``before_s`` -
+    the same reading the ski-rental planner buys by."""
+    if plan.step_time_s is None:
+        return None
+    if plan.baseline_step_s and before_s is not None:
+        return before_s * plan.step_time_s / plan.baseline_step_s
+    return plan.step_time_s
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A plan's measured effect, beside what it predicted."""
+
+    apply_step: int
+    before_s: float | None
+    predicted_s: float | None
+    measured_s: float
+    verdict: str
+    """``"pays"``, ``"short"`` (saved less than :data:`PAYS_SHARE` of the prediction) or
+    ``"unknown"`` (nothing to compare with)."""
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def judge(before_s: float | None, predicted_s: float | None, measured_s: float) -> tuple[str, str]:
+    """``(verdict, reason)`` for a plan that measured ``measured_s`` per step after
+    ``before_s``, having predicted ``predicted_s``."""
+    if before_s is None or predicted_s is None:
+        return "unknown", f"measured {measured_s:.3f} s per step; nothing to compare with"
+    promised = before_s - predicted_s
+    saved = before_s - measured_s
+    text = (
+        f"measured {measured_s:.3f} s per step against {before_s:.3f} s before and "
+        f"{predicted_s:.3f} s predicted"
+    )
+    if promised <= 0.0:
+        return "unknown", text + " (it predicted no saving)"
+    if saved < PAYS_SHARE * promised:
+        return "short", f"{text}: saved {saved:.3f} s of the {promised:.3f} s it promised"
+    return "pays", f"{text}: saved {saved:.3f} s of the {promised:.3f} s it promised"
+
+
+@dataclass
+class Awaited:
+    """A committed plan waiting for the ranks' reports."""
+
+    action: Any
+    """The mitigator's :class:`~failslow.core.control.mitigator.Action`."""
+    epoch: int
+    apply_step: int
+    passed_wall: float | None = None
+    """When rank 0 was first seen past the apply step (its step time known)."""
+
+
+@dataclass
+class Watched:
+    """A plan in effect whose step time is being measured."""
+
+    action: Any
+    apply_step: int
+    before_s: float | None
+    predicted_s: float | None
+
+
+class ClosedLoop:
+    """The committed plans awaiting their effect and the plans in effect awaiting their
+    outcome. ``world_size()`` is the job's now (a job that went on with fewer ranks counts
+    those)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        world_size: Callable[[], int],
+        prefix: str = keys.PLANS,
+        grace_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.world_size = world_size
+        self.prefix = prefix
+        self.grace_s = grace_s
+        """How long after rank 0 passed a plan's apply step every rank must have reported
+        (their poll threads send within a poll or two; generous for loaded machines)."""
+        self._clock = clock
+        self.awaiting: list[Awaited] = []
+        self.watching: list[Watched] = []
+
+    def committed(self, action: Any, epoch: int, apply_step: int) -> None:
+        """``action``'s plan was committed as plan ``epoch``, to take effect at ``apply_step``."""
+        self.awaiting.append(Awaited(action, epoch, apply_step))
+
+    def effects(self, steps: StepTimes) -> list[tuple[Awaited, str, str]]:
+        """The plans whose effect is known now: ``(awaited, "in effect" | "not in effect",
+        reason)``, each once."""
+        done = []
+        world = None
+        for awaited in list(self.awaiting):
+            if world is None:
+                world = self.world_size()
+            effect = read_effect(self.store, awaited.epoch, prefix=self.prefix)
+            state, why = effect.state(world), effect.why
+            if state == "pending":
+                if awaited.passed_wall is None:
+                    passed = [wall for s, (_, wall) in steps.items() if s >= awaited.apply_step]
+                    awaited.passed_wall = min(passed) if passed else None
+                if awaited.passed_wall is None or (
+                    self._clock() - awaited.passed_wall < self.grace_s
+                ):
+                    continue
+                state = PlanResult.NOT_IN_EFFECT
+                why = (
+                    f"only {effect.ran} of {world} ranks reported running it {self.grace_s:g} s "
+                    f"after step {awaited.apply_step}"
+                )
+            self.awaiting.remove(awaited)
+            done.append((awaited, state, why))
+        return done
+
+    def watch(self, action: Any, apply_step: int, steps: StepTimes) -> Watched:
+        """Measure the outcome of ``action``'s plan, in effect from ``apply_step``."""
+        before = median_before(steps, apply_step)
+        watched = Watched(action, apply_step, before, predicted_step_s(action.plan, before))
+        self.watching.append(watched)
+        return watched
+
+    def outcomes(self, steps: StepTimes) -> list[tuple[Watched, Outcome]]:
+        """The watched plans whose :data:`OUTCOME_STEPS` steps are all known now, each once."""
+        done = []
+        for watched in list(self.watching):
+            first = watched.apply_step + OUTCOME_FIRST
+            window = range(first, first + OUTCOME_STEPS)
+            if not all(s in steps for s in window):
+                continue
+            measured = statistics.median(steps[s][0] for s in window)
+            verdict, reason = judge(watched.before_s, watched.predicted_s, measured)
+            self.watching.remove(watched)
+            outcome = Outcome(
+                watched.apply_step, watched.before_s, watched.predicted_s, measured, verdict,
+                reason,
+            )  # fmt: skip
+            done.append((watched, outcome))
+        return done
+
+    def stop_watching(self) -> None:
+        """The fail-slow is over (or the plan was replaced): no outcome to judge now."""
+        self.watching.clear()
