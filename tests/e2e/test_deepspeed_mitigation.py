@@ -84,9 +84,14 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
     counts = first["counts"]
     assert sum(counts) == 16 and counts[SLOW] == min(counts) < 4
     assert START <= injected_start < first["apply_step"] < injected_end
+    # in effect: every rank reported running it (its forwards, loader reads and weight), and the
+    # controller measured it against its prediction
+    assert first["effect"] == "in effect", first
+    assert first["outcome"] and first["outcome"]["measured_s"] > 0, first
     # reverted after the release, to the even split
     reverts = [a for a in summary["actions"] if a["action"] == "revert"]
     assert reverts and reverts[-1]["counts"] == [4, 4, 4, 4]
+    assert reverts[-1]["effect"] == "in effect", reverts[-1]
     assert END <= injected_end <= reverts[-1]["apply_step"] < steps_run
     # every rank switched at the same steps, and ends on the even split
     records = [

@@ -87,6 +87,8 @@ class Session:
         self.receiver: Any = None
         self.step = -1
         """The last step boundary passed (-1 before the first)."""
+        self.first_step: int | None = None
+        """The first step boundary this process passed (a resumed one starts past 0)."""
         self.step_times: collections.deque[tuple[int, float]] = collections.deque(maxlen=64)
         self.profile = StepProfile()
         """Time per micro-batch and the rest of the step (the adapters call
@@ -305,6 +307,8 @@ class Session:
             self.pm.hook.failslow_on_step(step=self.step, step_time_s=elapsed)
             if self.snapshot_service is not None and self.snapshot_service.resized:
                 self.snapshot_service.measured(self.step_times)
+        if self.first_step is None:
+            self.first_step = step
         rank_control.at_step(step)  # a validation pause here is in no step's time
         self._last_boundary = time.perf_counter()
         self.profile.boundary(now, self._last_boundary)

@@ -131,3 +131,34 @@ def test_a_plan_is_refused_where_the_rank_reads_data_failslow_cannot_re_cut() ->
     assert split.verify(_plan(1, 3), step=0, forwards=0).startswith("its split runs 2")
     split.reads_data = lambda: False  # a middle pipeline stage: no data of its own
     assert split.ready(_plan(1, 3)) == (1, 3)
+
+
+def test_a_plan_is_refused_when_the_last_step_trained_on_a_loader_of_its_own() -> None:
+    """The share-aware loader exists but the loop trains on a loader of its own: the last step
+    read nothing from it, so a plan would change the count but not the data."""
+    data = TensorDataset(torch.arange(64.0).reshape(64, 1))
+    split = ReplicaSplit(replica=0, replicas=2, micro_batches=4)
+    steps = {"first": 0, "now": 1}
+    split.bind(lambda step: [], lambda: (steps["first"], steps["now"]))
+    batches = iter(split.loader(data, micro_batch_size=2))
+    with pytest.raises(ConfigError, match="step 0 trained on micro-batches the share-aware"):
+        split.ready(_plan(1, 3))
+    _read_step(batches, split, 2)  # step 0 read from it after all
+    assert split.ready(_plan(1, 3)) == (1, 3)
+    steps["first"] = 1  # a process resumed at step 1: step 0 was not its own
+    steps["now"] = 1
+    assert split.ready(_plan(1, 3)) == (1, 3)
+
+
+def test_counts_in_force_can_be_set_again_after_the_loader_read_ahead() -> None:
+    """A rollback to the counts in force must not fail on a loader that read ahead (it would
+    change nothing)."""
+    from failslow.adapters.common.data import ShareSampler
+
+    sampler = ShareSampler(64, micro_batch_size=2, micro_batches=4, replica=0, replicas=2)
+    reads = iter(sampler)
+    for _ in range(6):  # three steps read
+        next(reads)
+    sampler.set_counts((2, 2), step=1)  # nothing changes
+    with pytest.raises(FailslowError, match="already read up to step 2"):
+        sampler.set_counts((1, 3), step=1)

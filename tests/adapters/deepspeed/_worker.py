@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from failslow import hookimpl
 from failslow.demo.ds_worker import skip_shm_kernel_build
 
 STEPS = 6  # 4 steps per epoch below: the runs cross an epoch boundary
@@ -178,6 +179,61 @@ def run_unsupported(stage: int) -> dict[str, Any]:
     return out
 
 
+# -- the Hugging Face Trainer's way of driving DeepSpeed (through Accelerate) -----------------
+class PlanResults:
+    """What the session reports of each plan on this rank."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[Any]] = []
+
+    @hookimpl
+    def failslow_on_plan_result(self, plan: Any, step: Any, outcome: str, detail: str) -> None:
+        self.seen.append([outcome, step, detail])
+
+
+def run_trainer_loop(share_aware: bool) -> dict[str, Any]:
+    """A ZeRO-1 engine driven as ``transformers.Trainer`` drives it: Accelerate's
+    ``DeepSpeedEngineWrapper.backward(loss, sync_gradients=...)`` sets the accumulation
+    boundary itself every ``G`` micro-batches and steps the engine then. ``share_aware``: the
+    loop reads failslow's loader (a plan passes prepare; what ran is checked after its apply
+    step); else the Trainer's own ``DataLoader`` over a ``DistributedSampler`` (a plan is
+    refused at prepare: its share cannot be re-cut)."""
+    import deepspeed
+
+    import failslow.deepspeed
+    from failslow.core.planner.plans import MicroBatchPlan
+
+    model = Net([])
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=sgd(model), config=ds_config(1, dist.get_world_size())
+    )
+    adapter = failslow.deepspeed.attach(engine)
+    results = PlanResults()
+    adapter.session.register(results)
+    if share_aware:
+        batches = iter(deepspeed.utils.RepeatingLoader(adapter.dataloader(dataset(False))))
+    else:
+        sampler = torch.utils.data.distributed.DistributedSampler(dataset(False), seed=SEED)
+        own = torch.utils.data.DataLoader(dataset(False), batch_size=MBS, sampler=sampler)
+        batches = iter(deepspeed.utils.RepeatingLoader(own))
+    from accelerate.utils.deepspeed import DeepSpeedEngineWrapper
+
+    wrapper = DeepSpeedEngineWrapper(engine)
+    plan = MicroBatchPlan(counts=(1, 3, 2, 2), weights=(0.5, 1.5, 1.0, 1.0))
+    refused = ""
+    for micro in range((PLAN_STEP + 2) * G):
+        if micro == PLAN_STEP * G - G // 2:  # in the step before the plan's
+            try:
+                adapter.session.schedule(plan, PLAN_STEP)
+            except Exception as exc:
+                refused = f"{type(exc).__name__}: {exc}"
+        loss = engine(*next(batches))
+        wrapper.backward(loss, sync_gradients=(micro + 1) % G == 0)
+    out = {"results": results.seen, "refused": refused, "steps": engine.global_steps}
+    adapter.close()
+    return out
+
+
 # -- pipeline engine: 2 stages x 2 DP ---------------------------------------------------------
 def pipe_module(seen: list[list[int]]) -> Any:
     from deepspeed.pipe import PipelineModule
@@ -262,6 +318,9 @@ CHECKS = {
     "zero1_plan": lambda: run_failslow(1, (1, 3, 2, 2)),
     "zero2": lambda: run_unsupported(2),
     "zero3": lambda: run_unsupported(3),
+    "trainer_share_aware": lambda: run_trainer_loop(True),
+    "trainer_own_loader": lambda: run_trainer_loop(False),
+    # last: a pipeline engine leaves DeepSpeed's process-wide grid behind
     "pipe_even": lambda: run_pipe(None),
     "pipe_plan": lambda: run_pipe((1, 3)),
 }

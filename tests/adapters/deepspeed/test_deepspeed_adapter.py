@@ -159,3 +159,31 @@ def test_pipeline_uneven_plan_equals_even_split(world):
     assert (topo["dp"], topo["pp"], topo["micro_batches"]) == (2, 2, G * 2)
     # DeepSpeed's pipe topology: rank = stage * dp + replica
     assert topo["coords"] == [[0, r % 2, r // 2] for r in range(WORLD)]
+
+
+def test_the_trainers_deepspeed_loop_is_checked_and_its_own_loader_refused(world):
+    """Issue 44/45: ``transformers.Trainer`` drives DeepSpeed through Accelerate's
+    ``DeepSpeedEngineWrapper``, which sets the accumulation boundary itself and steps every
+    ``G`` micro-batches. Over failslow's loader a plan passes prepare, applies - and after its
+    apply step each rank whose count the loop did not run says so (not in effect, with what it
+    ran). Over the Trainer's own loader the plan is refused before anything changes."""
+    counts = (1, 3, 2, 2)
+    for rank, res in enumerate(world):
+        checked = res["trainer_share_aware"]
+        assert checked["refused"] == "" and checked["steps"] == PLAN_STEP + 2
+        said = [r for r in checked["results"] if r[1] == PLAN_STEP]
+        if counts[rank] == G:  # this replica's count is what the loop runs anyway
+            assert said == [["applied", PLAN_STEP, ""], ["in effect", PLAN_STEP, ""]]
+        else:
+            assert said == [
+                ["applied", PLAN_STEP, ""],
+                ["not in effect", PLAN_STEP,
+                 f"ran {G} micro-batches in step {PLAN_STEP}, the plan gives its replica "
+                 f"{counts[rank]} (the training loop decides the count, not failslow)"],
+            ], rank  # fmt: skip
+        own = res["trainer_own_loader"]
+        assert own["results"] == [] and own["steps"] == PLAN_STEP + 2
+        assert own["refused"].startswith(
+            "ConfigError: micro-batch counts [1, 3, 2, 2]: this rank reads its micro-batches "
+            "from a loader failslow does not re-cut per plan"
+        )

@@ -121,3 +121,27 @@ def test_while_a_plan_is_bought_a_compound_onset_revalidates_and_a_relief_clears
     _report(store, "onset", 90, before_s=0.3, after_s=0.6)  # a new fail-slow, not a rung
     assert controller.tick() is State.PROFILING
     assert "recheck" not in controller.history[-1].detail
+
+
+def test_a_healthy_round_an_onset_started_while_a_plan_is_in_effect_is_a_relief(
+    store: Store,
+) -> None:
+    """Seen in the DeepSpeed demo: after the release, a relief reset the cooldown, the next
+    onset's round (not a periodic re-validation) found every rank healthy - and the S2 split
+    stayed in effect, since only a re-validation told the mitigator. Any healthy round while a
+    mitigation is active does now; without one, a healthy round is a false alarm only."""
+    healthy: list[bool] = []
+
+    def round_on_an_onset(mitigating: bool) -> None:
+        controller = Controller(
+            store, world_size=1, detection=DetectionConfig(cooldown_s=COOLDOWN_S),
+            mitigation_active=lambda: mitigating, on_healthy=lambda: healthy.append(mitigating),
+        )  # fmt: skip
+        controller._onsets = [{"type": "onset", "rank": 0, "before_s": 0.2, "after_s": 0.3}]
+        controller._pending = None  # every rank measured healthy
+        controller._publish()
+
+    round_on_an_onset(mitigating=False)
+    assert healthy == []
+    round_on_an_onset(mitigating=True)
+    assert healthy == [True]

@@ -551,3 +551,33 @@ def test_a_plan_that_saves_under_half_its_prediction_is_replanned_once_then_reve
     assert reverted.plan.counts == (4, 4, 4, 4)  # type: ignore[attr-defined]
     assert mitigator.in_effect is None and mitigator.active
     assert len(mitigator.actions) == 3
+
+
+def test_a_plan_a_rank_refuses_disables_its_strategy_with_the_reason(url: str) -> None:
+    """Issue 45's Megatron run: a replica's loop reads its own data iterator, so a plan cannot
+    re-cut its share. The refusal aborts the plan everywhere, and S2 is not planned again for
+    this job (no more validation pauses bought for a plan that cannot apply)."""
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+    own = "ConfigError: step 41 trained on micro-batches the share-aware loader did not hand out"
+    ranks = [*_ranks(url, 3), *_ranks(url, 1, refuse=own)]
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        mitigator = Mitigator(store, config.planner, world_size=4)
+        events = _events_of(mitigator)
+        mitigator.tick()
+        diagnosis = _diagnosis()
+        time.sleep(0.01)
+        _steps_after(store, 20, 0.3, 10)
+        mitigator.tick()
+        mitigator.on_diagnosis(diagnosis)
+        mitigator.tick()
+        _steps_after(store, 30, 0.3, 10)
+        mitigator.tick()
+    _stop(ranks)
+    (action,) = mitigator.actions
+    assert action.outcome is not None and not action.outcome.committed and action.outcome.refused
+    (why,) = mitigator.unavailable.values()
+    assert why.startswith("refused: rank 0: ValueError: ConfigError: step 41")
+    assert [e["kind"] for e in events if e["kind"] != "steps"] == ["plan", "unavailable"]
+    assert mitigator.planner is not None and mitigator.planner.ski.candidates() == ()
+    assert all(not r.applied for r in ranks)

@@ -153,6 +153,9 @@ class ShareSampler(Sampler[list[int]]):
             step = self.step + (1 if self.offset else 0)
         if step in self._plan_steps and self._plan_counts[self._plan_steps.index(step)] == counts:
             return  # registered already (ahead of a loader that reads ahead)
+        later = (c for s, c in zip(self._plan_steps, self._plan_counts, strict=True) if s > step)
+        if self.counts_at(step) == counts and all(c == counts for c in later):
+            return  # these counts are in force from there on: nothing changes (a rollback)
         if step < self.step or (step == self.step and self.offset):
             raise FailslowError(
                 f"ShareSampler: cannot change micro-batch counts from step {step}: replica "

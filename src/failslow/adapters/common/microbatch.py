@@ -86,11 +86,20 @@ class ReplicaSplit:
         self.samplers: list[ShareSampler] = []
         self._pending_samplers: list[dict[str, Any]] = []
         self._plans_for_data: Callable[[int], list[tuple[int, Any]]] | None = None
+        self._training_steps: Callable[[], tuple[int | None, int]] = lambda: (None, -1)
 
-    def bind(self, plans_for_data: Callable[[int], list[tuple[int, Any]]]) -> None:
+    def bind(
+        self,
+        plans_for_data: Callable[[int], list[tuple[int, Any]]],
+        training_steps: Callable[[], tuple[int | None, int]] | None = None,
+    ) -> None:
         """Ask ``plans_for_data(step)`` (the session's) before a tracked loader reads a step:
-        plans decided for that step reach the loader first, even one that reads ahead."""
+        plans decided for that step reach the loader first, even one that reads ahead.
+        ``training_steps()``: the first step this process trained and the one it is in (the
+        session's boundaries)."""
         self._plans_for_data = plans_for_data
+        if training_steps is not None:
+            self._training_steps = training_steps
 
     # ---- what this replica runs --------------------------------------------------------------
     @property
@@ -154,11 +163,21 @@ class ReplicaSplit:
         data must read it through a share-aware loader failslow re-cuts per plan
         (ConfigError naming what to build otherwise). Changes nothing."""
         counts = self.check(plan)
-        if self.reads_data() and not self.samplers:
+        if not self.reads_data():
+            return counts
+        if not self.samplers:
             raise ConfigError(
                 f"micro-batch counts {list(counts)}: this rank reads its micro-batches from a "
                 f"loader failslow does not re-cut per plan, so its replica would read more or "
                 f"fewer batches of its own stream than the plan's share; {self.loader_hint}"
+            )
+        first, now = self._training_steps()
+        last = now - 1  # the last step that ran to its end in this process
+        if first is not None and last >= first and not any(s.read_in(last) for s in self.samplers):
+            raise ConfigError(
+                f"micro-batch counts {list(counts)}: step {last} trained on micro-batches the "
+                "share-aware loader did not hand out (the loop reads a loader of its own), so "
+                f"a plan would not change this replica's data; {self.loader_hint}"
             )
         return counts
 

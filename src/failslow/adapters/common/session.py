@@ -28,5 +28,5 @@ def start_session(
     session = Session(as_config(settings, source))
     session.register(adapter, name=name)
     adapter.session = session.start()
-    adapter.split.bind(session.plans_for_data)
+    adapter.split.bind(session.plans_for_data, lambda: (session.first_step, session.step))
     return session

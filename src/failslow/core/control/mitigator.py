@@ -369,7 +369,13 @@ class Mitigator:
             self.loop.committed(action, outcome.epoch, outcome.apply_step)
             if isinstance(plan, TopologyPlan):
                 self._roles_moved(plan)
+        elif what in ("apply", "replan") and self.planner is not None:
+            self.planner.ski.dropped(strategy)  # no rank changed anything
         self._journal(action)
+        if outcome.refused and what in ("apply", "replan") and self.planner is not None:
+            # a rank's prepare said this job cannot run it (capability, loader, counts): do
+            # not pause the job for it again
+            self._disable(strategy, f"refused: {outcome.reason}")
         if self.hooks is not None:
             self.hooks.failslow_on_plan_result(
                 plan=plan,
@@ -462,9 +468,9 @@ class Mitigator:
             return
         if action.replans < REPLANS:
             replan = self._replan(action, outcome)
-            if replan is not None:
+            if replan is not None and replan.outcome is not None and replan.outcome.committed:
                 replan.replans = action.replans + 1
-                return
+                return  # else: the ranks still run the plan that fell short - revert it
         self.planner.ski.dropped(action.strategy)
         even = self._even_plan()
         if even is not None:

@@ -82,6 +82,8 @@ class PlanOutcome:
     """The step boundary where every rank switches; None when aborted."""
     reason: str = ""
     seconds: float = 0.0
+    refused: bool = False
+    """Aborted because a rank refused it at prepare (not a timeout): it cannot apply here."""
 
     @property
     def committed(self) -> bool:
@@ -114,10 +116,11 @@ def dispatch(
         record["token"] = token
     store.set_json(f"{base}/plan", record)
     store.set_json(f"{prefix}/current", {"epoch": n})
-    reason = ""
+    reason, refused = "", False
     while True:
         if store.add(f"{base}/nacks", 0) > 0:
             reason = (store.get(f"{base}/nack") or b"a rank refused").decode()
+            refused = True
             break
         if store.add(f"{base}/acks", 0) >= world_size:
             break
@@ -128,7 +131,7 @@ def dispatch(
         time.sleep(poll_s)
     if reason:
         store.set_json(f"{base}/decision", {"abort": reason})
-        return PlanOutcome(n, plan, None, reason, time.monotonic() - started)
+        return PlanOutcome(n, plan, None, reason, time.monotonic() - started, refused)
     apply_step = int((store.get(f"{base}/latest") or b"0").decode())
     store.set_json(f"{base}/decision", {"apply_step": apply_step})
     return PlanOutcome(n, plan, apply_step, "", time.monotonic() - started)
