@@ -34,9 +34,9 @@ def test_bad_fault_options_are_one_line(options, message):
     ("argv", "message"),
     [
         (["--strategies", "S1"], "--strategies takes S2, S3, S4"),
-        (["--framework", "megatron", "--strategies", "S4"], "shown alone on the DeepSpeed job"),
-        (["--framework", "deepspeed", "--strategies", "S2,S4"], "shown alone"),
-        (["--framework", "deepspeed", "--fault", "kill", "--strategies", "S4"], "shown alone"),
+        (["--framework", "megatron", "--strategies", "S4"], "is shown on the DeepSpeed job"),
+        (["--framework", "megatron", "--strategies", "S2,S4"], "is shown on the DeepSpeed job"),
+        (["--framework", "deepspeed", "--fault", "kill", "--strategies", "S4"], "is shown on"),
         (["--framework", "deepspeed", "--strategies", "S4", "--iterations", "50"], "do not apply"),
         (["--framework", "torch", "--strategies", "S2"], "needs a demo with mitigation"),
         (["--framework", "deepspeed", "--no-standby"], "--no-standby goes with --fault kill"),

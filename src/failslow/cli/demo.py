@@ -40,6 +40,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 stopped_fraction=stopped,
                 out_dir=out_dir,
                 live=not args.no_live,
+                strategies=tuple(strategies),
             )
         )
         moved = summary["slow_rank_moved"]  # restarted away onto a standby
@@ -136,10 +137,11 @@ def _strategies(args: argparse.Namespace) -> list[str] | None:
     if unknown or not strategies:
         raise SystemExit(f"failslow demo: --strategies takes S2, S3, S4 (not {unknown})")
     if "S4" in strategies:
-        if strategies != ["S4"] or args.framework != "deepspeed" or args.fault != "compute":
+        if args.framework != "deepspeed" or args.fault != "compute":
             raise SystemExit(
-                "failslow demo: S4 (restart without the slow rank) is shown alone on the "
-                "DeepSpeed job: --framework deepspeed --fault compute --strategies S4"
+                "failslow demo: S4 (restart without the slow rank) is shown on the DeepSpeed "
+                "job under failslow run: --framework deepspeed --fault compute --strategies S4 "
+                "(or S2,S3,S4: the whole ladder)"
             )
         if args.iterations is not None or args.slow_end is not None:
             raise SystemExit(
@@ -216,7 +218,9 @@ def register(sub: Any) -> None:
         "--strategies",
         help="the planner's strategies, comma-separated (default: S2; --fault link S3). S4 "
         "(deepspeed, --fault compute): the job runs under failslow run --nproc-per-node with a "
-        "standby slot, and the slow rank is restarted away onto it from memory",
+        "standby slot, and the slow rank is restarted away onto it from memory; S2,S3,S4: the "
+        "ladder - S2 first, the restart once the slowdown S2 leaves has paid for it, S2 "
+        "reverted after",
     )
     p.add_argument("--out", help="run directory (default: runs/demo-<time>)")
     p.add_argument("--no-live", action="store_true", help="no live display (plain log lines)")

@@ -209,7 +209,7 @@ def _plot(times: np.ndarray, summary: dict[str, Any], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(9, 3.5))
     ax.plot(np.arange(len(times)), times, lw=1, color="black", label="step time")
-    colors = {"slowed": "tab:red", "mitigated": "tab:green"}
+    colors = {"slowed": "tab:red", "S2": "tab:orange", "mitigated": "tab:green"}
     for name, row in summary["phases"].items():
         if name in colors:
             ax.axvspan(*row["steps"], color=colors[name], alpha=0.15, label=name)

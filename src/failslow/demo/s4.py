@@ -18,6 +18,18 @@ steps and ends at a common step (its stop file); the same job runs once more wit
 slowdown, and the final parameters of both are compared (bitwise: a restart from a bitwise
 snapshot runs the same math).
 
+``--strategies S2,S3,S4`` climbs the ladder in the same job (issue 44): the planner may buy
+every strategy the adapter and the launcher can apply (DeepSpeed cannot swap its topology: S3 is
+declared unavailable with that reason), each by the break-even rule. S2 is bought first (its
+cost is a step boundary): the slow replica runs fewer micro-batches, every rank checks it ran
+that and the controller measures it against its prediction. A rank 4x slower is not fixed by
+S2 (it still runs one micro-batch at 4x, and the others more), so the slowdown keeps paying rent
+until the restart is paid for: S4 moves it onto the standby, every rank resuming from memory with
+the S2 split it had. The next re-validation finds every rank healthy and the split is reverted -
+the walk back. The job ends ``after_steps`` after that revert took effect, and its parameters
+match the job without the slowdown within 1e-6 relative (S2 sums the same gradients in another
+order; the restart is bitwise).
+
 Results: a phase table (healthy, slowed, mitigated: after the restart), the restart (plan step,
 lost steps, downtime, where the moved rank's state came from), ``summary.json``, ``steps.csv``
 and ``steps.png`` in the run directory, beside the control plane's ``events.jsonl`` and
@@ -65,7 +77,7 @@ S4_ENV = {
     # ~1 s here, because on shared CPU cores the validation's link timings alone scatter 2-3x
     # under load, and their "slowdowns" add up to ~2 s over a couple of minutes - a restart
     # must not be bought on them (it was, once, under a CPU hog with 2 s)
-    "FAILSLOW__PLANNER__STRATEGIES": "S4",
+    "FAILSLOW__PLANNER__STRATEGIES": "S4",  # --strategies replaces it
     "FAILSLOW__PLANNER__RULE": "break-even",
     "FAILSLOW__PLANNER__RESTART_S": "5",
 }
@@ -96,6 +108,8 @@ class S4DemoOptions:
     """Run the job once more without the slowdown and compare the parameters."""
     spare_wait_s: float = 120.0
     timeout_s: float = 1800.0
+    strategies: tuple[str, ...] = ("S4",)
+    """The planner's ladder (S4 in it); with S2 the job climbs S2 -> S4 and walks back."""
 
     def validate(self) -> None:
         if self.world_size < 2 or not 0 <= self.slow_rank < self.world_size:
@@ -175,8 +189,9 @@ def run_s4_demo(opts: S4DemoOptions) -> dict[str, Any]:
 def _job(opts: S4DemoOptions, tmp: Path, out: Path, run: _Run, refresh: Callable[[], None]) -> None:
     job_out = out / "job"
     stop_file = tmp / "stop"
+    settings = {**S4_ENV, "FAILSLOW__PLANNER__STRATEGIES": ",".join(opts.strategies)}
     env = rank_launch.job_env(
-        job_out, opts.max_steps, FAILSLOW_DEMO_STOP_FILE=str(stop_file), **S4_ENV
+        job_out, opts.max_steps, FAILSLOW_DEMO_STOP_FILE=str(stop_file), **settings
     )
     argv = rank_launch.command(
         tmp, "s4", world_size=opts.world_size, standbys=opts.standbys, restarts=0,
@@ -202,7 +217,8 @@ def _job(opts: S4DemoOptions, tmp: Path, out: Path, run: _Run, refresh: Callable
             if throttle is not None and throttle.active and run.throttled is not None:
                 if not Path(f"/proc/{run.throttled}").exists():  # restarted: a new process
                     throttle.stop()
-            if run.resumes and run.step >= run.resumes[-1]["resumed_at"] + opts.after_steps:
+            done_from = _settled(run)
+            if done_from is not None and run.step >= done_from + opts.after_steps:
                 stop_file.touch()  # every rank ends at one step (ds_worker)
             refresh()
             time.sleep(0.05)
@@ -215,6 +231,25 @@ def _job(opts: S4DemoOptions, tmp: Path, out: Path, run: _Run, refresh: Callable
         raise FailslowError(f"demo: the job failed with status {proc.returncode}; see {log_path}")
     run.events.append("the job finished")
     refresh()
+
+
+def _settled(run: _Run) -> int | None:
+    """The step from which the job runs as it will to its end: every rank resumed after the
+    restart, and where an S2 split was in effect, its revert in effect after that (the walk
+    back); None before."""
+    if not run.resumes:
+        return None
+    start = int(run.resumes[-1]["resumed_at"])
+    s2 = [e for e in run.journal if e.get("kind") == "plan" and e.get("committed")
+          and (e.get("plan") or {}).get("type") == "MicroBatchPlan"]  # fmt: skip
+    if not s2:
+        return start
+    reverted = [
+        int(e["apply_step"]) for e in run.journal
+        if e.get("kind") == "effect" and e.get("action") in ("revert", "rollback")
+        and e.get("state") == "in effect" and int(e.get("apply_step") or -1) >= start
+    ]  # fmt: skip
+    return max(reverted) if reverted else None
 
 
 def _slow_down(run: _Run, rings: Path) -> DutyCycleThrottle | None:
@@ -314,9 +349,16 @@ def _summary(run: _Run, out: Path, reference: Path | None) -> dict[str, Any]:
     restarts = _restarts(run, (out / "job.log").read_text(errors="replace"))
     first = restarts[0] if restarts else None
     start = run.injected if run.injected is not None else end
+    plans = [e for e in run.journal if e.get("kind") == "plan"]
+    s2 = [int(p["apply_step"]) for p in plans if p.get("committed") and p["action"] == "apply"
+          and p["plan"].get("type") == "MicroBatchPlan"]  # fmt: skip
     spans = {"healthy": (WARMUP_STEPS, start)}
     if first is not None and first["plan_step"] is not None:
-        spans["slowed"] = (start, first["plan_step"])
+        if s2 and start <= s2[0] < first["plan_step"]:  # the ladder's first rung
+            spans["slowed"] = (start, s2[0])
+            spans["S2"] = (s2[0], first["plan_step"])
+        else:
+            spans["slowed"] = (start, first["plan_step"])
         spans["mitigated"] = (first["resumed_at"], end)
     else:
         spans["slowed"] = (start, end)
@@ -324,15 +366,21 @@ def _summary(run: _Run, out: Path, reference: Path | None) -> dict[str, Any]:
                       MICRO_BATCHES * opts.world_size)  # fmt: skip
     moved = [m for r in restarts for m in r["moved"] if m["rank"] == opts.slow_rank]
     parameters: dict[str, Any] = {"compared": False}
-    if reference is not None:
+    if reference is not None and "S2" in opts.strategies:
+        parameters = rank_launch.compare_parameters(
+            out / "job", reference, "1e-6 relative (S2 sums the same gradients in another order; "
+            "a restart from a bitwise snapshot runs the same math)", rtol=1e-6,
+        )  # fmt: skip
+    elif reference is not None:
         parameters = rank_launch.compare_parameters(
             out / "job", reference, "bitwise (a restart from a bitwise snapshot runs the same math)"
         )
-    plans = [e for e in run.journal if e.get("kind") == "plan"]
+    effects = {(e["action"], e["apply_step"]): e for e in run.journal if e.get("kind") == "effect"}
+    outcomes = {e["apply_step"]: e for e in run.journal if e.get("kind") == "outcome"}
     summary = {
         "framework": "deepspeed",
         "fault": "compute",
-        "strategies": ["S4"],
+        "strategies": list(opts.strategies),
         "world_size": opts.world_size,
         "slow_rank": opts.slow_rank,
         "stopped_fraction": opts.stopped_fraction,
@@ -348,13 +396,21 @@ def _summary(run: _Run, out: Path, reference: Path | None) -> dict[str, Any]:
                 "strategy": p["strategy"],
                 "apply_step": p["apply_step"],
                 "evict": list(p["plan"].get("evict", ())),
+                "counts": list(p["plan"].get("counts", ())),
                 "reason": p["reason"],
                 "committed": p["committed"],
+                "effect": (effects.get((p["action"], p["apply_step"])) or {}).get("state"),
+                "effect_detail": (effects.get((p["action"], p["apply_step"])) or {}).get("detail"),
+                "outcome": {k: outcomes[p["apply_step"]].get(k)
+                            for k in ("before_s", "predicted_s", "measured_s", "verdict")}
+                if p["apply_step"] in outcomes and p["action"] in ("apply", "replan") else None,
             }
             for p in plans
         ],
+        "unavailable": {e["strategy"]: e["reason"] for e in run.journal
+                        if e.get("kind") == "unavailable"},
         "parameters": parameters,
-    }
+    }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_steps(times, summary, out)
     return summary
@@ -372,7 +428,10 @@ def _live(run: _Run, enabled: bool) -> Iterator[Callable[[], None]]:
     opts = run.options
 
     def render() -> Table:
-        title = f"failslow demo --strategies S4: {opts.world_size}-rank DeepSpeed ZeRO-1"
+        title = (
+            f"failslow demo --strategies {','.join(opts.strategies)}: {opts.world_size}-rank "
+            "DeepSpeed ZeRO-1"
+        )
         table = Table(title=title)
         table.add_column("what")
         table.add_column("now")
@@ -387,6 +446,11 @@ def _live(run: _Run, enabled: bool) -> Iterator[Callable[[], None]]:
             elif e.get("kind") == "plan":
                 table.add_row(f"{e['action']} {e['strategy']}",
                               f"from step {e['apply_step']}: {e['reason']}")  # fmt: skip
+            elif e.get("kind") == "effect":
+                table.add_row(f"  {e['action']} {e['strategy']}",
+                              f"{e['state']} {e.get('detail') or ''}".strip())  # fmt: skip
+            elif e.get("kind") == "unavailable":
+                table.add_row(f"{e['strategy']} unavailable", str(e["reason"]))
         table.add_row("events", "\n".join(run.events[-6:]) or "-")
         return table
 
@@ -423,6 +487,8 @@ def _print_restarts(summary: dict[str, Any], out: Path) -> None:
     console.print(f"the slow rank {slow}: {verdict}")
     p = summary["parameters"]
     if p["compared"]:
-        verdict = "bitwise equal" if p["equal"] else f"DIFFER (max |diff| {p['max_abs_diff']:.3g})"
+        bitwise = p["tolerance"].startswith("bitwise")
+        same = "bitwise equal" if bitwise else f"equal within {p['tolerance']}"
+        verdict = same if p["equal"] else f"DIFFER (max |diff| {p['max_abs_diff']:.3g})"
         console.print(f"final parameters vs the same job without the slowdown: {verdict}")
     console.print(f"summary: {out / 'summary.json'}, steps.png, steps.csv, {JOURNAL}")

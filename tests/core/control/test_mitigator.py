@@ -416,7 +416,9 @@ def test_a_plan_every_rank_ran_is_in_effect_and_its_outcome_is_measured(url: str
     assert action.result.measured_s == pytest.approx(0.13)
     assert action.result.predicted_s == pytest.approx(0.125)
     kinds = [e["kind"] for e in events if e["kind"] != "steps"]
-    assert kinds == ["plan", "effect", "outcome"]
+    # what the adapter cannot do is said once, with its reason, when the planner is built
+    assert kinds == ["unavailable", "unavailable", "plan", "effect", "outcome"]
+    assert mitigator.unavailable == {"S3 topology": "no", "S4 restart": "no"}
     (effect,) = [e for e in events if e["kind"] == "effect"]
     assert effect["state"] == "in effect" and effect["apply_step"] == step
     assert list(effect["in_effect"]["counts"]) == list(action.plan.counts)  # type: ignore[attr-defined]
@@ -468,15 +470,16 @@ def test_a_plan_a_rank_did_not_run_is_rolled_back_and_its_strategy_disabled(url:
     assert rollback.action == "rollback" and rollback.reason == f"not in effect: {why}"
     assert rollback.plan == MicroBatchPlan(counts=(4, 4, 4, 4), weights=(1.0,) * 4)
     assert rollback.effect == "in effect" and mitigator.in_effect is None
-    assert mitigator.unavailable == {"S2 micro-batches": why}
+    assert mitigator.unavailable["S2 micro-batches"] == why
     assert len(mitigator.actions) == 2  # nothing planned for the new diagnosis
     assert mitigator.planner is not None and mitigator.planner.ski.candidates() == ()
     for r in ranks:
         assert [p for _, p in r.applied] == [bought.plan, rollback.plan]
-    kinds = [(e["kind"], e.get("state") or e.get("action")) for e in events
+    kinds = [(e["kind"], e.get("state") or e.get("action") or e.get("strategy")) for e in events
              if e["kind"] not in ("steps",)]  # fmt: skip
     assert kinds == [
-        ("plan", "apply"), ("effect", "not in effect"), ("unavailable", None),
+        ("unavailable", "S3 topology"), ("unavailable", "S4 restart"),
+        ("plan", "apply"), ("effect", "not in effect"), ("unavailable", "S2 micro-batches"),
         ("plan", "rollback"), ("effect", "in effect"),
     ]  # fmt: skip
 
@@ -576,8 +579,9 @@ def test_a_plan_a_rank_refuses_disables_its_strategy_with_the_reason(url: str) -
     _stop(ranks)
     (action,) = mitigator.actions
     assert action.outcome is not None and not action.outcome.committed and action.outcome.refused
-    (why,) = mitigator.unavailable.values()
+    why = mitigator.unavailable["S2 micro-batches"]
     assert why.startswith("refused: rank 0: ValueError: ConfigError: step 41")
-    assert [e["kind"] for e in events if e["kind"] != "steps"] == ["plan", "unavailable"]
+    kinds = [e["kind"] for e in events if e["kind"] != "steps"]
+    assert kinds == ["unavailable", "unavailable", "plan", "unavailable"]
     assert mitigator.planner is not None and mitigator.planner.ski.candidates() == ()
     assert all(not r.applied for r in ranks)

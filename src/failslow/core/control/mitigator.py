@@ -50,7 +50,7 @@ from failslow.core.diagnosis.record import Diagnosis
 from failslow.core.planner.allocation import even_plan
 from failslow.core.planner.config import PlannerConfig
 from failslow.core.planner.measured_step import MeasuredSteps, ranks_to_read
-from failslow.core.planner.planner import MitigationCosts, Planner, buy_rule
+from failslow.core.planner.planner import LEVEL_NAMES, MitigationCosts, Planner, buy_rule
 from failslow.core.planner.plans import (
     MicroBatchPlan,
     Plan,
@@ -233,11 +233,16 @@ class Mitigator:
             return None
         topology = Topology.from_dict(job["topology"])
         capabilities = job.get("capabilities", {})
-        allowed = [
-            name
-            for name in self.config.strategies
-            if capabilities.get(CAPABILITY_OF[name], "undeclared") == ""
-        ]
+        allowed = []
+        for name in self.config.strategies:
+            why = capabilities.get(CAPABILITY_OF[name], "undeclared")
+            if why == "":
+                allowed.append(name)
+            elif LEVEL_NAMES[name] not in self.unavailable:  # said once, with the adapter's reason
+                self.unavailable[LEVEL_NAMES[name]] = why
+                log.info("failslow: %s is unavailable in this job: %s", LEVEL_NAMES[name], why)
+                if self.on_event is not None:
+                    self.on_event(event("unavailable", strategy=LEVEL_NAMES[name], reason=why))
         planner_config = self.config
         self.topology = topology
         return Planner(
@@ -521,6 +526,8 @@ class Mitigator:
             log.warning("failslow: restart not in effect: %s", why)
             if self.planner is not None:
                 self._disable(action.strategy, why)
+        else:
+            self._reread_layout()  # plan from the hosts the job runs on now
 
     def _journal(self, action: Action) -> None:
         if self.on_event is None or action.outcome is None:

@@ -52,6 +52,10 @@ class MitigationCosts:
     """Odyssey: restart in a new parallel layout, on top of the weight transfer."""
 
 
+LEVEL_NAMES = {"S2": "S2 micro-batches", "S3": "S3 topology", "S4": "S4 restart"}
+"""The strategies' names in decisions, events and metrics, by the config's short names."""
+
+
 def restart_hosts(topology: Topology, diagnosis: Diagnosis) -> tuple[str, ...]:
     """The hosts S4 restarts the job without, the worst first: the slow ranks' hosts by
     slowdown, then the far end (``b``) of each slow link by slowdown."""
@@ -123,10 +127,11 @@ class Planner:
         self._estimate = estimate
         self._measure = measure
         self._standbys = standbys
+        names = LEVEL_NAMES
         levels = {
-            "S2": Strategy("S2 micro-batches", COMPUTE_ONLY, self._s2),
-            "S3": Strategy("S3 topology", ALL_KINDS, self._s3, revertible=revert_topology),
-            "S4": Strategy("S4 restart", ALL_KINDS, self._s4, last_resort=True, revertible=False),
+            "S2": Strategy(names["S2"], COMPUTE_ONLY, self._s2),
+            "S3": Strategy(names["S3"], ALL_KINDS, self._s3, revertible=revert_topology),
+            "S4": Strategy(names["S4"], ALL_KINDS, self._s4, last_resort=True, revertible=False),
         }
         unknown = set(strategies) - set(levels)
         if unknown:
