@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/straggler_mitigation.py [--framework deepspeed|megatron|accelerate]
         [--steps 200]
-        [--slow-start 60] [--repeat 1] [--loop user|train_batch]
+        [--slow-start 60] [--repeat 1] [--loop user|train_batch] [--hog N]
 
 ``--framework deepspeed`` (default) runs ``failslow demo --framework deepspeed``'s job: 4 ranks,
 ZeRO-1, CPU/gloo, 4 micro-batches of 128 per replica per step, trained by the loop DeepSpeed's
@@ -24,14 +24,26 @@ window (detection, validation pauses and re-checks included), the share of the s
 - ``(unmitigated - failslow) / (unmitigated - healthy)``; falcon: 60.1%, greyhound Fig. 14: up
 to 1.59x - and the largest parameter difference between the two runs over every rank's
 parameters (invariant 2; fp32, relative to each tensor's largest value).
+
+The closed loop (issue 44): every action of the failslow run with what became of it - in effect
+or not (what the ranks reported running), and the controller's verdict a few steps later (its
+measured step time against its prediction: pays, or short - re-planned or reverted) - and
+whether any plan was left in place without effect (the last column must say "none").
+``--hog N`` runs N busy loops beside both runs (a CPU-saturated machine: moving micro-batches
+between ranks that share its cores cannot help, and the run must find that out by itself).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -45,7 +57,47 @@ from failslow.demo.mitigation import (
 )
 
 
-def one_pair(base: Path, steps: int, start: int, loop: str, framework: str) -> dict[str, float]:
+@contextlib.contextmanager
+def hog(n: int) -> Iterator[None]:
+    """``n`` busy loops beside the runs (ended by PID)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def describe(actions: list[dict[str, Any]]) -> tuple[str, str]:
+    """Every action and what became of it; and the plans left in effect without paying (or
+    not in effect and not rolled back) - "none" when the closed loop did its job."""
+    lines, left = [], []
+    for i, a in enumerate(actions):
+        if not a.get("committed"):
+            lines.append(f"{a['action']} {a['counts']}: not committed ({a['reason']})")
+            continue
+        outcome = a.get("outcome") or {}
+        verdict = outcome.get("verdict")
+        text = f"{a['action']} {a['counts']} @{a['apply_step']}: {a.get('effect') or 'unchecked'}"
+        if a.get("effect_detail"):
+            text += f" ({a['effect_detail']})"
+        if outcome.get("measured_s") is not None:
+            text += (f", measured {outcome['measured_s']:.3f} vs predicted "
+                     f"{outcome.get('predicted_s') or float('nan'):.3f}: {verdict}")  # fmt: skip
+        lines.append(text)
+        later = actions[i + 1 :]
+        undone = any(b.get("committed") for b in later)
+        if a.get("effect") == "not in effect" and not undone:
+            left.append(f"{a['action']} @{a['apply_step']} not in effect")
+        if verdict == "short" and not undone:
+            left.append(f"{a['action']} @{a['apply_step']} short, kept")
+    return "\n".join(lines) or "-", ", ".join(left) or "none"
+
+
+def one_pair(
+    base: Path, steps: int, start: int, loop: str, framework: str
+) -> dict[str, Any]:
     runs = {}
     for name, mitigate in (("unmitigated", False), ("failslow", True)):
         out = base / name
@@ -95,6 +147,7 @@ def one_pair(base: Path, steps: int, start: int, loop: str, framework: str) -> d
         "apply_step": float(applied[0]),
         "counts": str(next(a["counts"] for a in f_summary["actions"])),
         "param_rel_diff": rel,
+        "actions": describe(f_summary["actions"]),
     }
 
 
@@ -105,11 +158,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--loop", choices=("user", "train_batch"), default="user")
     parser.add_argument("--framework", choices=sorted(JOBS), default="deepspeed")
+    parser.add_argument("--hog", type=int, default=0, help="busy loops beside the runs")
     args = parser.parse_args()
-    console = Console(width=190)
+    console = Console(width=230)
     job = JOBS[args.framework][1]
     loop = f", loop: {args.loop}" if args.framework == "deepspeed" else ""
-    table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}")
+    hogs = f", {args.hog} busy loops beside" if args.hog else ""
+    table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}{hogs}")
     for col in (
         "run",
         "healthy",
@@ -122,10 +177,12 @@ def main() -> None:
         "plan",
         "from step",
         "param rel diff",
+        "actions: effect, measured vs predicted",
+        "left without effect",
     ):
         table.add_column(col)
     for i in range(args.repeat):
-        with tempfile.TemporaryDirectory(prefix="failslow-dsbench-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="failslow-dsbench-") as tmp, hog(args.hog):
             console.print(f"run {i + 1}/{args.repeat}: unmitigated, then failslow ...")
             r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop, args.framework)
         table.add_row(
@@ -140,6 +197,7 @@ def main() -> None:
             r["counts"],
             f"{r['apply_step']:.0f}",
             f"{r['param_rel_diff']:.1e}",
+            *r["actions"],
         )
     console.print(table)
 

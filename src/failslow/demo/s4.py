@@ -82,6 +82,11 @@ S4_ENV = {
     "FAILSLOW__PLANNER__RESTART_S": "5",
 }
 """The settings of the job and its controller (environment variables of ``failslow run``)."""
+LADDER_ENV = {"FAILSLOW__PLANNER__RESTART_S": "12"}
+"""With S2 on the ladder: the diagnosis comes ~20 slow steps after the onset, when the impact
+since the onset (Algorithm 1's) is already ~5 s here, which would buy S2 and the restart in one
+go; at 12 s S2 is in effect first, and the restart is bought once the slowdown S2 leaves (a
+replica still 4x slower on its one micro-batch) has paid the rest."""
 THRESHOLD = 2.0
 """A rank is slow at > 2x its peers: healthy CPU ranks on shared cores scatter up to ~1.5x."""
 MICRO_BATCHES = 4 * 32
@@ -190,6 +195,8 @@ def _job(opts: S4DemoOptions, tmp: Path, out: Path, run: _Run, refresh: Callable
     job_out = out / "job"
     stop_file = tmp / "stop"
     settings = {**S4_ENV, "FAILSLOW__PLANNER__STRATEGIES": ",".join(opts.strategies)}
+    if "S2" in opts.strategies:
+        settings.update(LADDER_ENV)
     env = rank_launch.job_env(
         job_out, opts.max_steps, FAILSLOW_DEMO_STOP_FILE=str(stop_file), **settings
     )

@@ -122,7 +122,8 @@ def _timeline(view: RunView) -> str:
     items += [(s, COLORS[k], label) for k, s, label in (
         ("injected", "box", "injected fail-slow"), ("onset", "box", "fail-slow: onset to relief"),
         ("diagnosis", "dash", "diagnosis (D<n>)"), ("healthy", "dot", "validated healthy"),
-        ("apply", "bar", "plan applied"), ("revert", "bar", "plan reverted"),
+        ("apply", "bar", "plan applied"), ("replan", "bar", "plan re-planned"),
+        ("revert", "bar", "plan reverted"), ("rollback", "bar", "plan rolled back (not in effect)"),
     ) if k in kinds]  # fmt: skip
     if "onset" in {o[1] for o in view.onsets}:
         items += [

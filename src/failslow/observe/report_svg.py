@@ -36,7 +36,9 @@ COLORS = {
     "onset": "#f59e0b",
     "diagnosis": "#d97706",
     "apply": "#2563eb",
+    "replan": "#2563eb",
     "revert": "#7c3aed",
+    "rollback": "#b91c1c",
     "healthy": "#9ca3af",
     "relief": "#16a34a",
     "healthy_phase": "#16a34a",
@@ -44,7 +46,7 @@ COLORS = {
     "mitigated": "#2563eb",
     "after": "#6b7280",
 }
-PHASE_COLORS = {"healthy": "#16a34a", "slowed": "#dc2626", "mitigated": "#2563eb"}
+PHASE_COLORS = {"healthy": "#16a34a", "slowed": "#dc2626", "S2": "#f59e0b", "mitigated": "#2563eb"}
 
 
 def nice_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
@@ -281,7 +283,7 @@ def _marks(view: RunView, x: Scale, top: float, bottom: float, rows: int) -> lis
     for m, (px, _), row in zip(marks, labelled, _stagger(labelled, rows), strict=True):
         color = COLORS[m.kind]
         dash = {"diagnosis": "5 3", "healthy": "2 3"}.get(m.kind, "")
-        width = 2 if m.kind in ("apply", "revert") else 1.3
+        width = 2 if m.kind in ("apply", "replan", "revert", "rollback") else 1.3
         label_y = top - 22 - row * 14
         out.append(
             f'<g class="mark" data-kind="{m.kind}" data-step="{m.step:g}">'

@@ -241,3 +241,17 @@ def test_rebuild_replaces_the_applied_plan_only_when_the_new_one_differs():
     decision = planner.rebuild("microbatch", "newer profiles")
     assert decision is not None and decision.plan.step_time_s == 1.2
     assert decision.reason == "newer profiles" and planner.applied == ("microbatch",)
+
+
+def test_catching_up_decides_on_the_newest_steps_not_on_each_replayed_one():
+    """A diagnosis after 12 slow steps, the first few only mildly slow (a noisy onset before
+    the real one): replayed one by one, S2 (1.1 s) is judged against 1.12 s and passed over for
+    good; caught up, the impact is the same and S2 is judged against the newest 2.0 s."""
+    history = [1.12] * 7 + [2.0] * 5
+    replayed = MultiLevelPlanner(three_levels(s2=(0.5, 1.1)), min_gain=0.05)
+    replayed.onset(COMPUTE, healthy_step_s=1.0)
+    assert [d.strategy for t in history for d in replayed.observe(t)] == []
+    caught = MultiLevelPlanner(three_levels(s2=(0.5, 1.1)), min_gain=0.05)
+    caught.onset(COMPUTE, healthy_step_s=1.0)
+    assert [d.strategy for d in caught.catch_up(history)] == ["microbatch"]
+    assert caught.impact_s == pytest.approx(replayed.impact_s)

@@ -323,9 +323,12 @@ class Mitigator:
         # the slowdown began before the diagnosis: what it cost so far counts (Alg. 1's impact)
         started = self._onset_wall(diagnosis)
         if started is not None and not compound:
-            for step, (seconds, wall) in sorted(self.step_times.items()):
-                if wall >= started and step >= self._restart_step:
-                    self._execute(self.planner.observe(seconds), diagnosis)
+            since = [
+                seconds
+                for step, (seconds, wall) in sorted(self.step_times.items())
+                if wall >= started and step >= self._restart_step
+            ]
+            self._execute(self.planner.catch_up(since), diagnosis)
 
     # ---- turning decisions into plans on the ranks -------------------------------------------
     def _execute(self, decisions: list[Decision], diagnosis: Diagnosis | None = None) -> None:

@@ -153,6 +153,9 @@ class Planner:
     def observe(self, step_time_s: float) -> list[Decision]:
         return self.ski.observe(step_time_s)
 
+    def catch_up(self, step_times: list[float]) -> list[Decision]:
+        return self.ski.catch_up(step_times)
+
     def relief(self) -> list[Decision]:
         return self.ski.relief()
 

@@ -252,6 +252,24 @@ class MultiLevelPlanner:
         event = self._event
         if event is None:
             return []
+        self._accrue(event, step_time_s)
+        return self._buy()
+
+    def catch_up(self, step_times: Sequence[float]) -> list[Decision]:
+        """The iterations since the fail-slow began that the diagnosis came after: their
+        impact counts (Alg. 1), but what to buy is decided once, now, on the newest of them -
+        a strategy is not judged (and passed over for good) against the step time of a moment
+        long gone (seen in the ladder demo: the first slow steps were a noisy onset's, S2's
+        plan for the slowed rank looked no better than them, and the restart was bought
+        without S2 ever tried)."""
+        event = self._event
+        if event is None:
+            return []
+        for step_time_s in step_times:
+            self._accrue(event, step_time_s)
+        return self._buy()
+
+    def _accrue(self, event: _Event, step_time_s: float) -> None:
         excess = step_time_s - event.healthy_step_s
         event.elapsed_s += max(step_time_s, 0.0)
         if excess > 0.0:
@@ -259,7 +277,6 @@ class MultiLevelPlanner:
             event.slow_steps += 1
         event.recent.append(step_time_s)
         del event.recent[: -self._recent_window]
-        return self._buy()
 
     def relief(self) -> list[Decision]:
         """The fail-slow is over: revert what can be reverted, newest first; end the event."""
