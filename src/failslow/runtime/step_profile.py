@@ -44,6 +44,10 @@ from collections.abc import Callable
 from typing import Any
 
 
+NOW_STEPS = 3
+"""Steps of the ``*_now`` medians: what a rank's step is made of at present."""
+
+
 class StepProfile:
     def __init__(
         self,
@@ -96,9 +100,12 @@ class StepProfile:
         self._rests.append((rest, post))
 
     def summary(self) -> dict[str, Any] | None:
-        """``{"calls", "spacing", "rest", "post", "pre_sd", "work_sd", "rest_low", "post_low",
-        "steps"}`` (times in seconds; ``rest``: the step before the optimizer less ``calls *
-        spacing``, ``post``: from the optimizer step to the next boundary; ``pre_sd``: the
+        """``{"calls", "spacing", "rest", "post", "spacing_now", "rest_now", "post_now",
+        "pre_sd", "work_sd", "rest_low", "post_low", "steps"}`` (times in seconds; ``rest``:
+        the step before the optimizer less ``calls * spacing``, ``post``: from the optimizer
+        step to the next boundary; ``*_now``: the same over the last :data:`NOW_STEPS` steps
+        only - a rank that just slowed down, whose longer window still holds its healthy steps
+        (an onset is diagnosed a few steps after it began); ``pre_sd``: the
         standard deviation of the part before the optimizer, waits included, ``work_sd``: of
         ``calls * spacing``, the micro-batches alone), or None before two steps were
         measured."""
@@ -107,11 +114,15 @@ class StepProfile:
             return None
         history = list(self._rests)
         low = int(self._low_quantile * (len(history) - 1))
+        now = steps[-NOW_STEPS:]
         return {
             "calls": steps[-1][0],
             "spacing": statistics.median(s[1] for s in steps),
             "rest": statistics.median(s[2] for s in steps),
             "post": statistics.median(s[3] for s in steps),
+            "spacing_now": statistics.median(s[1] for s in now),
+            "rest_now": statistics.median(s[2] for s in now),
+            "post_now": statistics.median(s[3] for s in now),
             "pre_sd": statistics.stdev(s[4] for s in steps),
             "work_sd": statistics.stdev(s[0] * s[1] for s in steps),
             "rest_low": sorted(r for r, _ in history)[low],

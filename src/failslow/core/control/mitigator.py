@@ -432,14 +432,14 @@ class Mitigator:
         ran before (the even split if none; a swap's reverse); its strategy is disabled."""
         if action.action == "rollback":
             log.error(
-                "failslow: the rollback to %s is not in effect either (%s); the ranks' plan "
-                "is unknown - no further plan is sent", action.strategy, why,
+                "failslow: the rollback from %s is not in effect either (%s); what the ranks "
+                "run is not known - no further plan is sent for it", action.strategy, why,
             )  # fmt: skip
-            self.desired = self.in_effect = None
             return
         if action.action in ("apply", "replan") and self.planner is not None:
             self._disable(action.strategy, why)
-        if action.plan != self.desired:
+        told = self.desired if self.desired is not None else self._even_plan()
+        if not same_change(action.plan, told):
             return  # a newer plan was sent since; its own report decides
         if isinstance(action.plan, TopologyPlan) and action.before is not None:
             back: Plan | None = reverse_topology_plan(
@@ -453,6 +453,8 @@ class Mitigator:
     def _disable(self, strategy: str, why: str) -> None:
         assert self.planner is not None
         self.planner.ski.disable(strategy, why)
+        if self.unavailable.get(strategy) == why:
+            return
         self.unavailable[strategy] = why
         if self.on_event is not None:
             self.on_event(event("unavailable", strategy=strategy, reason=why))

@@ -10,8 +10,9 @@ optimizer (the last backward, the reduction; on a pipeline its fill and drain), 
 optimizer step on. All come from the ranks' step profiles
 (:class:`failslow.runtime.step_profile.StepProfile`, published in their progress records):
 
-- a replica with a diagnosed rank runs as it does now: its time per call, recent rest and post
-  (it is the slowest, so its steps hold no wait for another replica);
+- a replica with a diagnosed rank runs as it does now: its time per call, rest and post over its
+  last few steps (it is the slowest, so its steps hold no wait for another replica; its longer
+  window may still hold steps from before the slowdown);
 - every other replica runs like one healthy representative: its recent time per call, and the
   low quantiles of its rest and post (recent steps of a healthy replica include the waits for
   the slowed one; the low quantile is its own part, from before the slowdown).
@@ -69,10 +70,13 @@ def _part(record: Mapping[str, Any] | None, now_count: int, *, waits: bool) -> R
     profile = (record or {}).get("profile")
     if not profile or now_count <= 0:
         return None
+    # a diagnosed replica's parts as they are now (its window may still hold healthy steps:
+    # the onset came a few steps ago); a waiting one's own parts from before the slowdown
+    now = "" if waits or "spacing_now" not in profile else "_now"
     try:
-        calls, spacing = float(profile["calls"]), float(profile["spacing"])
-        rest = float(profile["rest_low" if waits else "rest"])
-        post = float(profile.get("post_low" if waits else "post", 0.0))
+        calls, spacing = float(profile["calls"]), float(profile["spacing" + now])
+        rest = float(profile["rest_low" if waits else "rest" + now])
+        post = float(profile.get("post_low" if waits else "post" + now, 0.0))
         work_sd = float(profile.get("work_sd", 0.0))
         pre_sd = float(profile.get("pre_sd", 0.0))
     except (KeyError, TypeError, ValueError):
