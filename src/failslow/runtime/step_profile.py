@@ -43,7 +43,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 NOW_STEPS = 3
 """Steps of the ``*_now`` medians: what a rank's step is made of at present."""
 
