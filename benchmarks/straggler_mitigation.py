@@ -5,6 +5,7 @@ Usage::
     python benchmarks/straggler_mitigation.py [--framework deepspeed|megatron|accelerate]
         [--steps 200]
         [--slow-start 60] [--repeat 1] [--loop user|train_batch] [--hog N]
+        [--micro-batch-size N] [--width N]
 
 ``--framework deepspeed`` (default) runs ``failslow demo --framework deepspeed``'s job: 4 ranks,
 ZeRO-1, CPU/gloo, 4 micro-batches of 128 per replica per step, trained by the loop DeepSpeed's
@@ -96,7 +97,13 @@ def describe(actions: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def one_pair(
-    base: Path, steps: int, start: int, loop: str, framework: str
+    base: Path,
+    steps: int,
+    start: int,
+    loop: str,
+    framework: str,
+    micro_batch_size: int | None = None,
+    width: int | None = None,
 ) -> dict[str, Any]:
     runs = {}
     for name, mitigate in (("unmitigated", False), ("failslow", True)):
@@ -111,6 +118,8 @@ def one_pair(
                 out_dir=out,
                 live=False,
                 loop=loop,
+                micro_batch_size=micro_batch_size,
+                width=width,
             )
         )
         runs[name] = (summary, step_times_of(out, 4))
@@ -159,12 +168,16 @@ def main() -> None:
     parser.add_argument("--loop", choices=("user", "train_batch"), default="user")
     parser.add_argument("--framework", choices=sorted(JOBS), default="deepspeed")
     parser.add_argument("--hog", type=int, default=0, help="busy loops beside the runs")
+    parser.add_argument("--micro-batch-size", type=int, help="samples per micro-batch")
+    parser.add_argument("--width", type=int, help="the model's width (DeepSpeed: MLP, 256)")
     args = parser.parse_args()
     console = Console(width=230)
     job = JOBS[args.framework][1]
     loop = f", loop: {args.loop}" if args.framework == "deepspeed" else ""
     hogs = f", {args.hog} busy loops beside" if args.hog else ""
-    table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}{hogs}")
+    shape = "".join(f", {k} {v}" for k, v in (("micro-batch size", args.micro_batch_size),
+                                              ("width", args.width)) if v)  # fmt: skip
+    table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}{hogs}{shape}")
     for col in (
         "run",
         "healthy",
@@ -184,7 +197,8 @@ def main() -> None:
     for i in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="failslow-dsbench-") as tmp, hog(args.hog):
             console.print(f"run {i + 1}/{args.repeat}: unmitigated, then failslow ...")
-            r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop, args.framework)
+            r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop, args.framework,
+                         args.micro_batch_size, args.width)  # fmt: skip
         table.add_row(
             str(i + 1),
             f"{r['healthy_s']:.3f} s",

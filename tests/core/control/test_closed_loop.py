@@ -1,0 +1,68 @@
+"""The closed loop's own rules: a plan's prediction on the observed scale, its verdict, and the
+window its outcome is measured over (the mitigator's tests run them against real stores)."""
+
+from __future__ import annotations
+
+import pytest
+
+from failslow.core.control.closed_loop import (
+    OUTCOME_FIRST,
+    OUTCOME_STEPS,
+    ClosedLoop,
+    judge,
+    median_before,
+    predicted_step_s,
+)
+from failslow.core.planner.plans import MicroBatchPlan
+
+
+def _plan(step: float | None, baseline: float | None = None) -> MicroBatchPlan:
+    return MicroBatchPlan(
+        counts=(5, 5, 1, 5), weights=(1.25, 1.25, 0.25, 1.25), step_time_s=step,
+        baseline_step_s=baseline,
+    )  # fmt: skip
+
+
+def test_a_prediction_is_read_on_the_observed_scale() -> None:
+    assert predicted_step_s(_plan(0.25), before_s=0.5) == 0.25  # the rank profiles' own
+    assert predicted_step_s(_plan(0.3, baseline=0.6), before_s=0.5) == 0.25  # a relative gain
+    assert predicted_step_s(_plan(None), before_s=0.5) is None
+
+
+@pytest.mark.parametrize(
+    ("measured", "verdict"),
+    [(0.30, "pays"), (0.35, "pays"), (0.3501, "short"), (0.5, "short"), (0.6, "short")],
+)
+def test_a_plan_pays_when_it_saved_half_of_what_it_promised(measured: float, verdict: str) -> None:
+    got, reason = judge(before_s=0.5, predicted_s=0.2, measured_s=measured)  # 0.3 s promised
+    assert got == verdict, reason
+    assert reason.startswith(f"measured {measured:.3f} s per step against 0.500 s before")
+
+
+def test_without_a_prediction_or_a_before_there_is_no_verdict() -> None:
+    assert judge(None, 0.2, 0.3)[0] == "unknown"
+    assert judge(0.5, None, 0.3)[0] == "unknown"
+    assert judge(0.5, 0.6, 0.3) == (
+        "unknown",
+        "measured 0.300 s per step against 0.500 s before and 0.600 s predicted (it predicted "
+        "no saving)",
+    )
+
+
+def test_the_outcome_is_the_median_of_its_window_once_every_step_of_it_is_known() -> None:
+    steps = {s: (0.5, 0.0) for s in range(90, 100)}
+    loop = ClosedLoop(store=None, world_size=lambda: 4)  # type: ignore[arg-type]
+
+    class Action:
+        plan = _plan(0.2)
+
+    loop.watch(Action(), 100, steps)
+    assert median_before(steps, 100) == 0.5
+    first = 100 + OUTCOME_FIRST
+    for s in range(100, first + OUTCOME_STEPS - 1):
+        steps[s] = (9.0 if s < first else 0.25, 0.0)  # the switch's steps are not counted
+    assert loop.outcomes(steps) == []  # one step of the window still missing
+    steps[first + OUTCOME_STEPS - 1] = (0.25, 0.0)
+    ((_, outcome),) = loop.outcomes(steps)
+    assert (outcome.before_s, outcome.predicted_s, outcome.measured_s) == (0.5, 0.2, 0.25)
+    assert outcome.verdict == "pays" and loop.watching == []
