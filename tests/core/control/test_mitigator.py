@@ -377,6 +377,21 @@ def _steps_after(store: Store, first: int, seconds: float, n: int) -> None:
     store.set_json(keys.STEPS, {"steps": [[s, seconds] for s in range(first, first + n)]})
 
 
+def _bought(store: Store, config: Any) -> tuple[Mitigator, list[dict[str, Any]]]:
+    """A mitigator that saw the healthy steps, ten slow ones since rank 2's onset and its
+    diagnosis (it buys S2, unless a rank refuses), with the events it journaled."""
+    mitigator = Mitigator(store, config.planner, world_size=4)
+    events = _events_of(mitigator)
+    mitigator.tick()
+    diagnosis = _diagnosis()
+    time.sleep(0.01)
+    _steps_after(store, 20, 0.3, 10)
+    mitigator.tick()
+    mitigator.on_diagnosis(diagnosis)
+    mitigator.tick()
+    return mitigator, events
+
+
 def _passed(store: Store, action: Any, seconds: float = 0.3) -> int:
     """Rank 0 reports the steps up to ``action``'s apply step (the five before it at
     ``seconds``); returns the apply step."""
@@ -391,15 +406,7 @@ def test_a_plan_every_rank_ran_is_in_effect_and_its_outcome_is_measured(url: str
     ranks = _ranks(url, 4, first_step=FIRST)
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
-        mitigator = Mitigator(store, config.planner, world_size=4)
-        events = _events_of(mitigator)
-        mitigator.tick()
-        diagnosis = _diagnosis()
-        time.sleep(0.01)
-        _steps_after(store, 20, 0.3, 10)
-        mitigator.tick()
-        mitigator.on_diagnosis(diagnosis)
-        mitigator.tick()
+        mitigator, events = _bought(store, config)
         (action,) = mitigator.actions
         assert action.outcome is not None and action.outcome.apply_step is not None
         # committed is what the ranks were told, not what they run
@@ -445,15 +452,7 @@ def test_a_plan_a_rank_did_not_run_is_rolled_back_and_its_strategy_disabled(url:
         r.start()
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
-        mitigator = Mitigator(store, config.planner, world_size=4)
-        events = _events_of(mitigator)
-        mitigator.tick()
-        diagnosis = _diagnosis()
-        time.sleep(0.01)
-        _steps_after(store, 20, 0.3, 10)
-        mitigator.tick()
-        mitigator.on_diagnosis(diagnosis)
-        mitigator.tick()
+        mitigator, events = _bought(store, config)
         bought = mitigator.actions[0]
         _passed(store, bought)
         _tick_until(mitigator, lambda: len(mitigator.actions) == 2)
@@ -565,15 +564,7 @@ def test_a_plan_a_rank_refuses_disables_its_strategy_with_the_reason(url: str) -
     ranks = [*_ranks(url, 3), *_ranks(url, 1, refuse=own)]
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
-        mitigator = Mitigator(store, config.planner, world_size=4)
-        events = _events_of(mitigator)
-        mitigator.tick()
-        diagnosis = _diagnosis()
-        time.sleep(0.01)
-        _steps_after(store, 20, 0.3, 10)
-        mitigator.tick()
-        mitigator.on_diagnosis(diagnosis)
-        mitigator.tick()
+        mitigator, events = _bought(store, config)
         _steps_after(store, 30, 0.3, 10)
         mitigator.tick()
     _stop(ranks)
