@@ -47,6 +47,10 @@ from failslow.errors import ConfigError, FailslowError
 class ReplicaSplit:
     """``counts[r]`` micro-batches per DP replica ``r`` of ``micro_batches`` per global step."""
 
+    loader_hint = "build the training loader with failslow's loader"
+    """What a refusal tells a job without a share-aware loader to build (each adapter names
+    its own)."""
+
     def __init__(
         self,
         *,
@@ -181,10 +185,6 @@ class ReplicaSplit:
             )
         return counts
 
-    loader_hint = "build the training loader with failslow's loader"
-    """What :meth:`ready` tells a job without a share-aware loader to build (each adapter
-    names its own)."""
-
     def verify(self, plan: MicroBatchPlan, step: int, forwards: int) -> str:
         """What this rank ran in ``step`` (``plan``'s apply step) against ``plan``: "" when
         it ran its replica's count with its weight on its share, else one line saying what it
@@ -209,6 +209,13 @@ class ReplicaSplit:
                     f"weighted its gradient {weight:.6g} in step {step} ({want} micro-losses "
                     f"x {scale:.6g}), the plan {plan.weights[self.replica]:.6g}"
                 )
+        reads = [sampler.read_in(step) for sampler in self.samplers]
+        wrong = [r for r in reads if r and r != want]
+        if wrong:  # whoever reads them (a middle pipeline stage may read none)
+            return (
+                f"read {wrong[0]} micro-batches of step {step} from the share-aware loader, the "
+                f"plan gives its replica {want}"
+            )
         if not self.reads_data():
             return ""
         if not self.samplers:
@@ -216,17 +223,10 @@ class ReplicaSplit:
                 f"read its micro-batches of step {step} from a loader failslow does not re-cut; "
                 f"{self.loader_hint}"
             )
-        reads = [sampler.read_in(step) for sampler in self.samplers]
         if not any(reads):
             return (
                 f"read none of step {step}'s micro-batches from the share-aware loader (the "
                 "loop feeds other data)"
-            )
-        wrong = [r for r in reads if r and r != want]
-        if wrong:
-            return (
-                f"read {wrong[0]} micro-batches of step {step} from the share-aware loader, the "
-                f"plan gives its replica {want}"
             )
         return ""
 
