@@ -156,6 +156,10 @@ def test_the_ladder_demo_climbs_s2_then_s4_and_walks_back(tmp_path) -> None:
     assert walk_back["action"] == "revert" and walk_back["counts"] == [4, 4, 4, 4], why
     assert walk_back["apply_step"] > s4[0]["apply_step"] and walk_back["effect"] == "in effect"
     assert s4[0]["effect"] == "in effect", why  # the job registered again without rank 2's host
+    # the event log has each bought action's predicted and measured step time
+    for a in committed:
+        if a["action"] in ("apply", "replan"):
+            assert a["outcome"]["predicted_s"] > 0 and a["outcome"]["measured_s"] > 0, (a, why)
     (restart,) = summary["restarts"]
     (moved,) = restart["moved"]
     assert (moved["rank"], moved["slot"], moved["onto"]) == (2, 2, 4), why

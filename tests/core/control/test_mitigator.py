@@ -576,3 +576,40 @@ def test_a_plan_a_rank_refuses_disables_its_strategy_with_the_reason(url: str) -
     assert kinds == ["unavailable", "unavailable", "plan", "unavailable"]
     assert mitigator.planner is not None and mitigator.planner.ski.candidates() == ()
     assert all(not r.applied for r in ranks)
+
+
+def test_a_restart_is_in_effect_once_the_job_registered_without_the_evicted_host(
+    url: str,
+) -> None:
+    """S4 has no rank to check it (every rank exits): it is in effect when the job registered
+    again (a job record started after the commit) on hosts without the evicted one, and then
+    measured against its prediction (the healthy step) like any plan."""
+    from failslow.core.planner.plans import RestartPlan
+
+    config, capabilities = _s4_only()
+    ranks = _ranks(url, 4, first_step=FIRST)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, capabilities)
+        store.set_json(f"{keys.STANDBYS}/node", {"free": 1})
+        mitigator, events = _bought(store, config)
+        (restart,) = mitigator.actions
+        assert isinstance(restart.plan, RestartPlan) and restart.plan.step_time_s == 0.1
+        assert restart.outcome is not None and restart.outcome.committed
+        mitigator.tick()
+        assert restart.effect == ""  # the job has not registered again yet
+        hosts = list(TOPOLOGY.hosts)
+        hosts[2] = "standby0"
+        store.set_json(keys.JOB, {"topology": TOPOLOGY.with_hosts(hosts).to_dict(),
+                                  "capabilities": capabilities, "started": time.time()})  # fmt: skip
+        step = _passed(store, restart)
+        _tick_until(mitigator, lambda: restart.effect != "")
+        assert restart.effect == "in effect" and mitigator.topology is not None
+        assert mitigator.topology.hosts[2] == "standby0"
+        _steps_after(store, step + 1, 0.11, 8)
+        _tick_until(mitigator, lambda: restart.result is not None)
+    _stop(ranks)
+    assert restart.result is not None and restart.result.verdict == "pays"
+    assert restart.result.predicted_s == 0.1 and restart.result.measured_s == 0.11
+    assert [e["kind"] for e in events if e["kind"] in ("plan", "effect", "outcome")] == [
+        "plan", "effect", "outcome",
+    ]  # fmt: skip

@@ -533,6 +533,8 @@ class Mitigator:
                 self._disable(action.strategy, why)
         else:
             self._reread_layout()  # plan from the hosts the job runs on now
+            if action.outcome is not None and action.outcome.apply_step is not None:
+                self.loop.watch(action, action.outcome.apply_step, self.step_times)
 
     def _journal(self, action: Action) -> None:
         if self.on_event is None or action.outcome is None:

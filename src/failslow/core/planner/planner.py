@@ -210,7 +210,12 @@ class Planner:
             hosts = hosts[:free]  # a host restarted in place keeps its slow GPU or link
         if not hosts:
             return None
-        plan = RestartPlan(evict=tuple(sorted(hosts)), overhead_s=self.costs.restart_s)
+        # without the diagnosed hosts the job runs at its healthy pace again: that is the
+        # prediction the controller measures the restart against
+        healthy_step = self._healthy_microbatch_s * self.topology.micro_batches / self.topology.dp
+        plan = RestartPlan(
+            evict=tuple(sorted(hosts)), overhead_s=self.costs.restart_s, step_time_s=healthy_step
+        )
         return self._with_estimate(plan, self.topology)
 
     # ---- fail-stop -------------------------------------------------------------------------
