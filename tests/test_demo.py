@@ -129,9 +129,11 @@ def test_the_ladder_demo_climbs_s2_then_s4_and_walks_back(tmp_path) -> None:
     from memory with rank 2 on the standby slot - a new process the throttle does not touch,
     its state from its holder's backup, the S2 split carried in the snapshot. Then a
     re-validation finds every rank healthy and S2 is reverted (the walk back), in effect on
-    every rank. The parameters equal the job's without the slowdown within 1e-6 relative (S2
-    sums the same gradients in another order; the restart is bitwise). One standby: exactly
-    one restart, whatever a loaded machine makes the re-validations see after it."""
+    every rank - unless S2 did not pay what it predicted, when it was reverted before the
+    restart with that reason. The parameters equal the job's without the slowdown within 1e-6
+    relative (S2 sums the same gradients in another order; the restart is bitwise). One
+    standby: exactly one restart, whatever a loaded machine makes the re-validations see after
+    it."""
     pytest.importorskip("deepspeed", reason="needs the deepspeed extra")
     out = tmp_path / "run"
     exe = os.path.join(os.path.dirname(sys.executable), "failslow")
@@ -145,16 +147,23 @@ def test_the_ladder_demo_climbs_s2_then_s4_and_walks_back(tmp_path) -> None:
     why = "demo summary: " + json.dumps(summary)[-6000:]
     assert summary["strategies"] == ["S2", "S3", "S4"] and summary["slow_rank_moved"], why
     assert "cannot rebuild its process groups" in summary["unavailable"]["S3 topology"], why
-    # the climb: S2 in effect, then the restart; the walk back: S2 reverted, in effect
+    # the climb: S2 in effect, then the restart; S2 back to the even split, in effect - after
+    # the restart on relief (the walk back), or before it, when its measured step did not pay
+    # what it promised (seen on a loaded machine: 0.368 s against 0.274 s predicted)
     committed = [a for a in summary["actions"] if a["committed"]]
     s2 = [a for a in committed if a["strategy"] == "S2 micro-batches"]
     s4 = [a for a in committed if a["strategy"] == "S4 restart"]
     assert s2 and s4 and s2[0]["action"] == "apply", why
     assert s2[0]["apply_step"] < s4[0]["apply_step"], why
     assert s2[0]["counts"][2] == min(s2[0]["counts"]) < 4 and s2[0]["effect"] == "in effect", why
-    walk_back = s2[-1]
-    assert walk_back["action"] == "revert" and walk_back["counts"] == [4, 4, 4, 4], why
-    assert walk_back["apply_step"] > s4[0]["apply_step"] and walk_back["effect"] == "in effect"
+    back = s2[-1]
+    assert back["action"] == "revert" and back["counts"] == [4, 4, 4, 4], why
+    assert back["effect"] == "in effect", why
+    if back["apply_step"] < s4[0]["apply_step"]:
+        assert back["reason"].startswith("did not pay: measured"), why
+        assert s2[-2]["outcome"]["verdict"] == "short", why
+    else:
+        assert back["reason"] == "fail-slow relieved", why
     assert s4[0]["effect"] == "in effect", why  # the job registered again without rank 2's host
     # the event log has each bought action's predicted and measured step time
     for a in committed:

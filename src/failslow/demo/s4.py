@@ -248,9 +248,10 @@ def _settled(run: _Run) -> int | None:
         return None
     start = int(run.resumes[-1]["resumed_at"])
     s2 = [e for e in run.journal if e.get("kind") == "plan" and e.get("committed")
-          and (e.get("plan") or {}).get("type") == "MicroBatchPlan"]  # fmt: skip
-    if not s2:
-        return start
+          and (e.get("plan") or {}).get("type") == "MicroBatchPlan"
+          and int(e["apply_step"]) <= start]  # fmt: skip
+    if not s2 or s2[-1]["action"] in ("revert", "rollback"):
+        return start  # no split in force at the restart (never bought, or it did not pay)
     reverted = [
         int(e["apply_step"]) for e in run.journal
         if e.get("kind") == "effect" and e.get("action") in ("revert", "rollback")

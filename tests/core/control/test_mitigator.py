@@ -599,8 +599,9 @@ def test_a_restart_is_in_effect_once_the_job_registered_without_the_evicted_host
         assert restart.effect == ""  # the job has not registered again yet
         hosts = list(TOPOLOGY.hosts)
         hosts[2] = "standby0"
-        store.set_json(keys.JOB, {"topology": TOPOLOGY.with_hosts(hosts).to_dict(),
-                                  "capabilities": capabilities, "started": time.time()})  # fmt: skip
+        registered = {"topology": TOPOLOGY.with_hosts(hosts).to_dict(),
+                      "capabilities": capabilities, "started": time.time()}  # fmt: skip
+        store.set_json(keys.JOB, registered)
         step = _passed(store, restart)
         _tick_until(mitigator, lambda: restart.effect != "")
         assert restart.effect == "in effect" and mitigator.topology is not None
