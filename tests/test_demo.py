@@ -162,8 +162,10 @@ def test_the_ladder_demo_climbs_s2_then_s4_and_walks_back(tmp_path) -> None:
     if back["apply_step"] < s4[0]["apply_step"]:
         assert back["reason"].startswith("did not pay: measured"), why
         assert s2[-2]["outcome"]["verdict"] == "short", why
-    else:
-        assert back["reason"] == "fail-slow relieved", why
+    else:  # relief; or, on a loaded machine, a re-validation that names only a noisy link
+        assert back["reason"] in (
+            "fail-slow relieved", "the communication fail-slow left is not one it mitigates"
+        ), why
     assert s4[0]["effect"] == "in effect", why  # the job registered again without rank 2's host
     # the event log has each bought action's predicted and measured step time
     for a in committed:
