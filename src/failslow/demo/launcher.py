@@ -85,7 +85,7 @@ class DemoState:
     inject_start_iter: int | None = None
     inject_end_iter: int | None = None
     detected: list[DetectedEvent] = field(default_factory=list)
-    pending: dict[int, tuple] = field(default_factory=dict)  # rank -> vote for the next event
+    pending: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (kind, rank) -> vote
 
 
 def _free_store() -> tuple[object, int]:
@@ -133,18 +133,25 @@ def _merge_event(state: DemoState, rank: int, event, at_iteration: int, reported
 
     A synchronous job slows down on every rank at once, so a job onset (while healthy) or relief
     (while slow) opens when at least half of the ranks report it within ``QUORUM_WINDOW``
-    iterations; one rank's noise alone never does. Later reports of the same kind join it.
+    iterations; one rank's noise alone never does. Later reports of the same kind join it. An
+    onset from a rank that already reported the open one is a *compound* onset (the detector's
+    further >= 10% step while slow): a quorum of those is a job onset of its own, the job got
+    slower still (a CI run's machine slowed every rank 20 iterations before the injection began,
+    and the injected step up came on top of it).
     """
     current = state.detected[-1] if state.detected else None
     expected = "relief" if current is not None and current.type == "onset" else "onset"
-    if event.type != expected:
+    compound = (event.type == "onset" and expected == "relief" and rank in current.ranks
+                and reported_at > current.reported_at)
+    if event.type != expected and not compound:
         if current is not None and current.type == event.type and rank not in current.ranks:
-            current.ranks.append(rank)  # a late rank (or a compound step) joins the open event
+            current.ranks.append(rank)  # a late rank joins the open event
         return
-    votes = state.pending
-    votes[rank] = (at_iteration, reported_at, float(event.change), event)
-    for r in [r for r, v in votes.items() if reported_at - v[1] > QUORUM_WINDOW]:
-        del votes[r]
+    pending = state.pending
+    pending[(event.type, rank)] = (at_iteration, reported_at, float(event.change), event)
+    for key in [k for k, v in pending.items() if reported_at - v[1] > QUORUM_WINDOW]:
+        del pending[key]
+    votes = {r: v for (kind, r), v in pending.items() if kind == event.type}
     if 2 * len(votes) < state.options.world_size:
         return
     iterations = sorted(v[0] for v in votes.values())
@@ -156,7 +163,7 @@ def _merge_event(state: DemoState, rank: int, event, at_iteration: int, reported
             float(first.before_s), float(first.after_s),
         )
     )
-    votes.clear()
+    pending.clear()  # a job event opened: the votes before it are moot
 
 
 def run_demo(opts: DemoOptions) -> int:
