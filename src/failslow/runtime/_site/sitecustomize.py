@@ -5,8 +5,11 @@ first ``sitecustomize`` it finds at startup. This one arranges for
 :mod:`failslow.runtime.auto` (the collective hook, and the rank's control agent when a control
 store is set) to be imported right after the process finishes importing torch
 (when ``$FAILSLOW_CAPTURE`` is ``1`` and ``$FAILSLOW_RING_DIR`` is set), so a process that
-never imports torch pays nothing and never imports it; then it runs the user's own
-``sitecustomize`` (the next one on ``sys.path``), if any, as Python would have.
+never imports torch pays nothing and never imports it; once it imports DeepSpeed, engines built
+by the plain ``deepspeed.initialize`` from a config with a ``"failslow"`` block are checked
+(:mod:`failslow.adapters.deepspeed.unattached`: one line when nothing attached failslow). Then
+it runs the user's own ``sitecustomize`` (the next one on ``sys.path``), if any, as Python
+would have.
 """
 
 from __future__ import annotations
@@ -27,11 +30,21 @@ def _install_hook() -> None:
         sys.stderr.write(f"failslow: Python hook not installed in pid {os.getpid()}: {exc!r}\n")
 
 
-class _LoadThenInstall:
-    """Wraps torch's loader: runs it, puts it back on the module, then installs the hook."""
+def _watch_deepspeed() -> None:
+    try:
+        from failslow.adapters.deepspeed.unattached import watch
 
-    def __init__(self, loader: Any) -> None:
+        watch(sys.modules["deepspeed"])
+    except Exception as exc:  # never break the user's process
+        sys.stderr.write(f"failslow: DeepSpeed not watched in pid {os.getpid()}: {exc!r}\n")
+
+
+class _LoadThenInstall:
+    """Wraps a package's loader: runs it, puts it back on the module, then calls ``then``."""
+
+    def __init__(self, loader: Any, then: Any) -> None:
         self._loader = loader
+        self._then = then
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
@@ -44,21 +57,32 @@ class _LoadThenInstall:
         module.__loader__ = self._loader
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._loader
-        _install_hook()
+        self._then()
 
 
-class _AfterTorchImport:
-    """A meta-path finder that only wraps the loader of the top-level ``torch`` package."""
+class _AfterImport:
+    """A meta-path finder that only wraps the loader of one top-level package."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self._name = name
+        self._then = then
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
+        if name != self._name:
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(name)
         if spec is not None and spec.loader is not None:
-            spec.loader = _LoadThenInstall(spec.loader)
+            spec.loader = _LoadThenInstall(spec.loader, self._then)
         return spec
+
+
+def _after_import(name: str, then: Any) -> None:
+    if name in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 def _chain_user_sitecustomize() -> None:
@@ -72,8 +96,6 @@ def _chain_user_sitecustomize() -> None:
 
 
 if os.environ.get("FAILSLOW_CAPTURE") == "1" and os.environ.get("FAILSLOW_RING_DIR"):
-    if "torch" in sys.modules:
-        _install_hook()
-    else:
-        sys.meta_path.insert(0, _AfterTorchImport())
+    _after_import("torch", _install_hook)
+    _after_import("deepspeed", _watch_deepspeed)
 _chain_user_sitecustomize()
