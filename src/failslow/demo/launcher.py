@@ -141,8 +141,8 @@ def _merge_event(state: DemoState, rank: int, event, at_iteration: int, reported
     """
     current = state.detected[-1] if state.detected else None
     expected = "relief" if current is not None and current.type == "onset" else "onset"
-    compound = (event.type == "onset" and expected == "relief" and rank in current.ranks
-                and reported_at > current.reported_at)
+    compound = (current is not None and current.type == "onset" == event.type
+                and rank in current.ranks and reported_at > current.reported_at)
     if event.type != expected and not compound:
         if current is not None and current.type == event.type and rank not in current.ranks:
             current.ranks.append(rank)  # a late rank joins the open event
