@@ -167,10 +167,18 @@ def test_the_ladder_demo_climbs_s2_then_s4_and_walks_back(tmp_path) -> None:
             "fail-slow relieved", "the communication fail-slow left is not one it mitigates"
         ), why
     assert s4[0]["effect"] == "in effect", why  # the job registered again without rank 2's host
-    # the event log has each bought action's predicted and measured step time
+    # the event log has each bought action's predicted and measured step time - or says why
+    # it has none: a plan replaced (by the restart, a re-plan) before its window was complete
+    # (CI: an action in effect with no outcome at all failed this)
     for a in committed:
-        if a["action"] in ("apply", "replan"):
-            assert a["outcome"]["predicted_s"] > 0 and a["outcome"]["measured_s"] > 0, (a, why)
+        if a["action"] in ("apply", "replan") and a["effect"] == "in effect":
+            outcome = a["outcome"]
+            assert outcome is not None and outcome["predicted_s"] > 0, (a, why)
+            if outcome["verdict"] == "not measured":
+                assert outcome["measured_s"] is None, (a, why)
+                assert outcome["reason"].endswith("before its window"), (a, why)
+            else:
+                assert outcome["measured_s"] > 0, (a, why)
     (restart,) = summary["restarts"]
     (moved,) = restart["moved"]
     assert (moved["rank"], moved["slot"], moved["onto"]) == (2, 2, 4), why

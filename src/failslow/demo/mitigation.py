@@ -471,7 +471,9 @@ def _observe(run: Run, out: Path, plane: Any) -> None:
                 "committed": bool(a.outcome and a.outcome.committed),
                 "effect": a.effect,
                 "effect_detail": a.effect_detail,
-                "outcome": a.result.to_dict() if a.result is not None else None,
+                "outcome": a.result.to_dict() if a.result is not None
+                else {"verdict": "not measured", "measured_s": None, "reason": a.unmeasured}
+                if a.unmeasured else None,
             }
             for a in plane.mitigator.actions
         ]

@@ -81,6 +81,9 @@ def effect_text(action: dict[str, Any]) -> str:
         if outcome.get("predicted_s") is not None:
             text += f" vs {outcome['predicted_s']:.3f} s predicted"
         text += f" ({outcome.get('verdict')})"
+    elif outcome.get("verdict") == "not measured":
+        why = outcome.get("reason")
+        text += "; outcome not measured" + (f": {why}" if why else "")
     return text
 
 

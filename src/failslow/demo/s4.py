@@ -410,7 +410,7 @@ def _summary(run: _Run, out: Path, reference: Path | None) -> dict[str, Any]:
                 "effect": (effects.get((p["action"], p["apply_step"])) or {}).get("state"),
                 "effect_detail": (effects.get((p["action"], p["apply_step"])) or {}).get("detail"),
                 "outcome": {k: outcomes[p["apply_step"]].get(k)
-                            for k in ("before_s", "predicted_s", "measured_s", "verdict")}
+                            for k in ("before_s", "predicted_s", "measured_s", "verdict", "reason")}
                 if p["apply_step"] in outcomes and p["action"] in ("apply", "replan") else None,
             }
             for p in plans

@@ -218,6 +218,9 @@ def _effect(a: Action) -> str:
         text += f"; measured {fmt_s(outcome['measured_s'])}"
         text += f" vs {fmt_s(predicted)} predicted" if predicted is not None else ""
         text += f" ({outcome.get('verdict')})"
+    elif outcome and outcome.get("verdict") == "not measured":
+        why = outcome.get("reason")
+        text += "; outcome not measured" + (f": {why}" if why else "")
     tag = "ok" if a.effect == "in effect" else "bad"
     return f'<span class="tag {tag}">{escape(text)}</span>'
 

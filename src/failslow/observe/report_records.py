@@ -222,7 +222,9 @@ def _journal_records(
             if action is not None and kind == "effect":
                 action.effect, action.effect_detail = str(ev["state"]), str(ev.get("detail") or "")
             elif action is not None:
-                action.outcome = {k: ev.get(k) for k in ("predicted_s", "measured_s", "verdict")}
+                action.outcome = {
+                    k: ev.get(k) for k in ("predicted_s", "measured_s", "verdict", "reason")
+                }
         elif kind == "unavailable":
             view.notes.append(f"{ev['strategy']} is unavailable in this job: {ev['reason']}")
         elif kind == "state":

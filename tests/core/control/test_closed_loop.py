@@ -66,3 +66,24 @@ def test_the_outcome_is_the_median_of_its_window_once_every_step_of_it_is_known(
     ((_, outcome),) = loop.outcomes(steps)
     assert (outcome.before_s, outcome.predicted_s, outcome.measured_s) == (0.5, 0.2, 0.25)
     assert outcome.verdict == "pays" and loop.watching == []
+
+
+def test_a_plan_replaced_before_its_window_ends_is_not_measured_on_the_newer_plans_steps() -> None:
+    """A newer plan that takes effect inside a watched plan's window ends that watch: the steps
+    from then on are the newer plan's. A plan whose window ends before it keeps its watch; the
+    end of the fail-slow (no step) ends every watch."""
+    steps = {s: (0.5, 0.0) for s in range(90, 100)}
+    loop = ClosedLoop(store=None, world_size=lambda: 4)  # type: ignore[arg-type]
+
+    class Action:
+        plan = _plan(0.2)
+
+    early, late = loop.watch(Action(), 80, steps), loop.watch(Action(), 100, steps)
+    end = 100 + OUTCOME_FIRST + OUTCOME_STEPS  # the late plan's window is [102, 107)
+    assert loop.unmeasured(end) == [] and loop.watching == [early, late]
+    assert loop.unmeasured(end - 1) == [late] and loop.watching == [early]
+    for s in range(100, end + 5):
+        steps[s] = (0.25, 0.0)
+    assert loop.outcomes(steps) == []  # the late one is no longer watched; the early one's
+    # window (82-86) has no steps known: it waits, until the fail-slow ends
+    assert loop.unmeasured() == [early] and loop.watching == []

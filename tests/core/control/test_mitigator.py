@@ -433,6 +433,37 @@ def test_a_plan_every_rank_ran_is_in_effect_and_its_outcome_is_measured(url: str
     assert mitigator.planner.ski._event.measured == {"S2 micro-batches": 0.13}  # type: ignore[union-attr]
 
 
+def test_a_plan_relieved_before_its_window_has_its_outcome_journaled_as_not_measured(
+    url: str,
+) -> None:
+    """The ladder demo on CI: a plan in effect whose window was cut short (here the fail-slow
+    ended two steps after its apply step) has no measured outcome; the journal says "not
+    measured" and why, instead of leaving the plan without one. The healthy steps after the
+    revert do not make one up."""
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+    ranks = _ranks(url, 4, first_step=FIRST)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        mitigator, events = _bought(store, config)
+        (action,) = mitigator.actions
+        step = _passed(store, action)
+        _tick_until(mitigator, lambda: action.effect == "in effect")
+        _steps_after(store, step + 1, 0.13, 2)  # the window (step + 2 .. step + 6) not complete
+        mitigator.tick()
+        mitigator.on_healthy()
+        mitigator.tick()
+        _wait_applied(ranks, 2)
+        _steps_after(store, step + 3, 0.1, 8)
+        _ = [mitigator.tick() for _ in range(3)]
+    _stop(ranks)
+    assert action.result is None
+    (outcome,) = [e for e in events if e["kind"] == "outcome"]
+    assert outcome["verdict"] == "not measured" and outcome["measured_s"] is None
+    assert outcome["apply_step"] == step and outcome["predicted_s"] == pytest.approx(0.125)
+    assert outcome["reason"] == "the fail-slow ended before its window"
+    assert [a.action for a in mitigator.actions] == ["apply", "revert"]
+
+
 def test_a_plan_a_rank_did_not_run_is_rolled_back_and_its_strategy_disabled(url: str) -> None:
     """The Trainer + DeepSpeed case: every rank applied the counts, but rank 2's loop ran its
     own 4 micro-batches. Not in effect, rolled back to the even split (in effect), and S2 is

@@ -201,6 +201,14 @@ class ClosedLoop:
             done.append((watched, outcome))
         return done
 
-    def stop_watching(self) -> None:
-        """The fail-slow is over (or the plan was replaced): no outcome to judge now."""
-        self.watching.clear()
+    def unmeasured(self, before_step: int | None = None) -> list[Watched]:
+        """Stop watching the plans whose window is not complete before ``before_step`` (a
+        newer plan's apply step, a restart's; None: all of them - the fail-slow is over): their
+        steps from then on are another plan's or a healthy job's, no outcome of theirs. Returns
+        them, each once, for the record."""
+        gone = [
+            w for w in self.watching
+            if before_step is None or before_step < w.apply_step + OUTCOME_FIRST + OUTCOME_STEPS
+        ]  # fmt: skip
+        self.watching = [w for w in self.watching if w not in gone]
+        return gone

@@ -25,8 +25,9 @@ Events are JSON-able dicts with ``kind`` and ``wall`` (Unix time):
   effect"|"not in effect", "detail", "in_effect"}`` - what the ranks reported running after a
   plan's apply step (``detail``: the first rank's reason when it did not);
 - ``{"kind": "outcome", "action", "strategy", "plan", "apply_step", "before_s",
-  "predicted_s", "measured_s", "verdict": "pays"|"short"|"unknown", "reason"}`` - a plan's
-  measured step time a few steps after it took effect, beside its prediction;
+  "predicted_s", "measured_s", "verdict": "pays"|"short"|"unknown"|"not measured", "reason"}``
+  - a plan's measured step time a few steps after it took effect, beside its prediction; "not
+  measured" (``measured_s`` None) when a newer plan or the fail-slow's end came first;
 - ``{"kind": "unavailable", "strategy", "reason"}`` - a strategy whose plan could not take
   effect in this job: never planned again.
 

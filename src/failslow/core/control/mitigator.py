@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from failslow.core.control import job_record, keys
-from failslow.core.control.closed_loop import ClosedLoop, Outcome
+from failslow.core.control.closed_loop import ClosedLoop, Outcome, Watched
 from failslow.core.control.journal import event
 from failslow.core.control.plan_channel import PlanOutcome, PlanResult, dispatch, horizon_steps
 from failslow.core.control.store import Store
@@ -91,6 +91,8 @@ class Action:
     effect_detail: str = ""
     result: Outcome | None = None
     """Its measured step time against its prediction (plans bought or re-planned)."""
+    unmeasured: str = ""
+    """Why it has no ``result``: a newer plan, or the fail-slow's end, came inside its window."""
     replans: int = 0
     before: Topology | None = None
     """The layout before a topology plan (its reverse is computed from it)."""
@@ -185,7 +187,8 @@ class Mitigator:
             elif self.active:
                 self._slow_ranks = frozenset()
                 assert self.planner is not None
-                self.loop.stop_watching()  # over: nothing left to measure a plan against
+                # over: nothing left to measure a plan against
+                self._not_measured(self.loop.unmeasured(), "the fail-slow ended before its window")
                 self._execute(self.planner.relief())
 
     def _new_step_times(self) -> list[float]:
@@ -367,6 +370,11 @@ class Mitigator:
         if self.hooks is not None:
             self.hooks.failslow_on_plan(plan=plan, action=what, reason=reason)
         action.outcome = outcome = self._dispatch(plan)
+        if outcome.committed and outcome.apply_step is not None:
+            self._not_measured(
+                self.loop.unmeasured(outcome.apply_step),
+                f"{what} {strategy} took effect at step {outcome.apply_step}, before its window",
+            )
         if outcome.committed and isinstance(plan, RestartPlan):
             self._restarted = True  # from its snapshot: the plan in effect stays in effect
             self._restart_step = outcome.apply_step or self._restart_step
@@ -426,6 +434,16 @@ class Mitigator:
             self._roll_back(action, why)
         elif action.action in ("apply", "replan") and self.active:
             self.loop.watch(action, step, self.step_times)
+            newer = [
+                a.outcome.apply_step for a in self.actions
+                if a is not action and a.outcome is not None and a.outcome.committed
+                and a.outcome.apply_step is not None and a.outcome.apply_step > step
+            ]  # fmt: skip
+            if newer:  # replaced before its effect was known
+                self._not_measured(
+                    self.loop.unmeasured(min(newer)),
+                    f"a newer plan took effect at step {min(newer)}, before its window",
+                )
 
     def _roll_back(self, action: Action, why: str) -> None:
         """Back from ``action``'s plan, which some rank did not run: to the plan every rank
@@ -458,6 +476,22 @@ class Mitigator:
         self.unavailable[strategy] = why
         if self.on_event is not None:
             self.on_event(event("unavailable", strategy=strategy, reason=why))
+
+    def _not_measured(self, gone: list[Watched], why: str) -> None:
+        """The plans in ``gone`` stopped being watched before their window was complete: the
+        journal says so, with ``why``, rather than leave them without a word (no measurement,
+        so the planner learns nothing from them)."""
+        for watched in gone:
+            action = watched.action
+            action.unmeasured = why
+            log.info("failslow: %s outcome not measured: %s", action.strategy, why)
+            if self.on_event is not None:
+                self.on_event(
+                    event("outcome", action=action.action, strategy=action.strategy,
+                          plan=plan_to_dict(action.plan), apply_step=watched.apply_step,
+                          before_s=watched.before_s, predicted_s=watched.predicted_s,
+                          measured_s=None, verdict="not measured", reason=why)
+                )  # fmt: skip
 
     def _outcome(self, action: Action, outcome: Outcome) -> None:
         """``action``'s plan measured ``outcome`` while in effect: keep it, re-plan it from the
