@@ -227,6 +227,13 @@ class Session:
             )
         return caps
 
+    def capabilities_changed(self) -> None:
+        """An adapter found that it can do less than it declared (a training loop that decides
+        what a plan needs itself): rank 0 publishes the job record again, so the controller
+        plans from, and reports, the new reason."""
+        if self._job_report is not None:
+            self._job_report.publish_job(self.job_record())
+
     def job_record(self) -> dict[str, Any]:
         """What rank 0 publishes: the layout, the adapter's capabilities, the world size and
         when this launch started (a restart is in effect once a later launch registered)."""

@@ -25,8 +25,6 @@ PLAN_STEP = 2
 N, MBS, G, SEED = 64, 2, 2, 0  # SEED: the share loader's default, as failslow builds it
 
 
-
-
 def dataset(pipe: bool) -> Any:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(N, 8, generator=g), torch.randn(N, 1, generator=g)
@@ -191,13 +189,15 @@ class PlanResults:
         self.seen.append([outcome, step, detail])
 
 
-def run_trainer_loop(share_aware: bool) -> dict[str, Any]:
+def run_trainer_loop(share_aware: bool, early: bool = False) -> dict[str, Any]:
     """A ZeRO-1 engine driven as ``transformers.Trainer`` drives it: Accelerate's
     ``DeepSpeedEngineWrapper.backward(loss, sync_gradients=...)`` sets the accumulation
     boundary itself every ``G`` micro-batches and steps the engine then. ``share_aware``: the
-    loop reads failslow's loader (a plan passes prepare; what ran is checked after its apply
-    step); else the Trainer's own ``DataLoader`` over a ``DistributedSampler`` (a plan is
-    refused at prepare: its share cannot be re-cut)."""
+    loop reads failslow's loader, else the Trainer's own ``DataLoader`` over a
+    ``DistributedSampler``. The plan is scheduled in the step before its own (refused at
+    prepare: the loop was seen setting the boundary) or, ``early``, before the loop's first
+    backward - as a split carried in a restart's snapshot is - when nothing has shown who sets
+    the boundary yet: it passes prepare, and what ran is checked after its apply step."""
     import deepspeed
 
     import failslow.deepspeed
@@ -222,7 +222,7 @@ def run_trainer_loop(share_aware: bool) -> dict[str, Any]:
     plan = MicroBatchPlan(counts=(1, 3, 2, 2), weights=(0.5, 1.5, 1.0, 1.0))
     refused = ""
     for micro in range((PLAN_STEP + 2) * G):
-        if micro == PLAN_STEP * G - G // 2:  # in the step before the plan's
+        if micro == (0 if early else PLAN_STEP * G - G // 2):
             try:
                 adapter.session.schedule(plan, PLAN_STEP)
             except Exception as exc:
@@ -319,6 +319,7 @@ CHECKS = {
     "zero2": lambda: run_unsupported(2),
     "zero3": lambda: run_unsupported(3),
     "trainer_share_aware": lambda: run_trainer_loop(True),
+    "trainer_share_aware_early": lambda: run_trainer_loop(True, early=True),
     "trainer_own_loader": lambda: run_trainer_loop(False),
     # last: a pipeline engine leaves DeepSpeed's process-wide grid behind
     "pipe_even": lambda: run_pipe(None),

@@ -161,15 +161,26 @@ def test_pipeline_uneven_plan_equals_even_split(world):
     assert topo["coords"] == [[0, r % 2, r // 2] for r in range(WORLD)]
 
 
-def test_the_trainers_deepspeed_loop_is_checked_and_its_own_loader_refused(world):
+def test_the_trainers_deepspeed_loop_is_refused_or_checked(world):
     """Issue 44/45: ``transformers.Trainer`` drives DeepSpeed through Accelerate's
     ``DeepSpeedEngineWrapper``, which sets the accumulation boundary itself and steps every
-    ``G`` micro-batches. Over failslow's loader a plan passes prepare, applies - and after its
-    apply step each rank whose count the loop did not run says so (not in effect, with what it
-    ran). Over the Trainer's own loader the plan is refused before anything changes."""
+    ``G`` micro-batches. From the loop's first backward a plan is refused at prepare with that
+    reason, over failslow's loader or the Trainer's own, before anything changes
+    (test_boundary_owner.py has the Accelerate loop). A plan prepared before that backward (a
+    split carried in a restart's snapshot) applies - and after its apply step each rank whose
+    count the loop did not run says so (not in effect, with what it ran)."""
     counts = (1, 3, 2, 2)
+    boundary = (
+        "Unsupported: microbatch_plans is not supported here: the training loop sets "
+        "DeepSpeed's gradient accumulation boundary itself (first from accelerate.utils."
+        "deepspeed; "
+    )
     for rank, res in enumerate(world):
-        checked = res["trainer_share_aware"]
+        for case in ("trainer_share_aware", "trainer_own_loader"):
+            refused = res[case]
+            assert refused["results"] == [] and refused["steps"] == PLAN_STEP + 2, (case, rank)
+            assert refused["refused"].startswith(boundary), (case, refused["refused"])
+        checked = res["trainer_share_aware_early"]
         assert checked["refused"] == "" and checked["steps"] == PLAN_STEP + 2
         said = [r for r in checked["results"] if r[1] == PLAN_STEP]
         if counts[rank] == G:  # this replica's count is what the loop runs anyway
@@ -181,9 +192,3 @@ def test_the_trainers_deepspeed_loop_is_checked_and_its_own_loader_refused(world
                  f"ran {G} micro-batches in step {PLAN_STEP}, the plan gives its replica "
                  f"{counts[rank]} (the training loop decides the count, not failslow)"],
             ], rank  # fmt: skip
-        own = res["trainer_own_loader"]
-        assert own["results"] == [] and own["steps"] == PLAN_STEP + 2
-        assert own["refused"].startswith(
-            "ConfigError: micro-batch counts [1, 3, 2, 2]: this rank reads its micro-batches "
-            "from a loader failslow does not re-cut per plan"
-        )

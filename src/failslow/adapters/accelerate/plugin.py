@@ -23,6 +23,11 @@ that runs ``m_r`` of them contributes ``m_r / G`` times its mean, the kit's weig
 ``w_r = m_r * D / M`` (no rescaling per plan). Pure FSDP additionally needs ``unshard_once``
 (the FSDP adapter's reshard schedule, set in the same place).
 
+A loop that sets ``sync_gradients`` itself (the Hugging Face Trainer accumulates its own
+micro-batches and calls ``gradient_state._set_sync_gradients`` for each) never enters
+``_do_sync``: from its first such call micro-batch plans are refused with that reason, said
+once, and the job record is published again so the controller names it (issue 45).
+
 A loop without ``accumulate`` (one micro-batch per step) passes the step boundary from a forward
 pre-hook. Accelerate's prepared loader reads one batch ahead and would re-shard a per-rank
 sampler; :meth:`AccelerateAdapter.loader` builds the share-aware loader and prepares it for this
@@ -32,12 +37,21 @@ process alone, and its sampler registers every plan before reading the plan's st
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+import torch.distributed as dist
+
 from failslow import hookimpl
-from failslow.adapters.common.loop import is_training_forward
+from failslow.adapters.common.loop import (
+    LOOP_OWNS_THE_COUNT,
+    ForeignCalls,
+    is_training_forward,
+    loop_owns_the_count,
+)
 from failslow.adapters.common.state import counters, restore_counters
 from failslow.adapters.fsdp.plugin import FSDPAdapter
+from failslow.capabilities import Capabilities
 from failslow.errors import ConfigError
 
 NO_REBUILD = (
@@ -72,6 +86,10 @@ def mesh_of(model: Any) -> Any:
 
 class AccelerateAdapter(FSDPAdapter):
     """The FSDP/DDP adapter driven by one :class:`accelerate.Accelerator`'s loop."""
+
+    _sync: ForeignCalls | None = None
+    """The training loop's own calls of ``gradient_state._set_sync_gradients`` (once
+    :meth:`follow_loop` ran)."""
 
     def __init__(
         self,
@@ -108,6 +126,27 @@ class AccelerateAdapter(FSDPAdapter):
         """Take over Accelerate's sync decision and see every training forward."""
         self.accelerator._do_sync = self._do_sync
         self._hook = self.model.register_forward_pre_hook(self._before_forward)
+        self._sync = ForeignCalls(
+            self.accelerator.gradient_state, "_set_sync_gradients",
+            lambda caller: loop_owns_the_count(
+                self.session, dist.get_rank(), self._loop_owns_it(caller)
+            ),
+        )  # fmt: skip
+
+    @staticmethod
+    def _loop_owns_it(caller: str) -> str:
+        return LOOP_OWNS_THE_COUNT.format(
+            what="Accelerate's sync_gradients", caller=caller,
+            who="the Hugging Face Trainer accumulates its own micro-batches and decides each "
+            "one's sync, without accelerator.accumulate",
+        )  # fmt: skip
+
+    @hookimpl
+    def failslow_capabilities(self) -> Capabilities:
+        caps = super().failslow_capabilities()
+        if self._sync is not None and self._sync.caller and caps.microbatch_plans == "":
+            caps = replace(caps, microbatch_plans=self._loop_owns_it(self._sync.caller))
+        return caps
 
     def _swap_reason(self) -> str:
         return NO_REBUILD if self.flavor == "hsdp" else super()._swap_reason()
@@ -119,7 +158,8 @@ class AccelerateAdapter(FSDPAdapter):
         self._done += 1
         last = self._done >= self.split.count
         self.accelerator.step = 0 if last else self._done
-        self.accelerator.gradient_state._set_sync_gradients(last)
+        set_sync = self._sync.original if self._sync is not None else None
+        (set_sync or self.accelerator.gradient_state._set_sync_gradients)(last)
         self.set_boundary(last)
         if last:
             self._done = 0
@@ -164,4 +204,7 @@ class AccelerateAdapter(FSDPAdapter):
             self._hook.remove()
             self._hook = None
         self.accelerator.__dict__.pop("_do_sync", None)
+        if self._sync is not None:
+            self._sync.restore()
+            self._sync = None
         super().close()

@@ -17,12 +17,22 @@ framework's own counters, seen before every training forward:
 Forwards without gradients or in eval mode (evaluation inside the loop) are not micro-batches
 of a training step and change nothing. :func:`call_model` is the batch convention and
 :func:`run_step` the micro-batch loop of the adapters' own ``train_batch``.
+
+Who owns the accumulation loop is part of the same question: where the training loop sets the
+framework's accumulation boundary itself (Accelerate's DeepSpeed wrapper does before every
+backward, under the Hugging Face Trainer and ``accelerator.backward``), a plan cannot change how
+many micro-batches a replica runs. :class:`ForeignCalls` notices it from the first such call.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class StepTracker:
@@ -121,3 +131,52 @@ def run_step(
         step()
         total += loss.detach().float()
     return total / split.count
+
+
+class ForeignCalls:
+    """Who else calls ``obj.<name>``: the instance attribute is replaced by a pass-through that
+    names the module of its first caller (:attr:`caller`) and then calls ``on_first(caller)``
+    once; failslow's own calls go to :attr:`original` and are not counted. :meth:`restore` puts
+    the attribute back."""
+
+    def __init__(self, obj: Any, name: str, on_first: Callable[[str], None] | None = None) -> None:
+        self.obj, self.name = obj, name
+        self.original: Callable[..., Any] = getattr(obj, name)
+        self.caller = ""
+        """The module that first called it, "" while nobody else has."""
+        original = self.original
+
+        @functools.wraps(original)
+        def through(*args: Any, **kwargs: Any) -> Any:
+            if not self.caller:
+                self.caller = str(sys._getframe(1).f_globals.get("__name__", "?"))
+                if on_first is not None:
+                    try:
+                        on_first(self.caller)
+                    except Exception:  # never break the framework's own call
+                        log.exception("failslow: could not report the loop's own %s", name)
+            return original(*args, **kwargs)
+
+        self._through = through
+        setattr(obj, name, through)
+
+    def restore(self) -> None:
+        if vars(self.obj).get(self.name) is self._through:
+            delattr(self.obj, self.name)
+
+
+LOOP_OWNS_THE_COUNT = (
+    "the training loop sets {what} itself (first from {caller}; {who}), so a plan cannot change "
+    "how many micro-batches this replica runs per step"
+)
+"""S2's reason where the loop, not failslow, decides each micro-batch's accumulation boundary."""
+
+
+def loop_owns_the_count(session: Any, rank: int, reason: str) -> None:
+    """A loop was found deciding the accumulation boundary itself: say so once (rank 0) and
+    have the job record published again, so the controller plans from the new reason and
+    names it (``session`` None: not attached yet - the reason is in the capabilities)."""
+    if rank == 0:
+        log.warning("failslow: micro-batch plans (S2) cannot take effect in this job: %s", reason)
+    if session is not None:
+        session.capabilities_changed()

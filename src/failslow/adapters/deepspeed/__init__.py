@@ -32,6 +32,12 @@ def attach(
     """Start a failslow session for an existing engine (every rank calls it, after
     ``deepspeed.initialize``); ``config`` defaults to the engine config's ``"failslow"`` block."""
     source = "failslow.deepspeed.attach(config=...)"
+    if not callable(getattr(engine, "zero_optimization_stage", None)):
+        raise TypeError(
+            "failslow.deepspeed.attach expects the DeepSpeed engine deepspeed.initialize returns "
+            f"(with Accelerate, the model prepared under a DeepSpeed plugin); got "
+            f"{type(engine).__name__}"
+        )
     if config is None:
         params = getattr(getattr(engine, "_config", None), "_param_dict", None) or {}
         config, source = block_of(params, where="the DeepSpeed config")

@@ -37,7 +37,15 @@ import torch
 import torch.distributed as dist
 
 from failslow import hookimpl
-from failslow.adapters.common.loop import StepTracker, call_model, is_training_forward, run_step
+from failslow.adapters.common.loop import (
+    LOOP_OWNS_THE_COUNT,
+    ForeignCalls,
+    StepTracker,
+    call_model,
+    is_training_forward,
+    loop_owns_the_count,
+    run_step,
+)
 from failslow.adapters.common.microbatch import ReplicaSplit
 from failslow.adapters.common.state import (
     counters,
@@ -102,6 +110,8 @@ class DeepSpeedAdapter:
         self._loader: Any = None
         self._data_iter: Iterator[Any] | None = None
         self._hook: Any = None
+        self._boundary: ForeignCalls | None = None
+        """The training loop's own calls of ``set_gradient_accumulation_boundary``."""
         self.tracker = StepTracker(
             global_step=lambda: engine.global_steps,
             micro_steps=lambda: engine.micro_steps,
@@ -134,12 +144,22 @@ class DeepSpeedAdapter:
             )
         elif not self.pipeline and not self.engine.managed_gradient_accumulation():
             microbatch = "managed_gradient_accumulation=false is not handled yet"
+        elif self._boundary is not None and self._boundary.caller:
+            microbatch = self._loop_owns_it(self._boundary.caller)
         return Capabilities(
             microbatch_plans=microbatch,
             topology_plans=NO_REGROUP,
             snapshots=SUPPORTED if stage <= 2 else ZERO3_SNAPSHOT,
             hot_update=SUPPORTED if stage <= 2 else ZERO3_SNAPSHOT,
         )
+
+    @staticmethod
+    def _loop_owns_it(caller: str) -> str:
+        return LOOP_OWNS_THE_COUNT.format(
+            what="DeepSpeed's gradient accumulation boundary", caller=caller,
+            who="Accelerate's DeepSpeed wrapper does before every backward, under the Hugging "
+            "Face Trainer and accelerator.backward",
+        )  # fmt: skip
 
     @hookimpl
     def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
@@ -284,7 +304,13 @@ class DeepSpeedAdapter:
         stage module's training forwards are the micro-batches)."""
         engine = self.engine
         if not self.pipeline:
-            self._hook = self.tracker.follow(engine, engine.set_gradient_accumulation_boundary)
+            self._boundary = ForeignCalls(
+                engine, "set_gradient_accumulation_boundary",
+                lambda caller: loop_owns_the_count(
+                    self.session, dist.get_rank(), self._loop_owns_it(caller)
+                ),
+            )  # fmt: skip
+            self._hook = self.tracker.follow(engine, self._boundary.original)
         else:
             self._hook = engine.module.register_forward_pre_hook(self._stage_forward)
 
@@ -370,6 +396,9 @@ class DeepSpeedAdapter:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._boundary is not None:
+            self._boundary.restore()
+            self._boundary = None
         if self.session is not None:
             self.session.close()
             self.session = None
