@@ -41,7 +41,10 @@ def test_a_plan_pays_when_it_saved_half_of_what_it_promised(measured: float, ver
 
 def test_without_a_prediction_or_a_before_there_is_no_verdict() -> None:
     assert judge(None, 0.2, 0.3)[0] == "unknown"
-    assert judge(0.5, None, 0.3)[0] == "unknown"
+    assert judge(0.5, None, 0.3) == (
+        "unknown",
+        "measured 0.300 s per step against 0.500 s before (no prediction)",
+    )
     assert judge(0.5, 0.6, 0.3) == (
         "unknown",
         "measured 0.300 s per step against 0.500 s before and 0.600 s predicted (it predicted "

@@ -120,6 +120,9 @@ def test_a_link_only_rediagnosis_after_the_gpu_recovered_reverts_s2(url: str) ->
         mitigator.on_diagnosis(link_only)
         mitigator.tick()
         _wait_applied(ranks, 2)
+        # what the ranks run is known from their reports (a loaded machine may have let the
+        # apply's arrive before the revert was sent: it must not stay the plan in effect)
+        _tick_until(mitigator, lambda: mitigator.actions[-1].effect == "in effect")
     _stop(ranks)
     assert [a.action for a in mitigator.actions] == ["apply", "revert"]
     assert mitigator.actions[-1].plan.counts == (4, 4, 4, 4)  # type: ignore[attr-defined]
@@ -462,6 +465,53 @@ def test_a_plan_relieved_before_its_window_has_its_outcome_journaled_as_not_meas
     assert outcome["apply_step"] == step and outcome["predicted_s"] == pytest.approx(0.125)
     assert outcome["reason"] == "the fail-slow ended before its window"
     assert [a.action for a in mitigator.actions] == ["apply", "revert"]
+
+
+def test_a_swap_that_made_the_job_no_faster_is_swapped_back(url: str) -> None:
+    """S3 in effect, and the job runs as slow as before it (the congestion was not on the link
+    the swap moved traffic off): a swap is not re-planned, so it is undone - the reverse swap,
+    in effect - and the planner does not buy it again for this fail-slow."""
+    from failslow.core.planner.plans import TopologyPlan
+
+    topology = Topology.megatron(tp=1, dp=2, pp=2, gpus_per_host=1, micro_batches=8)
+    config = load_config({"planner": {"strategies": ["S3"], "pause_s": 0.01}}, environ={})
+    ranks = _ranks(url, 4, first_step=FIRST)
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        capabilities = {**SUPPORTED, "microbatch_plans": "no", "topology_plans": ""}
+        store.set_json(keys.JOB, {"topology": topology.to_dict(), "capabilities": capabilities})
+        store.set_json(keys.STEPS, {"steps": [[s, 0.1] for s in range(20)]})
+        mitigator = Mitigator(store, config.planner, world_size=4)
+        events = _events_of(mitigator)
+        mitigator.tick()
+        onset = {"type": "onset", "wall": time.time() + 1e-3, "before_s": 0.1}
+        link = Diagnosis(
+            Kind.COMMUNICATION, slow_links=(SlowLink(0, 1, 5.0),), evidence={"onsets": [onset]}
+        )
+        time.sleep(0.01)
+        _steps_after(store, 20, 0.5, 40)
+        mitigator.tick()
+        mitigator.on_diagnosis(link)
+        mitigator.tick()
+        (swap,) = mitigator.actions
+        assert isinstance(swap.plan, TopologyPlan)
+        step = _passed(store, swap, 0.5)
+        _tick_until(mitigator, lambda: swap.effect == "in effect")
+        _steps_after(store, step + 1, 0.5, 8)  # as slow as before
+        _tick_until(mitigator, lambda: len(mitigator.actions) == 2)
+        back = mitigator.actions[1]
+        _passed(store, back, 0.5)
+        _tick_until(mitigator, lambda: back.effect == "in effect")
+        _steps_after(store, step + 20, 0.5, 10)  # still slow: S3 is not bought again
+        _ = [mitigator.tick() for _ in range(3)]
+    _stop(ranks)
+    assert swap.result is not None and swap.result.measured_s == pytest.approx(0.5)
+    assert back.action == "revert" and isinstance(back.plan, TopologyPlan)
+    assert back.reason == (
+        "did not pay: measured 0.500 s per step against 0.500 s before (no prediction)"
+    )
+    assert mitigator.topology is not None and mitigator.topology.coords == topology.coords
+    assert len(mitigator.actions) == 2
+    assert [e["verdict"] for e in events if e["kind"] == "outcome"] == ["unknown"]
 
 
 def test_a_plan_a_rank_did_not_run_is_rolled_back_and_its_strategy_disabled(url: str) -> None:

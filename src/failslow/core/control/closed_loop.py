@@ -84,8 +84,12 @@ class Outcome:
 def judge(before_s: float | None, predicted_s: float | None, measured_s: float) -> tuple[str, str]:
     """``(verdict, reason)`` for a plan that measured ``measured_s`` per step after
     ``before_s``, having predicted ``predicted_s``."""
-    if before_s is None or predicted_s is None:
+    if before_s is None:
         return "unknown", f"measured {measured_s:.3f} s per step; nothing to compare with"
+    if predicted_s is None:
+        return "unknown", (
+            f"measured {measured_s:.3f} s per step against {before_s:.3f} s before (no prediction)"
+        )
     promised = before_s - predicted_s
     saved = before_s - measured_s
     text = (

@@ -508,7 +508,19 @@ class Mitigator:
         if not same_change(action.plan, self.in_effect):
             return  # replaced since: its outcome is a record only
         self.planner.ski.measured(action.strategy, outcome.measured_s)
-        if outcome.verdict != "short" or not isinstance(action.plan, MicroBatchPlan):
+        bought_nothing = outcome.before_s is not None and outcome.measured_s >= (
+            outcome.before_s * (1.0 - self.config.min_gain)
+        )
+        if isinstance(action.plan, TopologyPlan):
+            if bought_nothing:  # a swap is not re-planned: back to the placement before it
+                self._revert_for_nothing(action, outcome)
+            return
+        if not isinstance(action.plan, MicroBatchPlan):
+            return
+        if outcome.verdict == "unknown" and bought_nothing:  # no prediction, and no faster
+            self._revert_for_nothing(action, outcome)
+            return
+        if outcome.verdict != "short":
             return
         if action.replans < REPLANS:
             replan = self._replan(action, outcome)
@@ -519,6 +531,16 @@ class Mitigator:
         even = self._even_plan()
         if even is not None:
             self._send("revert", action.strategy, even, f"did not pay: {outcome.reason}")
+
+    def _revert_for_nothing(self, action: Action, outcome: Outcome) -> None:
+        """``action``'s plan made the job no faster than before it: undo it (the even split;
+        a swap's reverse), and the planner does not buy its strategy again for this
+        fail-slow."""
+        assert self.planner is not None
+        self.planner.ski.dropped(action.strategy)
+        back = self._undoing(action.plan, action.strategy)
+        if back is not None:
+            self._send("revert", action.strategy, back, f"did not pay: {outcome.reason}")
 
     def _replan(self, action: Action, outcome: Outcome) -> Action | None:
         """``action``'s strategy planned again from the ranks' newer step profiles, sent when
