@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,18 +23,12 @@ HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_loop_that_sets_the_boundary_itself_gets_micro_batch_plans_refused(
-    tmp_path: Path,
+    tmp_path: Path, unused_port: int
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FAILSLOW_", "ACCELERATE_"))}
     env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+               MASTER_PORT=str(unused_port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                FAILSLOW_RING_DIR=str(tmp_path))  # fmt: skip
     proc = subprocess.run([sys.executable, str(HERE / "_boundary_job.py")], env=env,
                           capture_output=True, text=True, timeout=220)  # fmt: skip

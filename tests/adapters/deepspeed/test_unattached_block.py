@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,17 +22,13 @@ HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_a_block_no_engine_reads_is_named_once_and_only_then(tmp_path: Path) -> None:
+def test_a_block_no_engine_reads_is_named_once_and_only_then(
+    tmp_path: Path, unused_port: int
+) -> None:
     path = os.pathsep.join(p for p in (str(SITE_DIR), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path, FAILSLOW_CAPTURE="1", FAILSLOW_RING_DIR=str(tmp_path),
                DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")  # fmt: skip
+               MASTER_PORT=str(unused_port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")  # fmt: skip
     proc = subprocess.run([sys.executable, str(HERE / "_unattached_job.py")], env=env,
                           capture_output=True, text=True, timeout=220)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -40,15 +40,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import torch.distributed as dist
-
 from failslow import hookimpl
-from failslow.adapters.common.loop import (
-    LOOP_OWNS_THE_COUNT,
-    ForeignCalls,
-    is_training_forward,
-    loop_owns_the_count,
-)
+from failslow.adapters.common.loop import LoopOwner, is_training_forward
 from failslow.adapters.common.state import counters, restore_counters
 from failslow.adapters.fsdp.plugin import FSDPAdapter
 from failslow.capabilities import Capabilities
@@ -87,7 +80,7 @@ def mesh_of(model: Any) -> Any:
 class AccelerateAdapter(FSDPAdapter):
     """The FSDP/DDP adapter driven by one :class:`accelerate.Accelerator`'s loop."""
 
-    _sync: ForeignCalls | None = None
+    _sync: LoopOwner | None = None
     """The training loop's own calls of ``gradient_state._set_sync_gradients`` (once
     :meth:`follow_loop` ran)."""
 
@@ -126,17 +119,9 @@ class AccelerateAdapter(FSDPAdapter):
         """Take over Accelerate's sync decision and see every training forward."""
         self.accelerator._do_sync = self._do_sync
         self._hook = self.model.register_forward_pre_hook(self._before_forward)
-        self._sync = ForeignCalls(
+        self._sync = LoopOwner(
             self.accelerator.gradient_state, "_set_sync_gradients",
-            lambda caller: loop_owns_the_count(
-                self.session, dist.get_rank(), self._loop_owns_it(caller)
-            ),
-        )  # fmt: skip
-
-    @staticmethod
-    def _loop_owns_it(caller: str) -> str:
-        return LOOP_OWNS_THE_COUNT.format(
-            what="Accelerate's sync_gradients", caller=caller,
+            what="Accelerate's sync_gradients", session=self.session,
             who="the Hugging Face Trainer accumulates its own micro-batches and decides each "
             "one's sync, without accelerator.accumulate",
         )  # fmt: skip
@@ -144,8 +129,8 @@ class AccelerateAdapter(FSDPAdapter):
     @hookimpl
     def failslow_capabilities(self) -> Capabilities:
         caps = super().failslow_capabilities()
-        if self._sync is not None and self._sync.caller and caps.microbatch_plans == "":
-            caps = replace(caps, microbatch_plans=self._loop_owns_it(self._sync.caller))
+        if self._sync is not None and self._sync.reason and caps.microbatch_plans == "":
+            caps = replace(caps, microbatch_plans=self._sync.reason)
         return caps
 
     def _swap_reason(self) -> str:

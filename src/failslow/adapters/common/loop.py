@@ -172,11 +172,29 @@ LOOP_OWNS_THE_COUNT = (
 """S2's reason where the loop, not failslow, decides each micro-batch's accumulation boundary."""
 
 
-def loop_owns_the_count(session: Any, rank: int, reason: str) -> None:
-    """A loop was found deciding the accumulation boundary itself: say so once (rank 0) and
-    have the job record published again, so the controller plans from the new reason and
-    names it (``session`` None: not attached yet - the reason is in the capabilities)."""
-    if rank == 0:
-        log.warning("failslow: micro-batch plans (S2) cannot take effect in this job: %s", reason)
-    if session is not None:
-        session.capabilities_changed()
+class LoopOwner(ForeignCalls):
+    """The training loop's own calls of the framework's accumulation-boundary setter
+    ``obj.<name>`` (``what``, set by ``who``): from the first, :attr:`reason` is S2's reason
+    and rank 0 says it once; ``session`` (None: not attached yet) publishes the job record
+    again, so the controller plans from the reason and names it."""
+
+    def __init__(self, obj: Any, name: str, *, what: str, who: str, session: Any) -> None:
+        self.what, self.who = what, who
+        super().__init__(obj, name, on_first=lambda caller: self._seen(session))
+
+    @property
+    def reason(self) -> str:
+        """ "" while only failslow set it."""
+        if not self.caller:
+            return ""
+        return LOOP_OWNS_THE_COUNT.format(what=self.what, caller=self.caller, who=self.who)
+
+    def _seen(self, session: Any) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            log.warning(
+                "failslow: micro-batch plans (S2) cannot take effect in this job: %s", self.reason
+            )
+        if session is not None:
+            session.capabilities_changed()

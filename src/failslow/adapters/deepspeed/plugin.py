@@ -38,12 +38,10 @@ import torch.distributed as dist
 
 from failslow import hookimpl
 from failslow.adapters.common.loop import (
-    LOOP_OWNS_THE_COUNT,
-    ForeignCalls,
+    LoopOwner,
     StepTracker,
     call_model,
     is_training_forward,
-    loop_owns_the_count,
     run_step,
 )
 from failslow.adapters.common.microbatch import ReplicaSplit
@@ -110,7 +108,7 @@ class DeepSpeedAdapter:
         self._loader: Any = None
         self._data_iter: Iterator[Any] | None = None
         self._hook: Any = None
-        self._boundary: ForeignCalls | None = None
+        self._boundary: LoopOwner | None = None
         """The training loop's own calls of ``set_gradient_accumulation_boundary``."""
         self.tracker = StepTracker(
             global_step=lambda: engine.global_steps,
@@ -144,22 +142,14 @@ class DeepSpeedAdapter:
             )
         elif not self.pipeline and not self.engine.managed_gradient_accumulation():
             microbatch = "managed_gradient_accumulation=false is not handled yet"
-        elif self._boundary is not None and self._boundary.caller:
-            microbatch = self._loop_owns_it(self._boundary.caller)
+        elif self._boundary is not None and self._boundary.reason:
+            microbatch = self._boundary.reason
         return Capabilities(
             microbatch_plans=microbatch,
             topology_plans=NO_REGROUP,
             snapshots=SUPPORTED if stage <= 2 else ZERO3_SNAPSHOT,
             hot_update=SUPPORTED if stage <= 2 else ZERO3_SNAPSHOT,
         )
-
-    @staticmethod
-    def _loop_owns_it(caller: str) -> str:
-        return LOOP_OWNS_THE_COUNT.format(
-            what="DeepSpeed's gradient accumulation boundary", caller=caller,
-            who="Accelerate's DeepSpeed wrapper does before every backward, under the Hugging "
-            "Face Trainer and accelerator.backward",
-        )  # fmt: skip
 
     @hookimpl
     def failslow_prepare_microbatch_plan(self, plan: MicroBatchPlan, rank: int) -> bool:
@@ -304,11 +294,11 @@ class DeepSpeedAdapter:
         stage module's training forwards are the micro-batches)."""
         engine = self.engine
         if not self.pipeline:
-            self._boundary = ForeignCalls(
+            self._boundary = LoopOwner(
                 engine, "set_gradient_accumulation_boundary",
-                lambda caller: loop_owns_the_count(
-                    self.session, dist.get_rank(), self._loop_owns_it(caller)
-                ),
+                what="DeepSpeed's gradient accumulation boundary", session=self.session,
+                who="Accelerate's DeepSpeed wrapper does before every backward, under the "
+                "Hugging Face Trainer and accelerator.backward",
             )  # fmt: skip
             self._hook = self.tracker.follow(engine, self._boundary.original)
         else:

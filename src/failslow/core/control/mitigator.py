@@ -513,12 +513,12 @@ class Mitigator:
         )
         if isinstance(action.plan, TopologyPlan):
             if bought_nothing:  # a swap is not re-planned: back to the placement before it
-                self._revert_for_nothing(action, outcome)
+                self._revert(action, outcome)
             return
         if not isinstance(action.plan, MicroBatchPlan):
             return
         if outcome.verdict == "unknown" and bought_nothing:  # no prediction, and no faster
-            self._revert_for_nothing(action, outcome)
+            self._revert(action, outcome)
             return
         if outcome.verdict != "short":
             return
@@ -527,15 +527,11 @@ class Mitigator:
             if replan is not None and replan.outcome is not None and replan.outcome.committed:
                 replan.replans = action.replans + 1
                 return  # else: the ranks still run the plan that fell short - revert it
-        self.planner.ski.dropped(action.strategy)
-        even = self._even_plan()
-        if even is not None:
-            self._send("revert", action.strategy, even, f"did not pay: {outcome.reason}")
+        self._revert(action, outcome)
 
-    def _revert_for_nothing(self, action: Action, outcome: Outcome) -> None:
-        """``action``'s plan made the job no faster than before it: undo it (the even split;
-        a swap's reverse), and the planner does not buy its strategy again for this
-        fail-slow."""
+    def _revert(self, action: Action, outcome: Outcome) -> None:
+        """``action``'s plan did not pay what it measured: undo it (the even split; a swap's
+        reverse), and the planner does not buy its strategy again for this fail-slow."""
         assert self.planner is not None
         self.planner.ski.dropped(action.strategy)
         back = self._undoing(action.plan, action.strategy)
