@@ -206,7 +206,6 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
                     out,
                     opts.steps,
                     world_size=opts.world_size,
-                    standbys=opts.standbys,
                     timeout_s=opts.timeout_s,
                     framework=opts.framework,
                 )

@@ -54,11 +54,17 @@ def command(
     framework: str = "deepspeed",
     hang_after_s: float | None = None,
     decline_every_s: float | None = None,
+    controlled: bool = True,
 ) -> list[str]:
     """``failslow run`` of the demo job: rings, state and snapshots under ``tmp/<name>-*``,
-    one spare per rank two seconds after each launch, one slot per host."""
+    one spare per rank two seconds after each launch, one slot per host. ``controlled=False``:
+    no controller and no warm processes (a reference run: nothing to detect or restart)."""
     module, preload, _, _ = WORKERS[framework]
     extra = ["--threshold", str(threshold)] if threshold is not None else []
+    if controlled:
+        extra += ["--controller", str(world_size), "--spare-delay", "2"]
+    else:
+        extra += ["--no-warm"]
     if hang_after_s is not None:
         extra += ["--hang-after", str(hang_after_s)]
     if decline_every_s is not None:
@@ -66,11 +72,11 @@ def command(
     if min_ranks is not None:
         extra += ["--min-ranks", str(min_ranks)]
     return [
-        sys.executable, "-m", "failslow.cli", "run", "--controller", str(world_size), *extra,
+        sys.executable, "-m", "failslow.cli", "run", *extra,
         "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(tmp / f"{name}-state"),
         "--snapshot-dir", str(tmp / f"{name}-snapshots"), "--no-shim",
         "--nproc-per-node", str(world_size), "--standbys", str(standbys),
-        "--preload", preload, "--spare-delay", "2", "--slots-as-hosts",
+        "--preload", preload, "--slots-as-hosts",
         "--max-restarts", str(restarts),
         "--", "-m", module,
     ]  # fmt: skip
@@ -130,16 +136,18 @@ def end(proc: subprocess.Popen[Any]) -> None:
 
 
 def run_reference(
-    tmp: Path, out: Path, steps: int, *, world_size: int, standbys: int, timeout_s: float,
+    tmp: Path, out: Path, steps: int, *, world_size: int, timeout_s: float,
     framework: str = "deepspeed",
 ) -> Path:  # fmt: skip
     """The same job without the fault, ``steps`` steps, into ``out/reference``, with the
-    :data:`COMPARED` settings (a micro-batch plan would change the model it stands for)."""
+    :data:`COMPARED` settings (a micro-batch plan would change the model it stands for), on
+    as many slots; without the controller, standbys and warm processes, which only compete
+    with its ranks for the cores (the math does not depend on them)."""
     ref_out = out / "reference"
     env = job_env(ref_out, steps, framework, COMPARED)
     argv = command(
-        tmp, "reference", world_size=world_size, standbys=standbys, restarts=0,
-        framework=framework,
+        tmp, "reference", world_size=world_size, standbys=0, restarts=0,
+        framework=framework, controlled=False,
     )  # fmt: skip
     with open(out / "reference.log", "w") as log:
         done = subprocess.run(

@@ -176,9 +176,8 @@ def run_s4_demo(opts: S4DemoOptions) -> dict[str, Any]:
                 refresh()
                 steps = _steps_run(out / "job")
                 reference = rank_launch.run_reference(
-                    tmp, out, steps, world_size=opts.world_size, standbys=opts.standbys,
-                    timeout_s=opts.timeout_s,
-                )  # fmt: skip
+                    tmp, out, steps, world_size=opts.world_size, timeout_s=opts.timeout_s
+                )
                 run.events.append("reference done")
                 refresh()
         journal = tmp / "s4-rings" / "diagnoses" / JOURNAL
