@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ REFERENCE_STEPS = 120
 """The DeepSpeed jobs compared with the reference end after fewer steps than this (by their
 stop file or their step count); one reference run of the same job without faults serves them
 all."""
-MEGATRON_REFERENCE_STEPS = 60
-"""The same for the Megatron GPT job (the hot update runs 60 steps, the fail-stop grid ~40)."""
+MEGATRON_REFERENCE_STEPS = 180
+"""The same for the Megatron GPT job: the fail-stop grid runs ~40 steps, the congested link's
+swap ~100, the straggler's mitigation ~150 (until 20 steps after its revert)."""
 
 
 def _reference_runs(
@@ -86,18 +88,40 @@ def deepspeed_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[i
     )  # fmt: skip
 
 
+@dataclass
+class MegatronReference:
+    """The Megatron GPT demo job without faults after some steps: each rank's model by
+    Megatron's layout-free names (the worker's ``model-rank<r>.npz``) and its role."""
+
+    parts: dict[int, Any]
+    coords: dict[int, list[int]]
+    """Each rank's (tp, pp, dp) coordinates in the job's own grid (every run starts in it)."""
+
+    def model(self) -> dict[str, np.ndarray]:
+        """Every rank's tensors in one dict (each held by one rank under its own name)."""
+        return {k: part[k] for part in self.parts.values() for k in part.files}
+
+
 @pytest.fixture(scope="session")
 def megatron_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Any]:
-    """The Megatron GPT demo job (TP1 x PP2 x DP2, 8 micro-batches of 8) run without faults:
-    after a given number of steps, each rank's model by Megatron's layout-free names
-    (``{rank: npz}``, the worker's ``model-rank<r>.npz``), as :func:`deepspeed_reference`."""
+    """The Megatron GPT demo job (TP1 x PP2 x DP2, 4 micro-batches of 8 per replica, hidden
+    size 128: ``failslow demo --framework megatron``'s job, and the fail-stop tests') run
+    without faults: a :class:`MegatronReference` after a given number of steps, as
+    :func:`deepspeed_reference`. The failslow block and the launcher do not change its math:
+    the mitigation demo's ranks, started by the demo, run the same job."""
 
-    def load(out: Path, steps: int) -> dict[int, Any]:
+    def load(out: Path, steps: int) -> MegatronReference:
         last = max(int(p.stem.split("-")[1][4:]) for p in out.glob("model-step*-rank0.npz"))
         for rank in range(4):
             final, saved = out / f"model-rank{rank}.npz", out / f"model-step{last}-rank{rank}.npz"
             assert _equal(np.load(final), np.load(saved)), rank
-        return {rank: np.load(out / f"model-step{steps}-rank{rank}.npz") for rank in range(4)}
+        return MegatronReference(
+            parts={rank: np.load(out / f"model-step{steps}-rank{rank}.npz") for rank in range(4)},
+            coords={
+                rank: json.loads((out / f"steps-rank{rank}.json").read_text())["coords"]
+                for rank in range(4)
+            },
+        )
 
     return _reference_runs(
         tmp_path_factory, module="failslow.demo.megatron_worker", preload="megatron.core",

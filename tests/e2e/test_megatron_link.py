@@ -10,14 +10,17 @@ name the link 0-1 (kind communication), buy S3 and have every rank move to the n
 one step boundary, in place (greyhound 5.2: the congested link then carries no DP traffic).
 
 Correctness: every role's parameters at the end equal, bitwise, those of the same job on the
-same data with no fault and no control plane, held by whichever rank runs that role (invariant
-3: only the placement changed).
+same data with no fault and no control plane (the reference run the end-to-end tests share,
+``tests/e2e/conftest.py``), held by whichever rank runs that role (invariant 3: only the
+placement changed).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -46,13 +49,13 @@ def _options(out: Path, **kw: object) -> MitigationDemoOptions:
     )
 
 
-def test_a_congested_link_is_swapped_away_and_the_model_is_unchanged(tmp_path: Path) -> None:
+def test_a_congested_link_is_swapped_away_and_the_model_is_unchanged(
+    tmp_path: Path, megatron_reference: Callable[[int], Any]
+) -> None:
     require_network_namespaces()
     summary = run_mitigation_demo(_options(tmp_path / "swapped", fault="link", until_mitigated=20))
     steps_run = summary["steps_run"]
-    reference = run_mitigation_demo(
-        _options(tmp_path / "reference", mitigate=False, inject=False, steps=steps_run)
-    )
+    reference = megatron_reference(steps_run)  # each rank's model by layout-free names, its role
     context = json.dumps({k: summary[k] for k in ("actions", "injected", "steps_run")})
     links = {tuple(sorted(link[:2])) for d in summary["diagnoses"] for link in d["slow_links"]}
     assert (0, 1) in links, summary["diagnoses"]
@@ -63,14 +66,10 @@ def test_a_congested_link_is_swapped_away_and_the_model_is_unchanged(tmp_path: P
     assert START <= injected_start < applied[0]["apply_step"] < injected_end, context
 
     records = [
-        json.loads((tmp_path / "swapped" / f"steps-rank{r}.json").read_text())
-        for r in range(WORLD)
+        json.loads((tmp_path / "swapped" / f"steps-rank{r}.json").read_text()) for r in range(WORLD)
     ]
     assert len({tuple(tuple(a) for a in rec["applied"]) for rec in records}) == 1
-    before = [
-        json.loads((tmp_path / "reference" / f"steps-rank{r}.json").read_text())["coords"]
-        for r in range(WORLD)
-    ]
+    before = [reference.coords[r] for r in range(WORLD)]
     after = [rec["coords"] for rec in records]
     assert sorted(after) == sorted(before), (before, after)
     # the first swap (the one the shaped link caused) moves the link's ends, hosts 0 and 1, out
@@ -82,9 +81,8 @@ def test_a_congested_link_is_swapped_away_and_the_model_is_unchanged(tmp_path: P
     assert moved != before and moved[0][2] != moved[1][2], (hosts, before)
     holder = {tuple(c): r for r, c in enumerate(before)}
     for rank in range(WORLD):
-        got = np.load(tmp_path / "swapped" / f"parameters-rank{rank}.npz")
-        want = np.load(tmp_path / "reference" / f"parameters-rank{holder[tuple(after[rank])]}.npz")
+        got = np.load(tmp_path / "swapped" / f"model-rank{rank}.npz")
+        want = reference.parts[holder[tuple(after[rank])]]
         assert sorted(got.files) == sorted(want.files)
         for name in want.files:
             assert np.array_equal(got[name], want[name]), f"rank {rank} ({after[rank]}) {name}"
-    assert reference["phases"]["healthy"]["median_step_s"] > 0
