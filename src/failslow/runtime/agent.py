@@ -141,6 +141,14 @@ class RankAgent:
     def stop(self) -> None:
         self._poller.stop()
 
+    def disarm(self) -> None:
+        """Clear whatever pause this agent armed (its thread stopped: no one would release it);
+        a thread parked on it goes on."""
+        self._step_target = None
+        self._set("pause_group", 0)
+        self._set("pause_call", 0)
+        self._set("control", 0)
+
     def _poll(self) -> None:
         self.publish_position()
         self.check_request()
@@ -184,7 +192,10 @@ class RankAgent:
                 self._step_rate = (step - last[0]) / (now - last[1])
             self._last_step = (step, now)
         record: dict[str, Any] = {
-            "step": step, "step_rate": self._step_rate, "t": time.time(), "poll_s": self.poll_s
+            "step": step,
+            "step_rate": self._step_rate,
+            "t": time.time(),
+            "poll_s": self.poll_s,
         }
         profile = self.profile() if self.profile is not None else None
         if profile is not None:

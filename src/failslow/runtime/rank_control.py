@@ -65,11 +65,16 @@ class RankControl:
         return self
 
     def stop(self) -> None:
-        """Stop the agent's thread, unhook it from the trap, close the store if owned."""
+        """Stop the agent's thread, unhook it from the trap and disarm it, close the store if
+        owned. Once the agent is gone nothing can release a pause it armed: a later collective
+        at the target (an exit handler's, a next session's) would park until the trap's own
+        timeout, its peers waiting in that collective."""
         self.agent.stop()
         trap = self.capture.trap
         if trap is not None and trap.on_parked == self.agent.while_parked:
             trap.on_parked = None
+            if not trap.writer._mm.closed:
+                self.agent.disarm()
         if self.owns_store:
             self.store.close()
 
