@@ -10,6 +10,7 @@ import tempfile
 import textwrap
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -197,20 +198,22 @@ def test_structure_change_replans_and_grows_the_slot(shm_dir: Path) -> None:
         assert_bitwise(state_at(4), snap.load()[1])  # type: ignore[index]
 
 
+@dataclass
 class Opaque:
-    def __init__(self, n: int) -> None:
-        self.n = n
+    """An arbitrary object in a training state (DeepSpeed's optimizer state holds its
+    ``LossScaler``): pickled into the manifest, never walked."""
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Opaque) and other.n == self.n
+    n: float
 
 
-def test_state_with_arbitrary_objects_is_replanned_every_time(shm_dir: Path) -> None:
+def test_state_with_an_arbitrary_object_that_changes_is_planned_once(shm_dir: Path) -> None:
+    """The object is compared by its pickle: a new value re-pickles the manifest, the layout
+    stays (it was planned afresh every step before), and the snapshot holds the new value."""
     with Snapshotter(shm_dir, rank=0) as snap:
         for step in range(3):
             snapshot(snap, {"w": torch.ones(2), "obj": Opaque(step)}, step)
-            assert snap.stats is not None and snap.stats.replanned
-        assert snap.load()[1]["obj"] == Opaque(2)  # type: ignore[index]
+            assert snap.stats is not None and snap.stats.replanned == (step == 0)
+            assert snap.load()[1]["obj"] == Opaque(step)  # type: ignore[index]
 
 
 structures = st.recursive(
@@ -218,6 +221,7 @@ structures = st.recursive(
         st.integers(0, 3).map(lambda n: torch.zeros(n)),
         st.sampled_from([0, 1, True, 1.0, -0.0, 0.0, "a", None, b"x"]),
         st.integers(0, 2).map(lambda n: np.zeros(n, dtype=np.float32)),
+        st.sampled_from([1.0, 2.0]).map(Opaque),
     ),
     lambda children: st.one_of(
         st.lists(children, max_size=3),
@@ -237,6 +241,25 @@ def test_a_tensor_and_a_value_that_trade_places_change_the_layout() -> None:
     _, cache = _LayoutCache.plan(first)
     assert cache is not None
     assert cache.layout_for(second) is None  # a new structure: planned afresh
+
+
+def test_a_state_holding_an_object_keeps_its_layout_cached() -> None:
+    """DeepSpeed's optimizer state holds a ``LossScaler``: the layout was planned afresh every
+    step (a walk and a pickle of the whole manifest in the training thread) because an object
+    could not be compared. It is compared by its pickle, and one object held in two places
+    is not taken for two equal ones (the manifest's pickle shares it)."""
+    scaler = Opaque(1.0)
+    state = {"optimizer": {"loss_scaler": scaler, "exp_avg": torch.zeros(3)}, "step": 1}
+    _, cache = _LayoutCache.plan(state)
+    assert cache is not None
+    assert cache.layout_for(state).manifest == blob.plan(state).manifest
+    scaler.n = 2.0  # the scaler moved: the same structure, a new manifest
+    assert cache.layout_for(state).manifest == blob.plan(state).manifest
+    shared = {"a": scaler, "b": scaler}
+    twins = {"a": Opaque(2.0), "b": Opaque(2.0)}
+    _, cache = _LayoutCache.plan(shared)
+    assert blob.plan(twins).manifest != blob.plan(shared).manifest
+    assert cache is not None and cache.layout_for(twins).manifest == blob.plan(twins).manifest
 
 
 @given(sequence=st.lists(structures, min_size=1, max_size=6))

@@ -183,11 +183,14 @@ class _Uncacheable(Exception):
 def _walk(state: Any, refs: list[blob.TensorRef]) -> tuple[Hashable, list[Any], list[Any], Any]:
     """One pass over ``state`` with blob.plan's rules: (structure key, primitive values, tensors
     in payload order, manifest tree with ``refs[i]`` in place of the i-th tensor). Equal keys
-    mean equal layouts; equal keys and values mean an identical manifest. Raises _Uncacheable
-    for a value that cannot be compared cheaply (an arbitrary object: re-plan every time)."""
+    mean equal layouts; equal keys and values mean an identical manifest. Any other object
+    (DeepSpeed's optimizer state holds its ``LossScaler``) is compared by its pickled bytes -
+    the manifest pickles it anyway - and, where it appears again, by which earlier one it is
+    (the manifest's pickle shares it). Raises _Uncacheable for one that does not pickle."""
     key: list[Any] = []
     values: list[Any] = []
     tensors: list[Any] = []
+    objects: dict[int, int] = {}  # id -> its index among the objects seen (kept alive by state)
 
     def value(obj: Any) -> None:  # typed, so 1 / 1.0 / True and 0.0 / -0.0 differ
         if isinstance(obj, float):
@@ -199,8 +202,15 @@ def _walk(state: Any, refs: list[blob.TensorRef]) -> tuple[Hashable, list[Any], 
             for k, v in obj.items() if isinstance(obj, dict) else enumerate(obj):
                 value(k)
                 value(v)
+        elif id(obj) in objects:
+            values.append(("again", objects[id(obj)]))
         else:
-            raise _Uncacheable
+            objects[id(obj)] = len(objects)
+            try:
+                pickled = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:
+                raise _Uncacheable from None
+            values.append((type(obj), pickled))
 
     def walk(obj: Any) -> Any:
         if blob._is_tensor(obj):
