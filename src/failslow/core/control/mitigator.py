@@ -312,7 +312,14 @@ class Mitigator:
             r for link in diagnosis.slow_links for r in (link.a, link.b)
         )
         if self.active and slow == self._slow_ranks and not self._restarted:
-            return  # the same fail-slow, seen again by a re-validation: keep what is in effect
+            # the same fail-slow, seen again by a re-validation: keep what is in effect - but
+            # where nothing was bought yet, plan again from what the ranks measure now (an
+            # early diagnosis's profiles may still have held the steps before the slowdown)
+            assert self.planner is not None
+            if self.planner.ski.bought_nothing:
+                self._execute(self.planner.reconsider(diagnosis), diagnosis)
+                self._say_no_plan(diagnosis)
+            return
         if self._restarted:
             self._reread_layout()
         healthy = self.healthy_step_s(diagnosis)
@@ -323,6 +330,7 @@ class Mitigator:
         self._slow_ranks = slow
         compound = self.planner.ski.active  # the event went on: it observed every step since
         self._execute(self.planner.onset(diagnosis, healthy_step_s=healthy), diagnosis)
+        self._say_no_plan(diagnosis)
         # the slowdown began before the diagnosis: what it cost so far counts (Alg. 1's impact)
         started = self._onset_wall(diagnosis)
         if started is not None and not compound:
@@ -332,6 +340,24 @@ class Mitigator:
                 if wall >= started and step >= self._restart_step
             ]
             self._execute(self.planner.catch_up(since), diagnosis)
+
+    def _say_no_plan(self, diagnosis: Diagnosis) -> None:
+        """Where no level has a plan for ``diagnosis``, the journal and the log say why (else a
+        user sees a diagnosis and then nothing)."""
+        assert self.planner is not None
+        if self.planner.ski.candidates():
+            return
+        reasons = self.planner.passed_over()
+        log.info(
+            "failslow: no plan for the diagnosis of rank(s) %s: %s",
+            sorted(self._slow_ranks),
+            "; ".join(f"{name}: {why}" for name, why in reasons.items()) or "no level allowed",
+        )
+        if self.on_event is not None:
+            self.on_event(
+                event("no plan", ranks=sorted(self._slow_ranks), fail_slow=diagnosis.kind.value,
+                      reasons=reasons)
+            )  # fmt: skip
 
     # ---- turning decisions into plans on the ranks -------------------------------------------
     def _execute(self, decisions: list[Decision], diagnosis: Diagnosis | None = None) -> None:

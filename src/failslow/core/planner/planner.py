@@ -127,6 +127,8 @@ class Planner:
         self._estimate = estimate
         self._measure = measure
         self._standbys = standbys
+        self._why_not: dict[str, str] = {}
+        """Level name -> why its builder had no plan for the newest diagnosis."""
         names = LEVEL_NAMES
         levels = {
             "S2": Strategy(names["S2"], COMPUTE_ONLY, self._s2),
@@ -150,6 +152,9 @@ class Planner:
     ) -> list[Decision]:
         return self.ski.onset(diagnosis, healthy_step_s=healthy_step_s, age_s=age_s)
 
+    def reconsider(self, diagnosis: Diagnosis) -> list[Decision]:
+        return self.ski.reconsider(diagnosis)
+
     def observe(self, step_time_s: float) -> list[Decision]:
         return self.ski.observe(step_time_s)
 
@@ -158,6 +163,11 @@ class Planner:
 
     def relief(self) -> list[Decision]:
         return self.ski.relief()
+
+    def passed_over(self) -> dict[str, str]:
+        """Level -> why the newest diagnosis got no plan from it (the builder's own reason
+        where it gave one)."""
+        return {name: self._why_not.get(name, why) for name, why in self.ski.passed_over.items()}
 
     def _with_estimate(self, plan: Plan, layout: Topology) -> Plan:
         """The plan with the job's own estimate of its step time, where it has one (None: the
@@ -186,7 +196,13 @@ class Planner:
             )
         solve_s = time.perf_counter() - started
         even = topology.micro_batches // topology.dp
+        self._why_not.pop(LEVEL_NAMES["S2"], None)
         if all(c == even for c in plan.counts):
+            self._why_not[LEVEL_NAMES["S2"]] = (
+                "the step the ranks measured is shortest with the even split"
+                if model is not None
+                else "the validation GEMM's slowdown is too small to move a micro-batch"
+            )
             return None
         plan = replace(plan, overhead_s=solve_s + self.costs.microbatch_apply_s)
         return plan if model is not None else self._with_estimate(plan, topology)
@@ -208,7 +224,13 @@ class Planner:
         free = self._standbys() if self._standbys is not None else None
         if free is not None:
             hosts = hosts[:free]  # a host restarted in place keeps its slow GPU or link
+        self._why_not.pop(LEVEL_NAMES["S4"], None)
         if not hosts:
+            self._why_not[LEVEL_NAMES["S4"]] = (
+                "no free standby host to replace the diagnosed one(s)"
+                if free == 0
+                else "the diagnosis names no host"
+            )
             return None
         # without the diagnosed hosts the job runs at its healthy pace again: that is the
         # prediction the controller measures the restart against

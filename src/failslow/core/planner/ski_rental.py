@@ -146,6 +146,8 @@ class _Event:
     recent: list[float] = field(default_factory=list)
     bought: set[int] = field(default_factory=set)
     """Indices into ``candidates`` bought for the current diagnosis (ExpectedCost)."""
+    purchases: int = 0
+    """Plans bought in this event, under any diagnosis of it."""
 
 
 class MultiLevelPlanner:
@@ -171,6 +173,8 @@ class MultiLevelPlanner:
         self._event: _Event | None = None
         self.disabled: dict[str, str] = {}
         """Strategy -> why it cannot take effect in this job (never planned again)."""
+        self.passed_over: dict[str, str] = {}
+        """Strategy -> why the newest diagnosis got no plan from it."""
 
     @property
     def rule(self) -> BuyRule:
@@ -189,6 +193,12 @@ class MultiLevelPlanner:
     def applied(self) -> tuple[str, ...]:
         return tuple(c.strategy.name for c in self._event.applied) if self._event else ()
 
+    @property
+    def bought_nothing(self) -> bool:
+        """An event is on and no plan was bought in it yet (none paid off so far, or no level
+        had a plan for its diagnosis)."""
+        return self._event is not None and self._event.purchases == 0
+
     def candidates(self) -> tuple[tuple[str, float], ...]:
         """(strategy, estimated overhead) of the current event, in the order they are bought."""
         if self._event is None:
@@ -197,11 +207,19 @@ class MultiLevelPlanner:
 
     def _build(self, diagnosis: Diagnosis) -> list[_Candidate]:
         out = []
+        self.passed_over = {}
         for strategy in self._strategies:
-            if diagnosis.kind not in strategy.handles or strategy.name in self.disabled:
+            if diagnosis.kind not in strategy.handles:
+                self.passed_over[strategy.name] = (
+                    f"it does not mitigate a {diagnosis.kind.value} fail-slow"
+                )
+                continue
+            if strategy.name in self.disabled:
+                self.passed_over[strategy.name] = f"disabled: {self.disabled[strategy.name]}"
                 continue
             plan = strategy.build(diagnosis)
             if plan is None:
+                self.passed_over[strategy.name] = "no plan changes anything for this diagnosis"
                 continue
             if not plan.overhead_s >= 0.0:
                 raise FailslowError(
@@ -246,6 +264,13 @@ class MultiLevelPlanner:
             gone = {id(d.plan) for d in stale}
             event.applied = [c for c in event.applied if id(c.plan) not in gone]
         return stale + self._buy()
+
+    def reconsider(self, diagnosis: Diagnosis) -> list[Decision]:
+        """The event's fail-slow diagnosed again: its plans built anew from ``diagnosis`` (and
+        whatever the builders measure now), its impact and age kept; the decisions due."""
+        if self._event is None:
+            return []
+        return self.onset(diagnosis, healthy_step_s=self._event.healthy_step_s)
 
     def observe(self, step_time_s: float) -> list[Decision]:
         """One finished iteration's time; returns the decisions it triggers (usually none)."""
@@ -361,6 +386,7 @@ class MultiLevelPlanner:
             if plan is None:
                 return None
             candidate = _Candidate(candidate.strategy, plan)
+        event.purchases += 1
         event.applied.append(candidate)  # a restart resumes from the snapshot, which carries
         # the plans in force (the S2 split, the swapped layout): relief must still undo them
         event.recent.clear()
