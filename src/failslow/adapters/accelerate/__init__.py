@@ -35,16 +35,28 @@ class Registration:
     """What ``attach`` returns: the adapter once ``prepare`` has run (attribute access is
     forwarded to it: ``fs.loader``, ``fs.session``, ``fs.iteration`` ...)."""
 
-    def __init__(self, accelerator: Any, cfg: FailslowConfig, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        accelerator: Any,
+        cfg: FailslowConfig,
+        options: dict[str, Any],
+        *,
+        adapter_class: type[AccelerateAdapter] = AccelerateAdapter,
+        source: str = "",
+        name: str = "accelerate",
+    ) -> None:
         self.accelerator = accelerator
         self.adapter: AccelerateAdapter | None = None
         self._cfg = cfg
         self._options = options
         self._prepare = accelerator.prepare
+        self._adapter_class = adapter_class
+        self._source = source or SOURCE
+        self._name = name
 
     def _start(self, model: Any = None) -> AccelerateAdapter:
-        adapter = AccelerateAdapter(self.accelerator, model=model, **self._options)
-        start_session(adapter, self._cfg, source=SOURCE, name="accelerate")
+        adapter = self._adapter_class(self.accelerator, model=model, **self._options)
+        start_session(adapter, self._cfg, source=self._source, name=self._name)
         adapter.guard_optimizer_step()
         adapter.follow_loop()
         self.adapter = adapter

@@ -92,8 +92,11 @@ class AccelerateAdapter(FSDPAdapter):
         micro_batch_size: int | None = None,
         unshard_once: bool = False,
         model_factory: Callable[..., Any] | None = None,
+        accumulation_steps: int | None = None,
     ) -> None:
         model, optimizer, scheduler = prepared(accelerator, model)
+        if accumulation_steps is None:  # a loop that accumulates with accelerator.accumulate
+            accumulation_steps = int(accelerator.gradient_accumulation_steps)
         if micro_batch_size is None:
             loaders = accelerator._dataloaders
             size = getattr(loaders[0], "batch_size", None) if loaders else None
@@ -105,7 +108,7 @@ class AccelerateAdapter(FSDPAdapter):
             mesh=mesh_of(model),
             scheduler=scheduler,
             model_factory=model_factory,
-            accumulation_steps=int(accelerator.gradient_accumulation_steps),
+            accumulation_steps=accumulation_steps,
             micro_batch_size=micro_batch_size,
             unshard_once=unshard_once,
             framework="Accelerate",

@@ -67,7 +67,98 @@ def check_counts(counts: Sequence[int], *, replicas: int, micro_batches: int) ->
     return counts
 
 
-class ShareSampler(Sampler[list[int]]):
+class StepPlans(Sampler[list[int]]):
+    """A batch sampler's schedule of micro-batch counts by global step, and what it handed out.
+
+    :attr:`step` is the global step whose batches are handed out next and :attr:`offset` how
+    many of them are out; subclasses hand batches out (``__iter__``) and count each with
+    :meth:`_count_read` (``size`` in their unit: micro-batches, or samples). A new count takes
+    effect at a step boundary (:meth:`set_counts`); :attr:`before_step` is called with a step
+    before its first batch is handed out (the kit registers the plans decided for it there,
+    :class:`failslow.adapters.common.microbatch.ReplicaSplit`)."""
+
+    def __init__(
+        self, counts: Sequence[int], *, replica: int, replicas: int, micro_batches: int,
+        start_step: int,
+    ) -> None:  # fmt: skip
+        self.replica = replica
+        self.replicas = replicas
+        self.micro_batches = micro_batches
+        self._plan_steps = [start_step]
+        self._plan_counts = [self._check(counts)]
+        self.step = start_step
+        """Global step whose batches are handed out next."""
+        self.offset = 0
+        """Batches of ``step`` already handed out."""
+        self.before_step: Callable[[int], None] | None = None
+        self._reads: dict[int, int] = {}
+        """What was handed out per step, for the last :data:`READS_KEPT` steps read (what the
+        kit checks a plan against after its apply step)."""
+
+    def _check(self, counts: Sequence[int]) -> tuple[int, ...]:
+        return check_counts(counts, replicas=self.replicas, micro_batches=self.micro_batches)
+
+    def set_counts(self, counts: Sequence[int], step: int | None = None) -> None:
+        """Use ``counts`` from global step ``step`` on (default: the next step not yet
+        started). Raises FailslowError if batches of ``step`` were already handed out."""
+        counts = self._check(counts)
+        if step is None:
+            step = self.step + (1 if self.offset else 0)
+        if step in self._plan_steps and self._plan_counts[self._plan_steps.index(step)] == counts:
+            return  # registered already (ahead of a loader that reads ahead)
+        later = (c for s, c in zip(self._plan_steps, self._plan_counts, strict=True) if s > step)
+        if self.counts_at(step) == counts and all(c == counts for c in later):
+            return  # these counts are in force from there on: nothing changes (a rollback)
+        if step < self.step or (step == self.step and self.offset):
+            raise FailslowError(
+                f"{type(self).__name__}: cannot change micro-batch counts from step {step}: "
+                f"replica {self.replica} already read up to step {self.step} (batch "
+                f"{self.offset}); use num_workers=0 or schedule the plan further ahead"
+            )
+        i = bisect.bisect_right(self._plan_steps, step)
+        del self._plan_steps[i:], self._plan_counts[i:]
+        self._plan_steps.append(step)
+        self._plan_counts.append(counts)
+
+    def counts_at(self, step: int) -> tuple[int, ...]:
+        """Micro-batches per replica of global step ``step``."""
+        i = bisect.bisect_right(self._plan_steps, step) - 1
+        return self._plan_counts[max(i, 0)]
+
+    def read_in(self, step: int) -> int:
+        """What this sampler handed out of global step ``step`` (0: nothing, or the step is
+        more than :data:`READS_KEPT` steps behind the newest read)."""
+        return self._reads.get(step, 0)
+
+    def has_read(self, step: int) -> bool:
+        """True once a batch of global step ``step`` (or a later one) was handed out."""
+        return self.step > step or (self.step == step and self.offset > 0)
+
+    def _count_read(self, size: int = 1) -> None:
+        reads = self._reads
+        reads[self.step] = reads.get(self.step, 0) + size
+        if len(reads) > READS_KEPT:
+            del reads[min(reads)]
+
+    def state_dict(self, at_step: int | None = None) -> dict[str, Any]:
+        """The position and the plans. ``at_step``: as of the start of that step instead (a
+        snapshot at a step boundary: a loader that read ahead of training resumes where training
+        stood, without the plans registered for later steps)."""
+        plans = zip(self._plan_steps, self._plan_counts, strict=True)
+        if at_step is None:
+            step, offset = self.step, self.offset
+        else:
+            step, offset = at_step, 0
+            plans = ((s, c) for s, c in plans if s <= at_step)  # type: ignore[assignment]
+        return {"step": step, "offset": offset, "plans": [[s, list(c)] for s, c in plans]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.offset = int(state["step"]), int(state["offset"])
+        self._plan_steps = [int(s) for s, _ in state["plans"]]
+        self._plan_counts = [self._check(c) for _, c in state["plans"]]
+
+
+class ShareSampler(StepPlans):
     """Batch sampler: replica ``replica``'s micro-batches of every global step, in order.
 
     Iterating yields from the current position to the end of the epoch that contains it (so
@@ -114,7 +205,6 @@ class ShareSampler(Sampler[list[int]]):
         self.dataset_len = dataset_len
         self.micro_batch_size = micro_batch_size
         self.micro_batches = micro_batches
-        self.replica = replica
         self.replicas = replicas
         self.shuffle = shuffle
         self.seed = seed
@@ -126,51 +216,12 @@ class ShareSampler(Sampler[list[int]]):
                     f"{replicas} replicas; pass counts"
                 )
             counts = (micro_batches // replicas,) * replicas
-        self._plan_steps = [start_step]
-        self._plan_counts = [self._check(counts)]
-        self.step = start_step
-        """Global step whose micro-batches are handed out next."""
-        self.offset = 0
-        """Micro-batches of ``step`` already handed out."""
+        super().__init__(
+            counts, replica=replica, replicas=replicas, micro_batches=micro_batches,
+            start_step=start_step,
+        )  # fmt: skip
         self._perm_epoch = -1
         self._perm = torch.empty(0, dtype=torch.long)
-        self.before_step: Callable[[int], None] | None = None
-        """Called with a step before its first indices are handed out (the kit registers the
-        plans decided for it there, :class:`failslow.adapters.common.microbatch.ReplicaSplit`)."""
-        self._reads: dict[int, int] = {}
-        """Micro-batches handed out per step, for the last :data:`READS_KEPT` steps read (what
-        the kit checks a plan against after its apply step)."""
-
-    def _check(self, counts: Sequence[int]) -> tuple[int, ...]:
-        return check_counts(counts, replicas=self.replicas, micro_batches=self.micro_batches)
-
-    # -- plans -----------------------------------------------------------------------------
-    def set_counts(self, counts: Sequence[int], step: int | None = None) -> None:
-        """Use ``counts`` from global step ``step`` on (default: the next step not yet
-        started). Raises FailslowError if indices of ``step`` were already handed out."""
-        counts = self._check(counts)
-        if step is None:
-            step = self.step + (1 if self.offset else 0)
-        if step in self._plan_steps and self._plan_counts[self._plan_steps.index(step)] == counts:
-            return  # registered already (ahead of a loader that reads ahead)
-        later = (c for s, c in zip(self._plan_steps, self._plan_counts, strict=True) if s > step)
-        if self.counts_at(step) == counts and all(c == counts for c in later):
-            return  # these counts are in force from there on: nothing changes (a rollback)
-        if step < self.step or (step == self.step and self.offset):
-            raise FailslowError(
-                f"ShareSampler: cannot change micro-batch counts from step {step}: replica "
-                f"{self.replica} already read up to step {self.step} (micro-batch {self.offset}); "
-                "use num_workers=0 or schedule the plan further ahead"
-            )
-        i = bisect.bisect_right(self._plan_steps, step)
-        del self._plan_steps[i:], self._plan_counts[i:]
-        self._plan_steps.append(step)
-        self._plan_counts.append(counts)
-
-    def counts_at(self, step: int) -> tuple[int, ...]:
-        """Micro-batches per replica of global step ``step``."""
-        i = bisect.bisect_right(self._plan_steps, step) - 1
-        return self._plan_counts[max(i, 0)]
 
     # -- indices ---------------------------------------------------------------------------
     def _permutation(self, epoch: int) -> torch.Tensor:
@@ -210,15 +261,6 @@ class ShareSampler(Sampler[list[int]]):
             return self.step + 1
         return self.step
 
-    def read_in(self, step: int) -> int:
-        """Micro-batches of global step ``step`` this sampler handed out (0: none, or the step
-        is more than :data:`READS_KEPT` steps behind the newest read)."""
-        return self._reads.get(step, 0)
-
-    def has_read(self, step: int) -> bool:
-        """True once a micro-batch of global step ``step`` (or a later one) was handed out."""
-        return self.step > step or (self.step == step and self.offset > 0)
-
     def __iter__(self) -> Iterator[list[int]]:
         self._skip_finished_step()
         end = (self.step // self.steps_per_epoch + 1) * self.steps_per_epoch
@@ -234,33 +276,9 @@ class ShareSampler(Sampler[list[int]]):
             self.step += 1
             self.offset = 0
 
-    def _count_read(self) -> None:
-        reads = self._reads
-        reads[self.step] = self.offset
-        if len(reads) > READS_KEPT:
-            del reads[min(reads)]
-
     def __len__(self) -> int:
         """Micro-batches in one epoch for this replica under the counts in effect now."""
         return self.steps_per_epoch * self.counts_at(self.step)[self.replica]
-
-    # -- resume ----------------------------------------------------------------------------
-    def state_dict(self, at_step: int | None = None) -> dict[str, Any]:
-        """The position and the plans. ``at_step``: as of the start of that step instead (a
-        snapshot at a step boundary: a loader that read ahead of training resumes where training
-        stood, without the plans registered for later steps)."""
-        plans = zip(self._plan_steps, self._plan_counts, strict=True)
-        if at_step is None:
-            step, offset = self.step, self.offset
-        else:
-            step, offset = at_step, 0
-            plans = ((s, c) for s, c in plans if s <= at_step)  # type: ignore[assignment]
-        return {"step": step, "offset": offset, "plans": [[s, list(c)] for s, c in plans]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.offset = int(state["step"]), int(state["offset"])
-        self._plan_steps = [int(s) for s, _ in state["plans"]]
-        self._plan_counts = [self._check(c) for _, c in state["plans"]]
 
 
 def share_loader(

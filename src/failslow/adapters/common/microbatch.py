@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from failslow.adapters.common.data import ShareSampler, check_counts, share_loader
+from failslow.adapters.common.data import StepPlans, check_counts, share_loader
 from failslow.core.planner.allocation import even_counts
 from failslow.core.planner.plans import MicroBatchPlan
 from failslow.errors import ConfigError, FailslowError
@@ -87,7 +87,12 @@ class ReplicaSplit:
         """What the framework multiplies each micro-loss by in the step that just ran (None:
         the adapter cannot tell); times the micro-batches run it is the replica's gradient
         weight."""
-        self.samplers: list[ShareSampler] = []
+        self.by_size: int | None = None
+        """The size form (:mod:`failslow.adapters.common.recut`): where the loop runs its own
+        ``G`` micro-batches per step on every replica, a count unit is this many samples and a
+        plan changes how many samples the replica's ``G`` micro-batches hold (None: the count
+        form)."""
+        self.samplers: list[StepPlans] = []
         self._pending_samplers: list[dict[str, Any]] = []
         self._plans_for_data: Callable[[int], list[tuple[int, Any]]] | None = None
         self._training_steps: Callable[[], tuple[int | None, int]] = lambda: (None, -1)
@@ -108,7 +113,10 @@ class ReplicaSplit:
     # ---- what this replica runs --------------------------------------------------------------
     @property
     def count(self) -> int:
-        """Micro-batches this replica runs per step under the plan in effect."""
+        """Micro-batches this replica runs per step under the plan in effect (the size form:
+        the loop's ``G`` whatever the plan)."""
+        if self.by_size is not None:
+            return self.configured // self.replicas
         return self.counts[self.replica]
 
     @property
@@ -160,6 +168,13 @@ class ReplicaSplit:
                 f"micro-batch counts {list(counts)}: every DP replica of a {self.framework} "
                 f"job must run at least {self.minimum} {unit} per step"
             )
+        if self.by_size is not None and min(counts) * self.by_size < self.count:
+            raise ConfigError(
+                f"micro-batch counts {list(counts)}: a replica's {min(counts) * self.by_size} "
+                f"samples per step cannot fill the {self.count} micro-batches the training "
+                f"loop runs on every replica (at least {-(-self.count // self.by_size)} of "
+                f"{self.by_size} samples each)"
+            )
         return counts
 
     def ready(self, plan: MicroBatchPlan) -> tuple[int, ...]:
@@ -191,6 +206,8 @@ class ReplicaSplit:
         ran. ``forwards``: the training forwards the session's step profile counted in the
         step (the adapters announce every one); the rest is read from the share-aware loaders
         and the framework's scale of the micro-losses."""
+        if self.by_size is not None:
+            return self._verify_size(plan, step, forwards)
         want = plan.counts[self.replica]
         per = self.forwards_per_micro_batch
         if self.count != want:
@@ -230,6 +247,27 @@ class ReplicaSplit:
             )
         return ""
 
+    def _verify_size(self, plan: MicroBatchPlan, step: int, forwards: int) -> str:
+        """:meth:`verify` in the size form: the loop's ``G`` micro-batches, holding the
+        replica's ``counts[r] * unit`` samples of the step."""
+        assert self.by_size is not None
+        if forwards != self.count * self.forwards_per_micro_batch:
+            return (
+                f"ran {forwards} training forwards in step {step}, the loop's "
+                f"{self.count} micro-batches per step were expected"
+            )
+        want = plan.counts[self.replica] * self.by_size
+        reads = [sampler.read_in(step) for sampler in self.samplers]
+        if not any(reads):
+            return (
+                f"read none of step {step}'s samples through the re-cut loader (the loop feeds "
+                "other data)"
+            )
+        wrong = [r for r in reads if r and r != want]
+        if wrong:
+            return f"read {wrong[0]} samples in step {step}, the plan gives its replica {want}"
+        return ""
+
     def apply(self, plan: MicroBatchPlan, step: int) -> None:
         """Run ``plan``'s counts from global step ``step`` on (every tracked loader too)."""
         counts = self.check(plan)
@@ -257,7 +295,7 @@ class ReplicaSplit:
         self.replica = replica
 
     # ---- data --------------------------------------------------------------------------------
-    def track(self, sampler: ShareSampler) -> None:
+    def track(self, sampler: StepPlans) -> None:
         """Keep ``sampler`` in step with the plans applied here (restoring its position first
         when this rank resumed from a snapshot before the loader existed)."""
         if self._pending_samplers:

@@ -1,0 +1,153 @@
+"""S2 by size over a loader the framework built (greyhound 5.2's S2; issue 46's size form).
+
+Where the training loop, not failslow, decides how many micro-batches a replica runs per step -
+the Hugging Face Trainer draws ``G = gradient_accumulation_steps`` batches per optimizer step
+on every rank and counts its own accumulation boundary - a micro-batch plan cannot change the
+count. It can change the *size*: every replica still runs ``G`` micro-batches (so every
+gradient reduction happens on every rank), and replica ``r``'s micro-batches together hold
+``counts[r] * B`` samples of the step instead of ``G * B`` (``B`` the per-device batch size;
+the plan's counts stay in units of the even split's micro-batches, so the planner is the same).
+The global batch of a step is unchanged, only who computes which of its samples.
+
+**Which samples.** The framework's own sharded loader defines each step's global batch: with
+Accelerate's ``BatchSamplerShard`` (``split_batches=False``) micro-step ``j`` of the step hands
+process ``q`` the underlying batch ``j * W + q``, so the step reads the ``G * W`` underlying
+batches in order. :class:`RecutSampler` lets the framework's sampler hand out this replica's
+``G`` batches as it always does, sees the ``G * W`` underlying batches it consumed for them, and
+lays the step's samples out replica by replica in the even split's order (replica 0's ``G``
+batches, then replica 1's ...); replica ``r`` takes its ``counts[r] * B`` of them from offset
+``sum(counts[:r]) * B``, cut into ``G`` micro-batches as even as they go (the first
+``n mod G`` one larger). Under the even split that is exactly the framework's own batches, so
+attaching failslow changes nothing until a plan applies. A step the framework's sampler does
+not fill (the epoch's last, padded or short) runs the framework's own batches whatever the
+plan (the plan's check after its apply step says so if it was that step).
+
+**The gradient.** Replicas of unequal sizes give the even split's gradient only where the loss
+is a sum over the global batch's items divided by their global count - the Trainer's
+``num_items_in_batch`` gathered across ranks (``average_tokens_across_devices``) with a model
+that takes it. The adapter checks that before it allows plans (:mod:`failslow.adapters.
+transformers.plugin`). Per-sample cost must be about linear in the batch size for the plan's
+prediction to hold (the closed loop measures what it bought).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from failslow.adapters.common.data import StepPlans
+from failslow.errors import ConfigError
+
+
+def cut(samples: Sequence[int], parts: int) -> list[list[int]]:
+    """``samples`` in ``parts`` consecutive pieces as even as they go (the first
+    ``len % parts`` one larger)."""
+    size, extra = divmod(len(samples), parts)
+    out, at = [], 0
+    for i in range(parts):
+        n = size + (1 if i < extra else 0)
+        out.append(list(samples[at : at + n]))
+        at += n
+    return out
+
+
+class _Recording:
+    """The framework's underlying batch sampler, every batch it yields also kept in
+    ``seen``; anything else is the wrapped sampler's."""
+
+    def __init__(self, inner: Any, seen: list[list[int]]) -> None:
+        self.inner = inner
+        self.seen = seen
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.inner:
+            self.seen.append(list(batch))
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        if "inner" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["inner"], name)
+
+
+class RecutSampler(StepPlans):
+    """This replica's micro-batches of every step, re-cut by size under the plan in effect
+    (see the module docstring). ``shard``: the framework's per-process batch sampler; its
+    ``batch_sampler`` (the underlying, global one) is wrapped to be seen. ``accumulation``:
+    the micro-batches every replica runs per step (``G``); ``unit``: samples per micro-batch
+    of the even split (``B``). Reads are counted in samples."""
+
+    def __init__(
+        self,
+        shard: Any,
+        *,
+        replica: int,
+        replicas: int,
+        accumulation: int,
+        unit: int,
+        start_step: int = 0,
+    ) -> None:
+        if accumulation < 1 or unit < 1:
+            raise ConfigError(
+                f"RecutSampler: accumulation and unit must be >= 1, got {accumulation}, {unit}"
+            )
+        super().__init__(
+            (accumulation,) * replicas, replica=replica, replicas=replicas,
+            micro_batches=accumulation * replicas, start_step=start_step,
+        )  # fmt: skip
+        self.shard = shard
+        self.accumulation = accumulation
+        self.unit = unit
+        self._seen: list[list[int]] = []
+        shard.batch_sampler = _Recording(shard.batch_sampler, self._seen)
+
+    def __getattr__(self, name: str) -> Any:  # the framework reads its sampler's attributes
+        if "shard" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["shard"], name)
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        own_batches = iter(self.shard)
+        self._seen.clear()
+        while True:
+            own = list(itertools.islice(own_batches, self.accumulation))
+            if not own:
+                return
+            group, self._seen[:] = list(self._seen), []
+            if self.before_step is not None:
+                self.before_step(self.step)
+            for batch in self.batches(self.step, own, group):
+                self.offset += 1
+                self._count_read(len(batch))
+                yield batch
+            self.step += 1
+            self.offset = 0
+
+    def batches(
+        self, step: int, own: Sequence[Sequence[int]], group: Sequence[Sequence[int]]
+    ) -> list[list[int]]:
+        """This replica's micro-batches of ``step``: the framework's own (``own``) under the
+        even split or where the step is not a full one, else its share of the ``group`` the
+        framework's sampler consumed for the step, cut by size."""
+        counts = self.counts_at(step)
+        g, w, b = self.accumulation, self.replicas, self.unit
+        full = len(own) == g and len(group) == g * w and all(len(x) == b for x in group)
+        if all(c == g for c in counts) or not full:
+            return [list(x) for x in own]
+        if any(list(own[j]) != list(group[j * w + self.replica]) for j in range(g)):
+            raise ConfigError(
+                "RecutSampler: the framework's sampler did not hand this process the underlying "
+                "batch of its position in every micro-step (only split_batches=False is known)"
+            )
+        order = list(
+            itertools.chain.from_iterable(group[j * w + q] for q in range(w) for j in range(g))
+        )
+        first = sum(counts[: self.replica]) * b
+        return cut(order[first : first + counts[self.replica] * b], g)

@@ -1,0 +1,82 @@
+"""S2 by size over Accelerate's own sharded batch sampler (:mod:`failslow.adapters.common.recut`):
+four processes' ``BatchSamplerShard`` over the Trainer's kind of sampler (a seeded random
+sampler in a ``BatchSampler``), each wrapped as the Trainer adapter wraps it."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("accelerate", reason="needs the Accelerate extra")
+
+from accelerate.data_loader import BatchSamplerShard
+from torch.utils.data import BatchSampler, SequentialSampler
+
+from failslow.adapters.common.recut import RecutSampler, cut
+from failslow.errors import FailslowError
+
+W, G, B = 4, 3, 4
+
+
+def _shards(n: int) -> list[BatchSamplerShard]:
+    inner = BatchSampler(SequentialSampler(range(n)), B, drop_last=False)
+    return [
+        BatchSamplerShard(inner, W, q, split_batches=False, even_batches=True) for q in range(W)
+    ]
+
+
+def _recut(n: int) -> list[RecutSampler]:
+    out = []
+    for q in range(W):
+        inner = BatchSampler(SequentialSampler(range(n)), B, drop_last=False)
+        shard = BatchSamplerShard(inner, W, q, split_batches=False, even_batches=True)
+        out.append(RecutSampler(shard, replica=q, replicas=W, accumulation=G, unit=B))
+    return out
+
+
+def _steps(batches: list[list[int]]) -> list[list[list[int]]]:
+    return [batches[i : i + G] for i in range(0, len(batches), G)]
+
+
+def test_the_even_split_hands_out_exactly_accelerates_own_batches() -> None:
+    n = W * G * B * 3 + 10  # three full steps and a padded tail
+    for plain, recut in zip(_shards(n), _recut(n), strict=True):
+        assert list(recut) == list(plain)
+        assert len(recut) == len(plain)
+
+
+def test_a_plan_moves_samples_between_replicas_and_keeps_every_step_s_global_batch() -> None:
+    n = W * G * B * 3 + 10
+    plain = [_steps(list(s)) for s in _shards(n)]
+    samplers = _recut(n)
+    counts = (4, 4, 1, 3)  # units of B samples: replica 2 gets 4 samples over its 3 micro-batches
+    for s in samplers:
+        s.set_counts(counts, step=1)
+    got = [_steps(list(s)) for s in samplers]
+    for step in range(4):
+        want = sorted(i for q in range(W) for batch in plain[q][step] for i in batch)
+        have = sorted(i for q in range(W) for batch in got[q][step] for i in batch)
+        assert have == want, step  # each sample of the step read once, none of another step
+        for q in range(W):
+            assert len(got[q][step]) == len(plain[q][step])  # the loop's count is kept
+            sizes = [len(x) for x in got[q][step]]
+            if step in (1, 2):
+                assert sum(sizes) == counts[q] * B and max(sizes) - min(sizes) <= 1
+            else:  # the even split before the plan; the padded tail is Accelerate's own
+                assert got[q][step] == plain[q][step]
+    assert [samplers[2].read_in(s) for s in range(4)] == [G * B, 4, 4, len(
+        [i for x in plain[2][3] for i in x])]  # fmt: skip
+
+
+def test_a_plan_for_a_step_already_handed_out_is_refused() -> None:
+    sampler = _recut(W * G * B * 2)[0]
+    it = iter(sampler)
+    next(it)
+    with pytest.raises(FailslowError, match="already read up to step 0"):
+        sampler.set_counts((2, 4, 4, 2), step=0)
+    sampler.set_counts((2, 4, 4, 2), step=1)
+    assert sampler.has_read(0) and not sampler.has_read(1)
+
+
+def test_cut_is_as_even_as_it_goes() -> None:
+    assert [len(x) for x in cut(list(range(10)), 4)] == [3, 3, 2, 2]
+    assert cut([1, 2, 3], 3) == [[1], [2], [3]]

@@ -1,0 +1,124 @@
+"""Three Hugging Face ``Trainer`` runs of one job in one torchrun world (DDP over gloo,
+per-device batch 4, gradient accumulation 4, 14 steps over 600 samples: an epoch of 10 steps
+whose last is short, and 4 of the next): plain, with ``failslow.transformers.attach(trainer)``
+and no plan, and attached with micro-batch plans scheduled on every rank (S2 by size from
+step 2, more skewed from step 5 across the epoch's short last step, back to even at step 12).
+The model's loss is a sum over its items divided by ``num_items_in_batch`` (as Hugging Face's
+models compute theirs). Each rank writes JSON: its parameters after each run, what the session
+reported of each plan, and the samples its re-cut loader handed out per step. A fourth, one-step
+run with a loss that is a mean per micro-batch reports the capabilities that model gets."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import failslow.transformers
+from failslow import hookimpl
+from failslow.core.planner.allocation import loss_weights
+from failslow.core.planner.plans import MicroBatchPlan
+
+PLANS = {2: (5, 5, 2, 4), 5: (6, 6, 1, 3), 12: (4, 4, 4, 4)}
+STEPS, SAMPLES = 14, 600
+
+
+class Regression(torch.nn.Module):
+    accepts_loss_kwargs = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+
+    def forward(
+        self, x: torch.Tensor, labels: torch.Tensor, num_items_in_batch: Any = None
+    ) -> dict[str, torch.Tensor]:
+        err = (self.linear(x) - labels) ** 2
+        loss = err.sum() / num_items_in_batch if num_items_in_batch is not None else err.mean()
+        return {"loss": loss}
+
+
+class Effects:
+    def __init__(self) -> None:
+        self.seen: list[list[Any]] = []
+
+    @hookimpl
+    def failslow_on_plan_result(self, plan: Any, step: Any, outcome: str, detail: str) -> None:
+        self.seen.append([outcome, step, detail])
+
+
+class MeanLoss(Regression):
+    """The same model with a loss that is a mean over each micro-batch (no loss kwargs)."""
+
+    accepts_loss_kwargs = False
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return {"loss": ((self.linear(x) - labels) ** 2).mean()}
+
+
+def train(out: str, mode: str) -> dict[str, Any]:
+    from accelerate.state import AcceleratorState, GradientState
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    g = torch.Generator().manual_seed(1)
+    data = [{"x": torch.randn(8, generator=g), "labels": torch.randn(1, generator=g)}
+            for _ in range(SAMPLES)]  # fmt: skip
+    torch.manual_seed(0)
+    args = TrainingArguments(
+        output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=4,
+        max_steps=1 if mode == "mean" else STEPS, learning_rate=0.01, report_to=[],
+        save_strategy="no", logging_steps=10**6, use_cpu=True, dataloader_num_workers=0,
+        disable_tqdm=True,
+    )  # fmt: skip
+    model = MeanLoss() if mode == "mean" else Regression()
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    seen: dict[str, Any] = {}
+    if mode != "plain":
+        reg = failslow.transformers.attach(trainer, config={"capture": True})
+        effects = Effects()
+
+        class Schedule(TrainerCallback):
+            def on_train_begin(self, *a: Any, **kw: Any) -> None:
+                assert reg.adapter is not None
+                reg.adapter.session.register(effects, name="effects")
+                if mode == "plans":
+                    for step, counts in PLANS.items():
+                        plan = MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
+                        reg.adapter.session.schedule(plan, step)
+
+        trainer.add_callback(Schedule())
+    trainer.train()
+    assert trainer.model is not None
+    seen["parameters"] = {n: p.detach().flatten().tolist() for n, p in
+                          trainer.model.named_parameters()}  # fmt: skip
+    seen["global_step"] = trainer.state.global_step
+    if mode == "mean":
+        assert reg.adapter is not None
+        seen["capabilities"] = reg.adapter.failslow_capabilities().to_dict()
+        reg.adapter.close()
+    elif mode != "plain":
+        assert reg.adapter is not None
+        sampler = reg.adapter.split.samplers[0]
+        seen["reads"] = {s: sampler.read_in(s) for s in range(STEPS - 10, STEPS)}
+        seen["effects"] = effects.seen
+        seen["capabilities"] = reg.adapter.failslow_capabilities().to_dict()
+        reg.adapter.close()
+    return seen
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    modes = ("plain", "attached", "plans", "mean")
+    result = {mode: train(str(out / mode), mode) for mode in modes}
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Issue 45: S2 inside an unchanged ``trainer.train()`` - the Hugging Face Trainer's own loop,
+loader and loss, four DDP ranks over gloo under torchrun, with
+``failslow.transformers.attach(trainer)``. Plans are scheduled on every rank
+(``session.schedule``), as the plan channel would commit them.
+
+Correctness is equality: attached without a plan, the Trainer trains bitwise the model it
+trains without failslow (the re-cut loader hands out its own batches); with plans, within 1e-6
+relative - the same samples of every step, the per-item losses summed over other groupings
+(fp32 rounding, measured 1.7e-8; the conformance suite's bound). A model whose loss is a mean
+per micro-batch gets plans refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers", reason="needs the transformers extra")
+
+HERE = Path(__file__).resolve().parent
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
+
+
+def test_the_trainer_runs_s2_by_size_and_trains_the_same_model(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAILSLOW_", "ACCELERATE_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "4", str(HERE / "_size_job.py"), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=380)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for r, seen in enumerate(ranks):
+        plain, attached, plans = seen["plain"], seen["attached"], seen["plans"]
+        assert plain["global_step"] == attached["global_step"] == plans["global_step"] == 14
+        assert attached["capabilities"]["microbatch_plans"] == "", attached["capabilities"]
+        for name, want in plain["parameters"].items():
+            want_a = np.asarray(want, dtype=np.float32)
+            assert np.array_equal(np.asarray(attached["parameters"][name], np.float32), want_a)
+            got = np.asarray(plans["parameters"][name], dtype=np.float32)
+            err = float(np.abs(got - want_a).max()) / float(np.abs(want_a).max())
+            assert err <= 1e-6, (r, name, err)
+        # every plan applied at its step and was found in effect one step later, on every rank
+        said = [(o, s, d) for o, s, d in plans["effects"]]
+        for step in (2, 5, 12):
+            assert ("applied", step, "") in said and ("in effect", step, "") in said, said
+        assert attached["effects"] == []
+        # the samples this replica read per step (the Trainer's own 16 where no plan is in
+        # force or the step is the epoch's short last one)
+        reads = {int(s): n for s, n in plans["reads"].items()}
+        counts = {4: (5, 5, 2, 4), 5: (6, 6, 1, 3), 6: (6, 6, 1, 3)}
+        for step, c in counts.items():
+            assert reads[step] == c[r] * 4, (r, step, reads)
+        assert reads[13] == 16
+        # a loss that is a mean per micro-batch: replicas of unequal sizes would not be exact
+        reason = seen["mean"]["capabilities"]["microbatch_plans"]
+        assert reason.startswith("the model's forward takes no num_items_in_batch"), reason
