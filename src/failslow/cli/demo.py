@@ -13,6 +13,7 @@ DEMO_DEFAULTS = {
     "megatron": (260, 60, 180, 0.75),
     "accelerate": (260, 60, 180, 0.75),
     "fsdp": (260, 60, 180, 0.75),
+    "transformers": (260, 60, 180, 0.75),
 }
 
 
@@ -92,7 +93,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return 0 if summary["parameters"].get("equal", True) else 1
     if args.fault != "compute" and args.framework == "torch":
         raise SystemExit("failslow demo: --fault link needs --framework megatron or fsdp")
-    if args.framework in ("deepspeed", "megatron", "accelerate", "fsdp"):
+    if args.framework in ("deepspeed", "megatron", "accelerate", "fsdp", "transformers"):
         from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
         run_mitigation_demo(
@@ -162,10 +163,10 @@ def register(sub: Any) -> None:
         "--framework",
         choices=sorted(DEMO_DEFAULTS),
         default="torch",
-        help="torch: detection on a DDP job; deepspeed / megatron / accelerate: detection, "
-        "diagnosis and automatic S2 mitigation of a DeepSpeed ZeRO-1 job / a Megatron-core GPT "
-        "(PP2 x DP2) / an FSDP2 job under accelerate launch / FSDP2 HSDP 2 x 2, with "
-        "before/after throughput",
+        help="torch: detection on a DDP job; deepspeed / megatron / accelerate / fsdp / "
+        "transformers: detection, diagnosis and automatic S2 mitigation of a DeepSpeed ZeRO-1 "
+        "job / a Megatron-core GPT (PP2 x DP2) / an FSDP2 job under accelerate launch / FSDP2 "
+        "HSDP 2 x 2 / a Hugging Face Trainer GPT-2 (S2 by size), with before/after throughput",
     )
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument(

@@ -13,7 +13,10 @@ result is a throughput table (healthy, slowed, mitigated, after), ``steps.csv`` 
 ``--framework megatron`` runs a Megatron-core GPT instead (:mod:`failslow.demo.megatron_worker`),
 ``--framework accelerate`` an Accelerate job under ``accelerate launch`` (FSDP2 over every rank,
 :mod:`failslow.demo.accelerate_worker`): one launcher process starts the ranks, and each rank
-tells its PID for the throttle.
+tells its PID for the throttle. ``--framework transformers`` is a Hugging Face Trainer job under
+``accelerate launch`` (a GPT-2, DDP; :mod:`failslow.demo.transformers_worker`): S2 takes effect
+inside ``trainer.train()`` by size - every replica runs its accumulation's micro-batches, the
+slow one's hold fewer samples.
 With ``--fault link`` (Megatron, root) every rank runs in its own network namespace and host
 (:mod:`failslow.demo.netns`; the launcher's stores are reached over the bridge) and the fault is
 the link between ranks 0 and 1 shaped with tc (:class:`ShapedLink`): validation names the link,
@@ -52,8 +55,11 @@ JOBS = {
     "megatron": ("failslow.demo.megatron_worker", "Megatron-core GPT, PP2 x DP2"),
     "accelerate": ("failslow.demo.accelerate_worker", "Accelerate FSDP2 (accelerate launch)"),
     "fsdp": ("failslow.demo.fsdp_worker", "FSDP2 HSDP, 2 replicas x 2 shards"),
+    "transformers": ("failslow.demo.transformers_worker", "Hugging Face Trainer, GPT-2 (DDP)"),
 }
 """Framework -> (the rank's module, the job's name in the live view and the summary)."""
+LAUNCHED = ("accelerate", "transformers")
+"""Frameworks whose ranks ``accelerate launch`` starts (one process; ranks write their PIDs)."""
 
 
 @dataclass
@@ -112,10 +118,11 @@ class MitigationDemoOptions:
                 f"demo: --framework must be one of {sorted(JOBS)}, got {self.framework!r}"
             )
         megatron, fsdp = self.framework == "megatron", self.framework == "fsdp"
+        trainer = self.framework == "transformers"
         if self.micro_batch_size is None:
-            self.micro_batch_size = 8 if megatron else 64 if fsdp else 128
+            self.micro_batch_size = 8 if megatron or trainer else 64 if fsdp else 128
         if self.width is None:
-            self.width = 128 if megatron or fsdp else 256
+            self.width = 128 if megatron or fsdp or trainer else 256
         if self.link_rate is None:
             self.link_rate = "200mbit" if fsdp else "25mbit"
         if (megatron or fsdp) and self.world_size % 2:
@@ -287,12 +294,12 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
 
 
 def _logs(opts: MitigationDemoOptions) -> str:
-    return "launch.log" if opts.framework == "accelerate" else "rank-<r>.log"
+    return "launch.log" if opts.framework in LAUNCHED else "rank-<r>.log"
 
 
 def _rank_pid(opts: MitigationDemoOptions, procs: list[Any], out: Path) -> int:
     """The slow rank's PID: its process, or under ``accelerate launch`` the PID it wrote."""
-    if opts.framework != "accelerate":
+    if opts.framework not in LAUNCHED:
         return int(procs[opts.slow_rank].pid)
     return int((out / f"pid-rank{opts.slow_rank}").read_text())
 
@@ -367,7 +374,7 @@ def _spawn(
     store_url: str,
     net: Any = None,
 ) -> list[subprocess.Popen[bytes]]:
-    if opts.framework == "accelerate":
+    if opts.framework in LAUNCHED:
         return [_accelerate_launch(opts, settings, ring_dir, out, store_url)]
     procs = []
     if net is not None:  # the ranks reach this process's stores over the bridge
@@ -433,14 +440,14 @@ def _accelerate_launch(
     out: Path,
     store_url: str,
 ) -> subprocess.Popen[bytes]:
-    """``accelerate launch`` of the Accelerate job: one process that starts every rank
+    """``accelerate launch`` of the Accelerate or Trainer job: one process that starts every rank
     (torchrun's c10d rendezvous on a free port), all output in ``launch.log``."""
     env = _job_env(opts, settings, ring_dir, out, store_url)
     argv = [
         sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
         "--multi_gpu", "--num_processes", str(opts.world_size), "--num_machines", "1",
         "--rdzv_backend", "c10d", "--main_process_ip", "127.0.0.1", "--main_process_port", "0",
-        "-m", JOBS["accelerate"][0],
+        "-m", JOBS[opts.framework][0],
     ]  # fmt: skip
     with open(out / "launch.log", "wb") as log:
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -471,9 +478,11 @@ def _observe(run: Run, out: Path, plane: Any) -> None:
                 "committed": bool(a.outcome and a.outcome.committed),
                 "effect": a.effect,
                 "effect_detail": a.effect_detail,
-                "outcome": a.result.to_dict() if a.result is not None
+                "outcome": a.result.to_dict()
+                if a.result is not None
                 else {"verdict": "not measured", "measured_s": None, "reason": a.unmeasured}
-                if a.unmeasured else None,
+                if a.unmeasured
+                else None,
             }
             for a in plane.mitigator.actions
         ]
