@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/straggler_mitigation.py [--framework deepspeed|megatron|accelerate]
+    python benchmarks/straggler_mitigation.py [--framework deepspeed|megatron|accelerate|...]
         [--steps 200]
         [--slow-start 60] [--repeat 1] [--loop user|train_batch] [--hog N]
         [--micro-batch-size N] [--width N]
@@ -15,7 +15,10 @@ a Megatron-core GPT on TP1 x PP2 x DP2 (Megatron DDP, Adam, 1F1B), 4 micro-batch
 sequences per replica per step, the Megatron-LM loop with ``fs.forward_backward``.
 ``--framework accelerate`` runs ``failslow demo --framework accelerate``'s: the DeepSpeed job's
 MLP as FSDP2 over 4 ranks (``unshard_once``) under ``accelerate launch``, in Accelerate's own
-``accumulate`` loop (rank 0 writes the full parameters). Rank 2 is
+``accumulate`` loop (rank 0 writes the full parameters). ``--framework transformers`` runs
+``failslow demo --framework transformers``'s: a small GPT-2 trained by ``Trainer.train()``
+(DDP, gradient accumulation 4, per-device batch 8) under ``accelerate launch``, S2 by size.
+``--framework fsdp`` runs the HSDP 2 x 2 job. Rank 2 is
 SIGSTOP/SIGCONT-cycled from outside (75% stopped, ~4x slower) from ``--slow-start`` to the end.
 Both runs train on the same data; the unmitigated run has no control plane, the failslow run
 detects, validates, plans and applies S2 by itself. Printed (ratios, since the machine is
@@ -134,7 +137,7 @@ def one_pair(
     window_u = float(np.mean(u_times[start:]))
     window_f = float(np.mean(f_times[start:]))
     rel = 0.0
-    files = ["parameters.npz"] if framework in ("deepspeed", "accelerate") else [
+    files = ["parameters.npz"] if framework in ("deepspeed", "accelerate", "transformers") else [
         f"parameters-rank{r}.npz" for r in range(4)
     ]  # fmt: skip
     for name in files:

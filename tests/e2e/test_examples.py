@@ -1,5 +1,6 @@
-"""The FSDP2 and Accelerate examples run as their docstrings say: ``failslow run --controller 4``
-around the framework's own launcher (``torchrun``, ``accelerate launch``), unmodified.
+"""The FSDP2, Accelerate and Hugging Face Trainer examples run as their docstrings say:
+``failslow run --controller 4`` around the framework's own launcher (``torchrun``, ``accelerate
+launch``), unmodified.
 
 Short runs (12 steps): the point is that the command users copy works end to end - the control
 plane beside the job, every rank's session started and closed, a clean exit - not mitigation,
@@ -123,3 +124,10 @@ def test_the_accelerate_example_under_accelerate_launch(tmp_path: Path) -> None:
               "--main_process_port", "0"]  # fmt: skip
     stdout = _run(tmp_path, launch, "accelerate_train.py")
     assert "step 0: loss" in stdout and "step 10: loss" in stdout, stdout
+
+
+def test_the_trainer_example_under_torchrun(tmp_path: Path) -> None:
+    """The Trainer example: ``failslow run --controller 4 -- torchrun ...``, unmodified."""
+    pytest.importorskip("transformers", reason="needs the transformers extra")
+    stdout = _run(tmp_path, TORCHRUN, "trainer_train.py", "--out", str(tmp_path / "out"))
+    assert "step 10: loss" in stdout, stdout
