@@ -6,7 +6,8 @@ step 2, more skewed from step 5 across the epoch's short last step, back to even
 The model's loss is a sum over its items divided by ``num_items_in_batch`` (as Hugging Face's
 models compute theirs). Each rank writes JSON: its parameters after each run, what the session
 reported of each plan, and the samples its re-cut loader handed out per step. A fourth, one-step
-run with a loss that is a mean per micro-batch reports the capabilities that model gets."""
+run with a loss that is a mean per micro-batch reports the capabilities that model gets, and a
+run resumed from the Trainer's own checkpoint those it gets."""
 
 from __future__ import annotations
 
@@ -72,14 +73,14 @@ def train(out: str, mode: str) -> dict[str, Any]:
     torch.manual_seed(0)
     args = TrainingArguments(
         output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=4,
-        max_steps=1 if mode == "mean" else STEPS, learning_rate=0.01, report_to=[],
-        save_strategy="no", logging_steps=10**6, use_cpu=True, dataloader_num_workers=0,
-        disable_tqdm=True,
+        max_steps={"mean": 1, "resumed": 4}.get(mode, STEPS), learning_rate=0.01, report_to=[],
+        save_strategy="steps" if mode == "resumed" else "no", save_steps=3,
+        logging_steps=10**6, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
     model = MeanLoss() if mode == "mean" else Regression()
     trainer = Trainer(model=model, args=args, train_dataset=data)
     seen: dict[str, Any] = {}
-    if mode != "plain":
+    if mode not in ("plain", "resumed"):
         reg = failslow.transformers.attach(trainer, config={"capture": True})
         effects = Effects()
 
@@ -98,6 +99,15 @@ def train(out: str, mode: str) -> dict[str, Any]:
     seen["parameters"] = {n: p.detach().flatten().tolist() for n, p in
                           trainer.model.named_parameters()}  # fmt: skip
     seen["global_step"] = trainer.state.global_step
+    if mode == "resumed":  # trained to step 4 with a checkpoint at 3; resumed there, attached
+        trainer.train()
+        resumed = Trainer(model=Regression(), args=args, train_dataset=data)
+        reg = failslow.transformers.attach(resumed, config={"capture": True})
+        resumed.train(resume_from_checkpoint=f"{out}/checkpoint-3")
+        assert reg.adapter is not None
+        seen["capabilities"] = reg.adapter.failslow_capabilities().to_dict()
+        reg.adapter.close()
+        return seen
     if mode == "mean":
         assert reg.adapter is not None
         seen["capabilities"] = reg.adapter.failslow_capabilities().to_dict()
@@ -114,7 +124,7 @@ def train(out: str, mode: str) -> dict[str, Any]:
 
 def main() -> None:
     out = Path(sys.argv[1])
-    modes = ("plain", "attached", "plans", "mean")
+    modes = ("plain", "attached", "plans", "mean", "resumed")
     result = {mode: train(str(out / mode), mode) for mode in modes}
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

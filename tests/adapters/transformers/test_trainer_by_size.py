@@ -7,7 +7,8 @@ Correctness is equality: attached without a plan, the Trainer trains bitwise the
 trains without failslow (the re-cut loader hands out its own batches); with plans, within 1e-6
 relative - the same samples of every step, the per-item losses summed over other groupings
 (fp32 rounding, measured 1.7e-8; the conformance suite's bound). A model whose loss is a mean
-per micro-batch gets plans refused with the reason."""
+per micro-batch gets plans refused with the reason, and so does a run resumed from the
+Trainer's own checkpoint (not re-cut yet)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,6 @@ def test_the_trainer_runs_s2_by_size_and_trains_the_same_model(tmp_path: Path) -
         # a loss that is a mean per micro-batch: replicas of unequal sizes would not be exact
         reason = seen["mean"]["capabilities"]["microbatch_plans"]
         assert reason.startswith("the model's forward takes no num_items_in_batch"), reason
+        # resumed from the Trainer's checkpoint: not re-cut (yet), said
+        reason = seen["resumed"]["capabilities"]["microbatch_plans"]
+        assert reason.startswith("the Trainer resumed from its checkpoint at step 3"), reason

@@ -26,9 +26,12 @@ topology, the step profile) with three translations:
   unsupported with that reason.
 
 Only DDP so far (the Trainer's FSDP and DeepSpeed paths are not re-cut: declared, with the
-reason). Snapshots are declared unsupported: the Trainer's step counter, LR schedule and data
-position live in the Trainer, which resumes from its own checkpoints (``save_steps``,
-``resume_from_checkpoint``), not from failslow's in-memory snapshot.
+reason), and not in a run resumed from a Trainer checkpoint (the Trainer skips the epoch's
+trained batches through the loader, so the re-cut's step numbers would not be the session's:
+plans are refused from the first micro-batch, with that reason). Snapshots are declared
+unsupported: the Trainer's step counter, LR schedule and data position live in the Trainer,
+which resumes from its own checkpoints (``save_steps``, ``resume_from_checkpoint``), not from
+failslow's in-memory snapshot.
 """
 
 from __future__ import annotations
@@ -158,12 +161,26 @@ class TrainerAdapter(AccelerateAdapter):
 
     def _micro_batch(self, last: bool) -> None:
         """The Trainer is about to run a micro-batch; ``last``: its step's last."""
+        if self._begun is None and int(self.trainer.state.global_step) != self.iteration:
+            self._resumed(int(self.trainer.state.global_step))
         if self._done == 0:
             self.begin_step()
         self._done += 1
         self.set_boundary(last)
         if last:
             self._done = 0
+
+    def _resumed(self, step: int) -> None:
+        """The Trainer resumed from its checkpoint at ``step``: the re-cut loader numbers the
+        epoch's batches it skips as steps of this process, so its steps are not the
+        session's - plans are refused from here, with that reason (the job record again)."""
+        if not self.size_reason:
+            self.size_reason = (
+                f"the Trainer resumed from its checkpoint at step {step}, and failslow does not "
+                "re-cut the loader of a resumed run yet"
+            )
+            if self.session is not None:
+                self.session.capabilities_changed()
 
     @hookimpl
     def failslow_capabilities(self) -> Capabilities:
