@@ -1,0 +1,51 @@
+"""The checks an end-to-end S2 test makes of a mitigation demo run (launcher-started ranks,
+one compute straggler, ``until_mitigated``) against the same job's fault-free reference run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def check_s2_climbed_and_came_back(
+    summary: dict[str, Any], *, out: Path, start: int, end: int, slow: int
+) -> dict[str, Any]:
+    """The slow rank was diagnosed; the first plan bought was S2 giving it the fewest of 16
+    micro-batches (or their samples), applied inside the slowdown and in effect; the last
+    action reverted to the even split after the release; every rank received the same plans
+    and ran the even split at the end. Returns the first plan's action."""
+    steps_run = summary["steps_run"]
+    injected_start, injected_end = summary["injected"]
+    diagnosed = {r for d in summary["diagnoses"] for r, _ in d["slow_ranks"]}
+    assert slow in diagnosed, summary["diagnoses"]
+    applied = [a for a in summary["actions"] if a["action"] == "apply"]
+    assert applied, (summary["actions"], summary.get("unavailable"))
+    first = applied[0]
+    assert first["strategy"] == "S2 micro-batches" and first["effect"] == "in effect", first
+    counts = first["counts"]
+    assert sum(counts) == 16 and counts[slow] == min(counts) < 4
+    assert start <= injected_start < first["apply_step"] < injected_end
+    reverts = [a for a in summary["actions"] if a["action"] == "revert"]
+    assert reverts and reverts[-1]["counts"] == [4, 4, 4, 4]
+    assert end <= injected_end <= reverts[-1]["apply_step"] < steps_run
+    records = [json.loads((out / f"steps-rank{r}.json").read_text()) for r in range(4)]
+    assert len({tuple(tuple(a) for a in rec["applied"]) for rec in records}) == 1
+    assert all(rec["counts"] == [4, 4, 4, 4] for rec in records)
+    return first
+
+
+def check_same_model(got_file: Path, want_file: Path, *, rel: float = 1e-6) -> float:
+    """Every tensor of ``got_file`` equals ``want_file``'s within ``rel`` of the tensor's
+    largest value; returns the largest relative difference."""
+    got, want = np.load(got_file), np.load(want_file)
+    assert sorted(got.files) == sorted(want.files)
+    worst = 0.0
+    for name in want.files:
+        scale = float(np.abs(want[name]).max())
+        diff = float(np.abs(got[name] - want[name]).max())
+        assert diff <= rel * scale, f"{name}: {diff / scale:.3g} relative"
+        worst = max(worst, diff / scale)
+    return worst
