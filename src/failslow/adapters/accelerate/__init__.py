@@ -41,12 +41,14 @@ class Registration:
         cfg: FailslowConfig,
         options: dict[str, Any],
         *,
-        adapter_class: type[AccelerateAdapter] = AccelerateAdapter,
+        adapter_class: Callable[..., Any] = AccelerateAdapter,
         source: str = "",
         name: str = "accelerate",
     ) -> None:
         self.accelerator = accelerator
-        self.adapter: AccelerateAdapter | None = None
+        self.adapter: Any = None
+        """The adapter once ``prepare`` ran (``adapter_class``'s: AccelerateAdapter's unless a
+        wrapper passes its own)."""
         self._cfg = cfg
         self._options = options
         self._prepare = accelerator.prepare
@@ -54,7 +56,7 @@ class Registration:
         self._source = source or SOURCE
         self._name = name
 
-    def _start(self, model: Any = None) -> AccelerateAdapter:
+    def _start(self, model: Any = None) -> Any:
         adapter = self._adapter_class(self.accelerator, model=model, **self._options)
         start_session(adapter, self._cfg, source=self._source, name=self._name)
         adapter.guard_optimizer_step()

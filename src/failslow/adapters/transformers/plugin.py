@@ -98,6 +98,41 @@ def shard_sampler(loader: Any) -> tuple[Any, Any, str]:
     return base, shard, ""
 
 
+def recut_trainer_loader(split: Any, loaders: list[Any], start_step: int) -> str:
+    """Wrap the Trainer's training loader (the newest one Accelerate prepared when the model is
+    prepared) in a :class:`RecutSampler` tracked by ``split`` (size form, ``split.by_size``
+    samples per unit); the reason where it cannot be."""
+    if not loaders:
+        return "the Trainer prepared no training loader before its model"
+    base, shard, why = shard_sampler(loaders[-1])
+    if why:
+        return why
+    recut = RecutSampler(
+        shard,
+        replica=split.replica,
+        replicas=split.replicas,
+        accumulation=split.count,
+        unit=split.by_size,
+        start_step=start_step,
+    )
+    object.__setattr__(base, "batch_sampler", recut)  # DataLoader forbids it after init
+    split.track(recut)
+    return ""
+
+
+def resumed_reason(trainer: Any, start_step: int) -> str:
+    """At the first micro-batch: why the re-cut's step numbers are not the session's ("" when
+    they are) - the Trainer resumed from its checkpoint and skips the epoch's trained batches
+    through the loader."""
+    step = int(trainer.state.global_step)
+    if step == start_step:
+        return ""
+    return (
+        f"the Trainer resumed from its checkpoint at step {step}, and failslow does not re-cut "
+        "the loader of a resumed run yet"
+    )
+
+
 class TrainerAdapter(AccelerateAdapter):
     """The Accelerate adapter driven by a ``transformers.Trainer``'s own loop."""
 
@@ -122,28 +157,11 @@ class TrainerAdapter(AccelerateAdapter):
             if self.flavor != "ddp"
             else exactness_reason(trainer)
         )
+        self._start_step = self.iteration
         if not self.size_reason:
-            self.size_reason = self._recut(accelerator._dataloaders)
-
-    def _recut(self, loaders: list[Any]) -> str:
-        """Wrap the Trainer's training loader (the newest one prepared when the model is) in a
-        :class:`RecutSampler`; the reason where it cannot be."""
-        if not loaders:
-            return "the Trainer prepared no training loader before its model"
-        base, shard, why = shard_sampler(loaders[-1])
-        if why:
-            return why
-        recut = RecutSampler(
-            shard,
-            replica=self.split.replica,
-            replicas=self.split.replicas,
-            accumulation=self.split.count,
-            unit=self.micro_batch_size,
-            start_step=self.iteration,
-        )
-        object.__setattr__(base, "batch_sampler", recut)  # DataLoader forbids it after init
-        self.split.track(recut)
-        return ""
+            self.size_reason = recut_trainer_loader(
+                self.split, accelerator._dataloaders, self._start_step
+            )
 
     def follow_loop(self) -> None:
         """See the Trainer's own sync call before every micro-batch (and every training
@@ -161,8 +179,8 @@ class TrainerAdapter(AccelerateAdapter):
 
     def _micro_batch(self, last: bool) -> None:
         """The Trainer is about to run a micro-batch; ``last``: its step's last."""
-        if self._begun is None and int(self.trainer.state.global_step) != self.iteration:
-            self._resumed(int(self.trainer.state.global_step))
+        if self._begun is None:
+            self._resumed(resumed_reason(self.trainer, self._start_step))
         if self._done == 0:
             self.begin_step()
         self._done += 1
@@ -170,15 +188,11 @@ class TrainerAdapter(AccelerateAdapter):
         if last:
             self._done = 0
 
-    def _resumed(self, step: int) -> None:
-        """The Trainer resumed from its checkpoint at ``step``: the re-cut loader numbers the
-        epoch's batches it skips as steps of this process, so its steps are not the
-        session's - plans are refused from here, with that reason (the job record again)."""
-        if not self.size_reason:
-            self.size_reason = (
-                f"the Trainer resumed from its checkpoint at step {step}, and failslow does not "
-                "re-cut the loader of a resumed run yet"
-            )
+    def _resumed(self, why: str) -> None:
+        """``why`` (:func:`resumed_reason`): plans are refused from here, with that reason
+        (the job record published again)."""
+        if why and not self.size_reason:
+            self.size_reason = why
             if self.session is not None:
                 self.session.capabilities_changed()
 
