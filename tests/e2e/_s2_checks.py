@@ -1,5 +1,6 @@
 """The checks an end-to-end S2 test makes of a mitigation demo run (launcher-started ranks,
-one compute straggler, ``until_mitigated``) against the same job's fault-free reference run."""
+one compute straggler, ``until_mitigated``) against the same job's fault-free reference run,
+and the run pair itself (:func:`a_straggler_is_mitigated`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,43 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
+
+# STEPS is only the earliest end: the job runs on until the revert has been in effect 20 steps
+STEPS, START, END, SLOW = 140, 50, 100, 2
+
+
+def _options(framework: str, out: Path, **kw: object) -> MitigationDemoOptions:
+    kw.setdefault("steps", STEPS)
+    return MitigationDemoOptions(
+        framework=framework,
+        slow_start=START,
+        slow_end=END,
+        slow_rank=SLOW,
+        out_dir=out,
+        live=False,
+        failslow={"validation": {"recheck_every_s": 8.0}, "detection": {"cooldown_s": 8.0}},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def a_straggler_is_mitigated(framework: str, tmp_path: Path) -> None:
+    """``framework``'s demo job with rank 2 throttled from step 50 until its plan has been in
+    effect 20 steps (step 100 at the earliest), run until the revert has been in effect 20
+    steps; then the same job for as many steps with no fault and no control plane. Checked:
+    :func:`check_s2_climbed_and_came_back` and :func:`check_same_model` (1e-6)."""
+    summary = run_mitigation_demo(_options(framework, tmp_path / "mitigated", until_mitigated=20))
+    reference = _options(
+        framework, tmp_path / "reference", mitigate=False, inject=False, steps=summary["steps_run"]
+    )
+    run_mitigation_demo(reference)
+    check_s2_climbed_and_came_back(
+        summary, out=tmp_path / "mitigated", start=START, end=END, slow=SLOW
+    )
+    check_same_model(
+        tmp_path / "mitigated" / "parameters.npz", tmp_path / "reference" / "parameters.npz"
+    )
 
 
 def check_s2_climbed_and_came_back(

@@ -22,42 +22,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _s2_checks import check_s2_climbed_and_came_back, check_same_model
-
-from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
+from _s2_checks import a_straggler_is_mitigated
 
 pytest.importorskip(
     "accelerate", reason="needs the Accelerate extra: pip install failslow[accelerate]"
 )
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-# STEPS is only the earliest end: the job runs on until the revert has been in effect 20 steps
-STEPS, START, END, SLOW = 140, 50, 100, 2
-
-
-def _options(out: Path, **kw: object) -> MitigationDemoOptions:
-    kw.setdefault("steps", STEPS)
-    return MitigationDemoOptions(
-        framework="accelerate",
-        slow_start=START,
-        slow_end=END,
-        slow_rank=SLOW,
-        out_dir=out,
-        live=False,
-        failslow={"validation": {"recheck_every_s": 8.0}, "detection": {"cooldown_s": 8.0}},
-        **kw,  # type: ignore[arg-type]
-    )
-
 
 def test_an_accelerate_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path: Path) -> None:
-    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=20))
-    steps_run = summary["steps_run"]
-    run_mitigation_demo(
-        _options(tmp_path / "reference", mitigate=False, inject=False, steps=steps_run)
-    )
-    check_s2_climbed_and_came_back(
-        summary, out=tmp_path / "mitigated", start=START, end=END, slow=SLOW
-    )
-    check_same_model(
-        tmp_path / "mitigated" / "parameters.npz", tmp_path / "reference" / "parameters.npz"
-    )
+    a_straggler_is_mitigated("accelerate", tmp_path)

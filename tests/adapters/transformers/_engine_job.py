@@ -12,26 +12,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
-from _size_job import PLANS, SAMPLES, STEPS, Effects, Regression
+from _size_job import STEPS, Effects, Regression, fresh_data, recorder, what_it_ran
 
 import failslow.transformers
-from failslow.core.planner.allocation import loss_weights
-from failslow.core.planner.plans import MicroBatchPlan
 from failslow.demo.ds_worker import skip_shm_kernel_build
 
 
 def train(out: str, mode: str, stage: int) -> dict[str, Any]:
-    from accelerate.state import AcceleratorState, GradientState
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    g = torch.Generator().manual_seed(1)
-    data = [{"x": torch.randn(8, generator=g), "labels": torch.randn(1, generator=g)}
-            for _ in range(SAMPLES)]  # fmt: skip
-    torch.manual_seed(0)
+    data = fresh_data()
     ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
           "train_batch_size": "auto", "zero_optimization": {"stage": stage},
           "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}  # fmt: skip
@@ -42,33 +33,21 @@ def train(out: str, mode: str, stage: int) -> dict[str, Any]:
         deepspeed=ds,
     )  # fmt: skip
     trainer = Trainer(model=Regression(), args=args, train_dataset=data)
-    seen: dict[str, Any] = {}
     if mode == "plans":
         reg = failslow.transformers.attach(trainer, config={"capture": True})
         effects = Effects()
-
-        class Schedule(TrainerCallback):
-            def on_train_begin(self, *a: Any, **kw: Any) -> None:
-                assert reg.adapter is not None
-                reg.adapter.session.register(effects, name="effects")
-                for step, counts in PLANS.items():
-                    plan = MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
-                    reg.adapter.session.schedule(plan, step)
-
-        trainer.add_callback(Schedule())
+        trainer.add_callback(recorder(reg, effects, plans=True))
     trainer.train()
-    module: Any = trainer.model_wrapped.module  # the engine's (stages 1-2: whole parameters)
-    seen["parameters"] = {n: p.detach().flatten().tolist() for n, p in
-                          module.named_parameters()}  # fmt: skip
-    seen["global_step"] = trainer.state.global_step
-    seen["stage"] = trainer.model_wrapped.zero_optimization_stage()
+    engine: Any = trainer.model_wrapped  # its module's parameters are whole at stages 1-2
+    seen: dict[str, Any] = {
+        "parameters": {
+            n: p.detach().flatten().tolist() for n, p in engine.module.named_parameters()
+        },
+        "global_step": trainer.state.global_step,
+        "stage": engine.zero_optimization_stage(),
+    }
     if mode == "plans":
-        assert reg.adapter is not None
-        sampler = reg.adapter.split.samplers[0]
-        seen["reads"] = {s: sampler.read_in(s) for s in range(STEPS - 10, STEPS)}
-        seen["effects"] = effects.seen
-        seen["capabilities"] = reg.adapter.failslow_capabilities().to_dict()
-        reg.adapter.close()
+        seen.update(what_it_ran(reg, effects))
     return seen
 
 

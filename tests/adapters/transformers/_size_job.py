@@ -61,9 +61,10 @@ class MeanLoss(Regression):
         return {"loss": ((self.linear(x) - labels) ** 2).mean()}
 
 
-def train(out: str, mode: str) -> dict[str, Any]:
+def fresh_data() -> list[dict[str, torch.Tensor]]:
+    """Accelerate's process-wide state reset (a new Trainer in the same process), the data,
+    and the model's seed."""
     from accelerate.state import AcceleratorState, GradientState
-    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     AcceleratorState._reset_state()
     GradientState._reset_state()
@@ -71,6 +72,44 @@ def train(out: str, mode: str) -> dict[str, Any]:
     data = [{"x": torch.randn(8, generator=g), "labels": torch.randn(1, generator=g)}
             for _ in range(SAMPLES)]  # fmt: skip
     torch.manual_seed(0)
+    return data
+
+
+def recorder(reg: Any, effects: Effects, *, plans: bool) -> Any:
+    """A TrainerCallback that, at the start of training, registers ``effects`` on the session
+    and (``plans``) schedules :data:`PLANS` on this rank."""
+    from transformers import TrainerCallback
+
+    class Schedule(TrainerCallback):
+        def on_train_begin(self, *a: Any, **kw: Any) -> None:
+            assert reg.adapter is not None
+            reg.adapter.session.register(effects, name="effects")
+            if plans:
+                for step, counts in PLANS.items():
+                    plan = MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
+                    reg.adapter.session.schedule(plan, step)
+
+    return Schedule()
+
+
+def what_it_ran(reg: Any, effects: Effects) -> dict[str, Any]:
+    """The samples the re-cut loader handed out per step, what the session reported of each
+    plan and the adapter's capabilities; the adapter closed."""
+    assert reg.adapter is not None
+    sampler = reg.adapter.split.samplers[0]
+    seen = {
+        "reads": {s: sampler.read_in(s) for s in range(STEPS - 10, STEPS)},
+        "effects": effects.seen,
+        "capabilities": reg.adapter.failslow_capabilities().to_dict(),
+    }
+    reg.adapter.close()
+    return seen
+
+
+def train(out: str, mode: str) -> dict[str, Any]:
+    from transformers import Trainer, TrainingArguments
+
+    data = fresh_data()
     args = TrainingArguments(
         output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=4,
         max_steps={"mean": 1, "resumed": 4}.get(mode, STEPS), learning_rate=0.01, report_to=[],
@@ -83,24 +122,13 @@ def train(out: str, mode: str) -> dict[str, Any]:
     if mode not in ("plain", "resumed"):
         reg = failslow.transformers.attach(trainer, config={"capture": True})
         effects = Effects()
-
-        class Schedule(TrainerCallback):
-            def on_train_begin(self, *a: Any, **kw: Any) -> None:
-                assert reg.adapter is not None
-                reg.adapter.session.register(effects, name="effects")
-                if mode == "plans":
-                    for step, counts in PLANS.items():
-                        plan = MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
-                        reg.adapter.session.schedule(plan, step)
-
-        trainer.add_callback(Schedule())
+        trainer.add_callback(recorder(reg, effects, plans=mode == "plans"))
     trainer.train()
     assert trainer.model is not None
     seen["parameters"] = {n: p.detach().flatten().tolist() for n, p in
                           trainer.model.named_parameters()}  # fmt: skip
     seen["global_step"] = trainer.state.global_step
     if mode == "resumed":  # trained to step 4 with a checkpoint at 3; resumed there, attached
-        trainer.train()
         resumed = Trainer(model=Regression(), args=args, train_dataset=data)
         reg = failslow.transformers.attach(resumed, config={"capture": True})
         resumed.train(resume_from_checkpoint=f"{out}/checkpoint-3")
@@ -113,12 +141,7 @@ def train(out: str, mode: str) -> dict[str, Any]:
         seen["capabilities"] = reg.adapter.failslow_capabilities().to_dict()
         reg.adapter.close()
     elif mode != "plain":
-        assert reg.adapter is not None
-        sampler = reg.adapter.split.samplers[0]
-        seen["reads"] = {s: sampler.read_in(s) for s in range(STEPS - 10, STEPS)}
-        seen["effects"] = effects.seen
-        seen["capabilities"] = reg.adapter.failslow_capabilities().to_dict()
-        reg.adapter.close()
+        seen.update(what_it_ran(reg, effects))
     return seen
 
 

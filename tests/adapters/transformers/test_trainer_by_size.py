@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,25 @@ pytest.importorskip("transformers", reason="needs the transformers extra")
 
 HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
+
+
+def _check_plans(rank: int, plain: dict[str, Any], plans: dict[str, Any]) -> None:
+    """``plans`` (the run with the scheduled plans) trained ``plain``'s model within 1e-6,
+    reported every plan applied and in effect, and read the planned samples per step (4 per
+    count unit)."""
+    assert plans["capabilities"]["microbatch_plans"] == "", plans["capabilities"]
+    for name, want in plain["parameters"].items():
+        want_a = np.asarray(want, dtype=np.float32)
+        got = np.asarray(plans["parameters"][name], dtype=np.float32)
+        err = float(np.abs(got - want_a).max()) / float(np.abs(want_a).max())
+        assert err <= 1e-6, (rank, name, err)
+    said = [(o, s, d) for o, s, d in plans["effects"]]
+    for step in (2, 5, 12):
+        assert ("applied", step, "") in said and ("in effect", step, "") in said, said
+    reads = {int(s): n for s, n in plans["reads"].items()}
+    for step, c in {4: (5, 5, 2, 4), 5: (6, 6, 1, 3), 6: (6, 6, 1, 3)}.items():
+        assert reads[step] == c[rank] * 4, (rank, step, reads)
+    assert reads[13] == 16  # the even split again
 
 
 def test_the_trainer_runs_s2_by_size_and_trains_the_same_model(tmp_path: Path) -> None:
@@ -39,24 +59,10 @@ def test_the_trainer_runs_s2_by_size_and_trains_the_same_model(tmp_path: Path) -
         plain, attached, plans = seen["plain"], seen["attached"], seen["plans"]
         assert plain["global_step"] == attached["global_step"] == plans["global_step"] == 14
         assert attached["capabilities"]["microbatch_plans"] == "", attached["capabilities"]
-        for name, want in plain["parameters"].items():
-            want_a = np.asarray(want, dtype=np.float32)
-            assert np.array_equal(np.asarray(attached["parameters"][name], np.float32), want_a)
-            got = np.asarray(plans["parameters"][name], dtype=np.float32)
-            err = float(np.abs(got - want_a).max()) / float(np.abs(want_a).max())
-            assert err <= 1e-6, (r, name, err)
-        # every plan applied at its step and was found in effect one step later, on every rank
-        said = [(o, s, d) for o, s, d in plans["effects"]]
-        for step in (2, 5, 12):
-            assert ("applied", step, "") in said and ("in effect", step, "") in said, said
+        for name, want in plain["parameters"].items():  # attached, no plan: bitwise
+            assert attached["parameters"][name] == want, name
         assert attached["effects"] == []
-        # the samples this replica read per step (the Trainer's own 16 where no plan is in
-        # force or the step is the epoch's short last one)
-        reads = {int(s): n for s, n in plans["reads"].items()}
-        counts = {4: (5, 5, 2, 4), 5: (6, 6, 1, 3), 6: (6, 6, 1, 3)}
-        for step, c in counts.items():
-            assert reads[step] == c[r] * 4, (r, step, reads)
-        assert reads[13] == 16
+        _check_plans(r, plain, plans)
         # a loss that is a mean per micro-batch: replicas of unequal sizes would not be exact
         reason = seen["mean"]["capabilities"]["microbatch_plans"]
         assert reason.startswith("the model's forward takes no num_items_in_batch"), reason
@@ -85,15 +91,4 @@ def test_the_trainers_deepspeed_zero2_path_runs_s2_by_size_and_trains_the_same_m
         plain, plans = seen["plain"], seen["plans"]
         assert plain["global_step"] == plans["global_step"] == 14
         assert plain["stage"] == plans["stage"] == 2
-        assert plans["capabilities"]["microbatch_plans"] == "", plans["capabilities"]
-        for name, want in plain["parameters"].items():
-            want_a = np.asarray(want, dtype=np.float32)
-            got = np.asarray(plans["parameters"][name], dtype=np.float32)
-            err = float(np.abs(got - want_a).max()) / float(np.abs(want_a).max())
-            assert err <= 1e-6, (r, name, err)
-        said = [(o, s, d) for o, s, d in plans["effects"]]
-        for step in (2, 5, 12):
-            assert ("applied", step, "") in said and ("in effect", step, "") in said, said
-        reads = {int(s): n for s, n in plans["reads"].items()}
-        for step, c in {4: (5, 5, 2, 4), 5: (6, 6, 1, 3), 6: (6, 6, 1, 3)}.items():
-            assert reads[step] == c[r] * 4, (r, step, reads)
+        _check_plans(r, plain, plans)
