@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 
@@ -38,9 +39,18 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     why = "demo summary: " + json.dumps(summary)  # every failure says what the run saw
     # An onset other than the injected one is either a real slowdown of this shared machine
-    # (seen once: +26% for 16 iterations on all four ranks) or a false alarm; the detector's false
-    # alarm rate is measured on the labeled corpus (tests/core/tracking/test_corpus.py).
-    assert len(summary["other_onsets"]) <= 1, why
+    # (seen: +26% for 16 iterations on all four ranks; in one suite run two, +19% at iteration 25
+    # and +35% for 30 iterations at 121, by the job's own iteration times) or a false alarm. A
+    # real one is right to report; at most one may be a false alarm - a change the job's
+    # iteration times do not show (median of the 10 after vs the 12 before, under +10%). The
+    # detector's false alarm rate is measured on the labeled corpus (test_corpus.py).
+    times = np.loadtxt(out / "iteration_times.csv", delimiter=",", skiprows=1)[:, 1]
+    unseen = [
+        o for o in summary["other_onsets"]
+        if np.median(times[o["iteration"] : o["iteration"] + 10])
+        < 1.1 * np.median(times[max(0, o["iteration"] - 12) : o["iteration"]])
+    ]  # fmt: skip
+    assert len(unseen) <= 1 and len(summary["other_onsets"]) <= 3, why
     # Latency bound: single iterations here carry ~20-30% scheduling noise (4 ranks on 2 shared
     # cores) and the throttle's effective slowdown varies with load (+20% to +55% measured), so
     # verification (1.5 standard errors past the 10% line) may need ~20 iterations; the detector's
