@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from _size_job import STEPS, Effects, Regression, fresh_data, recorder, what_it_ran
+from _size_job import STEPS, Regression, fresh_data, recorder, what_it_ran
 
 import failslow.transformers
+from failslow.conformance.scenarios import PlanResults
 from failslow.demo.ds_worker import skip_shm_kernel_build
 
 
@@ -35,7 +36,7 @@ def train(out: str, mode: str, stage: int) -> dict[str, Any]:
     trainer = Trainer(model=Regression(), args=args, train_dataset=data)
     if mode == "plans":
         reg = failslow.transformers.attach(trainer, config={"capture": True})
-        effects = Effects()
+        effects = PlanResults()
         trainer.add_callback(recorder(reg, effects, plans=True))
     trainer.train()
     engine: Any = trainer.model_wrapped  # its module's parameters are whole at stages 1-2

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import failslow.transformers
-from failslow import hookimpl
+from failslow.conformance.scenarios import PlanResults
 from failslow.core.planner.allocation import loss_weights
 from failslow.core.planner.plans import MicroBatchPlan
 
@@ -41,15 +41,6 @@ class Regression(torch.nn.Module):
         err = (self.linear(x) - labels) ** 2
         loss = err.sum() / num_items_in_batch if num_items_in_batch is not None else err.mean()
         return {"loss": loss}
-
-
-class Effects:
-    def __init__(self) -> None:
-        self.seen: list[list[Any]] = []
-
-    @hookimpl
-    def failslow_on_plan_result(self, plan: Any, step: Any, outcome: str, detail: str) -> None:
-        self.seen.append([outcome, step, detail])
 
 
 class MeanLoss(Regression):
@@ -75,7 +66,7 @@ def fresh_data() -> list[dict[str, torch.Tensor]]:
     return data
 
 
-def recorder(reg: Any, effects: Effects, *, plans: bool) -> Any:
+def recorder(reg: Any, effects: PlanResults, *, plans: bool) -> Any:
     """A TrainerCallback that, at the start of training, registers ``effects`` on the session
     and (``plans``) schedules :data:`PLANS` on this rank."""
     from transformers import TrainerCallback
@@ -92,7 +83,7 @@ def recorder(reg: Any, effects: Effects, *, plans: bool) -> Any:
     return Schedule()
 
 
-def what_it_ran(reg: Any, effects: Effects) -> dict[str, Any]:
+def what_it_ran(reg: Any, effects: PlanResults) -> dict[str, Any]:
     """The samples the re-cut loader handed out per step, what the session reported of each
     plan and the adapter's capabilities; the adapter closed."""
     assert reg.adapter is not None
@@ -121,7 +112,7 @@ def train(out: str, mode: str) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     if mode not in ("plain", "resumed"):
         reg = failslow.transformers.attach(trainer, config={"capture": True})
-        effects = Effects()
+        effects = PlanResults()
         trainer.add_callback(recorder(reg, effects, plans=mode == "plans"))
     trainer.train()
     assert trainer.model is not None

@@ -146,8 +146,14 @@ class RecutSampler(StepPlans):
                 "RecutSampler: the framework's sampler did not hand this process the underlying "
                 "batch of its position in every micro-step (only split_batches=False is known)"
             )
+        # the step's samples replica by replica: only the replicas this share overlaps
+        lo = sum(counts[: self.replica]) * b
+        hi = lo + counts[self.replica] * b
+        per = g * b  # one replica's samples under the even split
+        first, last = lo // per, -(-hi // per)
         order = list(
-            itertools.chain.from_iterable(group[j * w + q] for q in range(w) for j in range(g))
+            itertools.chain.from_iterable(
+                group[j * w + q] for q in range(first, last) for j in range(g)
+            )
         )
-        first = sum(counts[: self.replica]) * b
-        return cut(order[first : first + counts[self.replica] * b], g)
+        return cut(order[lo - first * per : hi - first * per], g)
