@@ -142,3 +142,30 @@ def test_the_slowdown_demo_names_the_group_of_the_tally_that_evicted(tmp_path):
     assert summary["rungs"][1] == "15 rounds of stack samples (3 tallies)"
     assert summary["rungs"][-1] == "restart every rank from memory"
     assert write([[pp, none, pp, none]])["suspects"] is None  # 2 of 4: not more than half
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--framework", "torch"],
+        ["--framework", "deepspeed"],
+        ["--framework", "deepspeed", "--fault", "kill"],
+        ["--framework", "deepspeed", "--strategies", "S2,S3,S4"],
+    ],
+)
+def test_an_out_directory_holding_an_earlier_run_is_refused_before_anything_starts(
+    argv, tmp_path, capsys
+):
+    """A demo reads its own run directory while it runs (rank 0's progress, the journal): an
+    earlier run's files there were taken for this run's (a second ``--out X`` run started its
+    throttle at the first run's last step and printed a phase table with no slowed phase).
+    One line, and the earlier run's files are left as they were."""
+    from failslow.cli import main
+
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "progress-rank0.json").write_text('{"steps": [[541, 0.3]]}')
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["demo", "--no-live", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--out {tmp_path} is not an empty directory" in err and "\n" not in err, err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

@@ -82,6 +82,7 @@ from failslow import envvars
 from failslow.core.diagnosis.stacks import DeclineTally
 from failslow.demo import fault_plugin, rank_launch
 from failslow.demo.rank_launch import READY, RESUMED
+from failslow.demo.run_dir import new_run_dir
 from failslow.errors import FailslowError
 
 DECLINE_EVERY_S = 2.0
@@ -189,8 +190,7 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
     """Run the job with kills (and the reference without); returns the summary, also written to
     ``summary.json`` in the run directory."""
     opts.validate()
-    out = opts.out_dir or Path("runs") / time.strftime("demo-kill-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_run_dir(opts.out_dir, "kill")
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="failslow-kill-", dir=shm) as t:
         tmp = Path(t)

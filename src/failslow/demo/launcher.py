@@ -18,12 +18,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 
 from failslow.core.tracking.analyzer import LocalAnalyzer
+from failslow.demo.run_dir import new_run_dir
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
 
@@ -170,8 +171,7 @@ def run_demo(opts: DemoOptions) -> int:
     from failslow.demo.report import render_live, write_results
 
     opts.validate()
-    out = opts.out_dir or Path("runs") / datetime.now().strftime("demo-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_run_dir(opts.out_dir, "torch")
     ring_dir = _ring_root()
     store, port = _free_store()
     state = DemoState(opts)

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from failslow import envvars
+from failslow.demo.run_dir import new_run_dir
 from failslow.demo.worker_io import launch_env
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
@@ -223,8 +224,7 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
     from failslow.demo.mitigation_report import live_view, summarize
     from failslow.node.control import JobControl, host_store
 
-    out = opts.out_dir or Path("runs") / time.strftime(f"demo-{opts.framework}-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_run_dir(opts.out_dir, opts.framework)
     base = _merge(DEMO_SETTINGS, LINK_SETTINGS) if net is not None else DEMO_SETTINGS
     settings = _merge(base, opts.failslow)
     config = load_config(settings, source="demo settings", environ={})

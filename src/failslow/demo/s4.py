@@ -62,6 +62,7 @@ from failslow.demo.mitigation_report import (
     write_steps,
 )
 from failslow.demo.rank_launch import READY, RESUMED
+from failslow.demo.run_dir import new_run_dir
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
 
@@ -162,8 +163,7 @@ def run_s4_demo(opts: S4DemoOptions) -> dict[str, Any]:
     """Run the job with the slowdown (and the reference without); returns the summary, also
     written to ``summary.json`` in the run directory."""
     opts.validate()
-    out = opts.out_dir or Path("runs") / time.strftime("demo-s4-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_run_dir(opts.out_dir, "s4")
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     run = _Run(opts)
     with tempfile.TemporaryDirectory(prefix="failslow-s4-", dir=shm) as t:
