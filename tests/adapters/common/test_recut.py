@@ -24,12 +24,16 @@ def _shards(n: int) -> list[BatchSamplerShard]:
     ]
 
 
-def _recut(n: int) -> list[RecutSampler]:
+def _recut(n: int, by_count: bool = False) -> list[RecutSampler]:
     out = []
     for q in range(W):
         inner = BatchSampler(SequentialSampler(range(n)), B, drop_last=False)
         shard = BatchSamplerShard(inner, W, q, split_batches=False, even_batches=True)
-        out.append(RecutSampler(shard, replica=q, replicas=W, accumulation=G, unit=B))
+        out.append(
+            RecutSampler(
+                shard, replica=q, replicas=W, accumulation=G, unit=B, by_count=by_count
+            )
+        )
     return out
 
 
@@ -65,6 +69,34 @@ def test_a_plan_moves_samples_between_replicas_and_keeps_every_step_s_global_bat
                 assert got[q][step] == plain[q][step]
     assert [samplers[2].read_in(s) for s in range(4)] == [G * B, 4, 4, len(
         [i for x in plain[2][3] for i in x])]  # fmt: skip
+
+
+def test_the_count_form_moves_the_even_split_s_micro_batches_whole() -> None:
+    """Accelerate's ``accumulate`` loop over its prepared loader: replica ``r`` runs
+    ``counts[r]`` of the step's micro-batches of ``B`` (the loop iterates what it is handed);
+    every micro-batch is one of the step's own, each once, in the even split's order."""
+    n = W * G * B * 3 + 10
+    plain = [_steps(list(s)) for s in _shards(n)]
+    samplers = _recut(n, by_count=True)
+    counts = (4, 4, 1, 3)
+    for s in samplers:
+        s.set_counts(counts, step=1)
+    handed = [list(s) for s in samplers]
+    for q in range(W):  # steps of G, then counts[q], counts[q], then Accelerate's padded tail
+        sizes = [G, counts[q], counts[q], len(plain[q][3])]
+        bounds = [sum(sizes[:i]) for i in range(5)]
+        got = [handed[q][bounds[i] : bounds[i + 1]] for i in range(4)]
+        assert got[0] == plain[q][0] and got[3] == plain[q][3]
+        assert bounds[4] == len(handed[q])
+        for step in (1, 2):
+            assert all(len(x) == B for x in got[step])
+    for step in (1, 2):
+        order = [b for q in range(W) for b in plain[q][step]]  # the even split's, by replica
+        for q in range(W):
+            first = G + (step - 1) * counts[q]
+            share = order[sum(counts[:q]) : sum(counts[: q + 1])]
+            assert handed[q][first : first + counts[q]] == share
+    assert [samplers[2].read_in(s) for s in range(4)] == [G, 1, 1, len(plain[2][3])]
 
 
 def test_a_plan_for_a_step_already_handed_out_is_refused() -> None:

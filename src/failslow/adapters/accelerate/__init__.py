@@ -5,9 +5,8 @@ registration is a call::
 
     accelerator = Accelerator(gradient_accumulation_steps=G)
     fs = failslow.accelerate.attach(accelerator)          # before or after prepare
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    loader = fs.loader(dataset)                            # this rank's share of every batch
-    for x, y in loader:
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    for x, y in loader:                                    # re-cut per plan (or fs.loader(dataset))
         with accelerator.accumulate(model):
             ...
 

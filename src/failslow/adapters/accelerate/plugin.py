@@ -29,9 +29,20 @@ micro-batches and calls ``gradient_state._set_sync_gradients`` for each) never e
 once, and the job record is published again so the controller names it (issue 45).
 
 A loop without ``accumulate`` (one micro-batch per step) passes the step boundary from a forward
-pre-hook. Accelerate's prepared loader reads one batch ahead and would re-shard a per-rank
-sampler; :meth:`AccelerateAdapter.loader` builds the share-aware loader and prepares it for this
-process alone, and its sampler registers every plan before reading the plan's step.
+pre-hook.
+
+**The data.** The loop's own loader - the first DataLoader ``accelerator.prepare`` returned, the
+training loader in Accelerate's examples (``model, optimizer, train_dataloader,
+eval_dataloader = accelerator.prepare(...)``) - is re-cut per plan when the session starts
+(:mod:`.prepared`, the count form): its ``BatchSamplerShard`` keeps its sampler, order and
+batches, and under a plan replica ``r`` is handed ``counts[r]`` of each step's micro-batches
+(the even split's, moved whole), so ``accumulate`` runs them and the last one syncs. Loaders
+prepared later (an evaluation loader) are not touched. Where the loader cannot be re-cut (an
+iterable dataset, ``split_batches``, a replica sharded over several processes), plans are
+refused with that reason; :meth:`AccelerateAdapter.loader` builds a share-aware loader instead
+(prepared for this process alone, its sampler registering every plan before reading the plan's
+step). At the end of the loader a step that it did not fill syncs on its last micro-batch, as
+Accelerate's own ``_do_sync`` does (``end_of_dataloader``).
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from dataclasses import replace
 from typing import Any
 
 from failslow import hookimpl
+from failslow.adapters.accelerate.prepared import recut
 from failslow.adapters.common.loop import LoopOwner, is_training_forward
 from failslow.adapters.common.state import counters, restore_counters
 from failslow.adapters.fsdp.plugin import FSDPAdapter
@@ -80,6 +92,9 @@ def mesh_of(model: Any) -> Any:
 class AccelerateAdapter(FSDPAdapter):
     """The FSDP/DDP adapter driven by one :class:`accelerate.Accelerator`'s loop."""
 
+    _recut: Any = None
+    """The loop's own prepared loader's :class:`~failslow.adapters.common.recut.RecutSampler`
+    (once :meth:`recut_prepared` wrapped it)."""
     _sync: LoopOwner | None = None
     """The training loop's own calls of ``gradient_state._set_sync_gradients`` (once
     :meth:`follow_loop` ran)."""
@@ -128,6 +143,20 @@ class AccelerateAdapter(FSDPAdapter):
             who="the Hugging Face Trainer accumulates its own micro-batches and decides each "
             "one's sync, without accelerator.accumulate",
         )  # fmt: skip
+        self.recut_prepared()
+
+    def recut_prepared(self) -> None:
+        """Re-cut the loop's own training loader (the first one ``accelerator.prepare``
+        returned) per plan, in the count form; where it cannot be, refusals name the reason."""
+        loaders = self.accelerator._dataloaders
+        if not loaders:
+            return
+        whose = "the first DataLoader accelerator.prepare returned (the training loader)"
+        why = recut(self.split, loaders[0], whose, start_step=self.iteration, by_count=True)
+        if why:
+            self.split.loader_hint = f"{why}; build the training loader with fs.loader(dataset)"
+        else:
+            self._recut = self.split.samplers[-1]
 
     @hookimpl
     def failslow_capabilities(self) -> Capabilities:
@@ -144,13 +173,23 @@ class AccelerateAdapter(FSDPAdapter):
         if self._done == 0:
             self.begin_step()  # plans due now change the count before it is read
         self._done += 1
-        last = self._done >= self.split.count
+        state = self.accelerator.gradient_state
+        last = self._done >= self._micro_batches() or bool(
+            state.sync_with_dataloader and state.end_of_dataloader
+        )  # a step the loader did not fill ends with it, as Accelerate's own _do_sync has it
         self.accelerator.step = 0 if last else self._done
         set_sync = self._sync.original if self._sync is not None else None
         (set_sync or self.accelerator.gradient_state._set_sync_gradients)(last)
         self.set_boundary(last)
         if last:
             self._done = 0
+
+    def _micro_batches(self) -> int:
+        """This replica's micro-batches in the current step: what the re-cut loader handed out
+        for it (the epoch's last step, which the loader's sampler did not fill, runs what it
+        has on every replica whatever the plan), else the plan's count."""
+        handed = self._recut.handed_out(self.iteration) if self._recut is not None else None
+        return handed or self.split.count
 
     def _before_forward(self, module: Any, args: Any) -> None:
         if is_training_forward(module):

@@ -28,6 +28,13 @@ is a sum over the global batch's items divided by their global count - the Train
 that takes it. The adapter checks that before it allows plans (:mod:`failslow.adapters.
 transformers.plugin`). Per-sample cost must be about linear in the batch size for the plan's
 prediction to hold (the closed loop measures what it bought).
+
+**The count form** (``by_count=True``): where the loop runs as many micro-batches per step as the
+loader hands it and lets failslow decide the last (Accelerate's ``accumulate``, whose
+``_do_sync`` the Accelerate adapter answers), the same share is handed out as ``counts[r]``
+micro-batches of ``B`` samples - the even split's micro-batches, moved whole between replicas,
+so every micro-loss keeps its ``1 / G`` and shapes do not change. Reads are counted in
+micro-batches.
 """
 
 from __future__ import annotations
@@ -79,7 +86,8 @@ class RecutSampler(StepPlans):
     (see the module docstring). ``shard``: the framework's per-process batch sampler; its
     ``batch_sampler`` (the underlying, global one) is wrapped to be seen. ``accumulation``:
     the micro-batches every replica runs per step (``G``); ``unit``: samples per micro-batch
-    of the even split (``B``). Reads are counted in samples."""
+    of the even split (``B``). Reads are counted in samples; with ``by_count`` the share is
+    handed out as ``counts[r]`` micro-batches of ``B`` (reads counted in micro-batches)."""
 
     def __init__(
         self,
@@ -90,6 +98,7 @@ class RecutSampler(StepPlans):
         accumulation: int,
         unit: int,
         start_step: int = 0,
+        by_count: bool = False,
     ) -> None:
         if accumulation < 1 or unit < 1:
             raise ConfigError(
@@ -102,6 +111,9 @@ class RecutSampler(StepPlans):
         self.shard = shard
         self.accumulation = accumulation
         self.unit = unit
+        self.by_count = by_count
+        self._handed: dict[int, int] = {}
+        """Micro-batches of each recent step, as cut when its first was handed out."""
         self._seen: list[list[int]] = []
         shard.batch_sampler = _Recording(shard.batch_sampler, self._seen)
 
@@ -123,19 +135,30 @@ class RecutSampler(StepPlans):
             group, self._seen[:] = list(self._seen), []
             if self.before_step is not None:
                 self.before_step(self.step)
-            for batch in self.batches(self.step, own, group):
+            batches = self.batches(self.step, own, group)
+            self._handed[self.step] = len(batches)
+            if len(self._handed) > 8:
+                del self._handed[min(self._handed)]
+            for batch in batches:
                 self.offset += 1
-                self._count_read(len(batch))
+                self._count_read(1 if self.by_count else len(batch))
                 yield batch
             self.step += 1
             self.offset = 0
+
+    def handed_out(self, step: int) -> int | None:
+        """The micro-batches this replica is handed in ``step`` (known from its first one on;
+        None before, or long after): the plan's count, or in a step the framework's sampler
+        did not fill (the epoch's last), the framework's own."""
+        return self._handed.get(step)
 
     def batches(
         self, step: int, own: Sequence[Sequence[int]], group: Sequence[Sequence[int]]
     ) -> list[list[int]]:
         """This replica's micro-batches of ``step``: the framework's own (``own``) under the
         even split or where the step is not a full one, else its share of the ``group`` the
-        framework's sampler consumed for the step, cut by size."""
+        framework's sampler consumed for the step, cut by size (or in micro-batches of ``B``,
+        ``by_count``)."""
         counts = self.counts_at(step)
         g, w, b = self.accumulation, self.replicas, self.unit
         full = len(own) == g and len(group) == g * w and all(len(x) == b for x in group)
@@ -156,4 +179,7 @@ class RecutSampler(StepPlans):
                 group[j * w + q] for q in range(first, last) for j in range(g)
             )
         )
-        return cut(order[lo - first * per : hi - first * per], g)
+        share = order[lo - first * per : hi - first * per]
+        if self.by_count:  # the even split's micro-batches of B, moved whole
+            return [share[i : i + b] for i in range(0, len(share), b)]
+        return cut(share, g)

@@ -41,7 +41,7 @@ from typing import Any
 
 from failslow import hookimpl
 from failslow.adapters.accelerate.plugin import AccelerateAdapter
-from failslow.adapters.common.recut import RecutSampler
+from failslow.adapters.accelerate.prepared import recut
 from failslow.capabilities import Capabilities
 
 NOT_DDP = (
@@ -80,44 +80,14 @@ def exactness_reason(trainer: Any) -> str:
     return ""
 
 
-def shard_sampler(loader: Any) -> tuple[Any, Any, str]:
-    """The torch DataLoader inside Accelerate's prepared ``loader`` and its ``BatchSamplerShard``,
-    or a reason why it cannot be re-cut."""
-    from accelerate.data_loader import BatchSamplerShard
-
-    base = getattr(loader, "base_dataloader", None)
-    shard = getattr(base, "batch_sampler", None)
-    if not isinstance(shard, BatchSamplerShard):
-        return None, None, (
-            "the Trainer's training loader has no Accelerate batch sampler shard to re-cut "
-            f"(found {type(shard).__name__}: an iterable dataset, or a dispatching loader)"
-        )  # fmt: skip
-    if shard.split_batches:
-        why = "the Trainer's loader splits each batch across processes (split_batches=True)"
-        return None, None, why + ", which failslow does not re-cut"
-    return base, shard, ""
-
-
 def recut_trainer_loader(split: Any, loaders: list[Any], start_step: int) -> str:
     """Wrap the Trainer's training loader (the newest one Accelerate prepared when the model is
-    prepared) in a :class:`RecutSampler` tracked by ``split`` (size form, ``split.by_size``
-    samples per unit); the reason where it cannot be."""
+    prepared) in a size-form :class:`~failslow.adapters.common.recut.RecutSampler` tracked by
+    ``split`` (``split.by_size`` samples per unit); the reason where it cannot be."""
     if not loaders:
         return "the Trainer prepared no training loader before its model"
-    base, shard, why = shard_sampler(loaders[-1])
-    if why:
-        return why
-    recut = RecutSampler(
-        shard,
-        replica=split.replica,
-        replicas=split.replicas,
-        accumulation=split.count,
-        unit=split.by_size,
-        start_step=start_step,
-    )
-    object.__setattr__(base, "batch_sampler", recut)  # DataLoader forbids it after init
-    split.track(recut)
-    return ""
+    whose = "the Trainer's training loader"
+    return recut(split, loaders[-1], whose, start_step=start_step, by_count=False)
 
 
 def resumed_reason(trainer: Any, start_step: int) -> str:
