@@ -5,8 +5,11 @@ Started by ``accelerate launch`` (from :mod:`failslow.demo.mitigation`, or by ha
     accelerate launch --multi_gpu --num_processes 4 -m failslow.demo.accelerate_worker
 
 This is an Accelerate user's script with failslow: ``fs = failslow.accelerate.attach(
-accelerator)`` right after the ``Accelerator`` is built, the share-aware loader
-``fs.loader(dataset)``, and the ordinary ``accumulate`` / ``backward`` / ``step`` loop. The
+accelerator)`` right after the ``Accelerator`` is built, and the rest as Accelerate's docs
+teach - the user's own shuffled DataLoader passed to ``accelerator.prepare`` with the model and
+the optimizer (failslow re-cuts it per plan), and the ordinary ``accumulate`` / ``backward`` /
+``step`` loop (``FAILSLOW_DEMO_LOADER=failslow``: failslow's share-aware ``fs.loader(dataset)``
+instead). The
 model is FSDP2 (``FAILSLOW_DEMO_SHARDING=fsdp2``, the default: one shard group over every rank,
 with ``unshard_once`` so micro-batch plans can run) or DDP (``ddp``). Accelerate picks FSDP only
 on accelerators: on this CPU-only machine the worker switches Accelerate's state to FSDP after
@@ -18,7 +21,8 @@ launcher. At the end every rank writes its step record and rank 0 the full param
 
 Environment: FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per rank),
 FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH, FAILSLOW_DEMO_CONFIG,
-FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end), FAILSLOW_DEMO_SHARDING.
+FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end), FAILSLOW_DEMO_SHARDING,
+FAILSLOW_DEMO_LOADER (``prepared``, the default, or ``failslow``).
 """
 
 from __future__ import annotations
@@ -68,10 +72,11 @@ def main() -> None:
     (out / f"pid-rank{rank}").write_text(str(os.getpid()))
     sharding = os.environ.get("FAILSLOW_DEMO_SHARDING", "fsdp2")
     accelerator = make_accelerator(sharding, per_replica)
+    micro_batch_size = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCH_SIZE", "128"))
     fs = failslow.accelerate.attach(
         accelerator,
         config=json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}")),
-        micro_batch_size=int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCH_SIZE", "128")),
+        micro_batch_size=micro_batch_size,
         unshard_once=sharding == "fsdp2",
     )
     torch.manual_seed(0)
@@ -84,12 +89,19 @@ def main() -> None:
         torch.nn.Linear(4 * width, width),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    model, optimizer = accelerator.prepare(model, optimizer)
     g = torch.Generator().manual_seed(1234)
     dataset = torch.utils.data.TensorDataset(
         torch.randn(4096, width, generator=g), torch.randn(4096, width, generator=g)
     )
-    loader = fs.loader(dataset)
+    if os.environ.get("FAILSLOW_DEMO_LOADER", "prepared") == "failslow":
+        model, optimizer = accelerator.prepare(model, optimizer)
+        loader = fs.loader(dataset)
+    else:
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=micro_batch_size, shuffle=True,
+            generator=torch.Generator().manual_seed(5),
+        )  # fmt: skip
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     resumed = fs.session.resumed_step
     announce_start(rank, resumed)
