@@ -18,7 +18,9 @@ steps and ends at a common step (its stop file); the same job runs once more wit
 slowdown, and the final parameters of both are compared (bitwise: a restart from a bitwise
 snapshot runs the same math).
 
-``--strategies S2,S3,S4`` climbs the ladder in the same job (issue 44): the planner may buy
+``--strategies S2,S3,S4`` climbs the ladder in the same job (issue 44; the slowdown starts at
+``slow_start`` without waiting for the spares - the restart comes after S2's rent, and the
+restart table says whether they were ready): the planner may buy
 every strategy the adapter and the launcher can apply (DeepSpeed cannot swap its topology: S3 is
 declared unavailable with that reason), each by the break-even rule. S2 is bought first (its
 cost is a step boundary): the slow replica runs fewer micro-batches, every rank checks it ran
@@ -100,7 +102,11 @@ class S4DemoOptions:
     slow_rank: int = 2
     slow_start: int = 30
     """Slow the rank from this step on, once the warm spares are ready (or ``spare_wait_s``
-    later): the restart is then the one a long job gets."""
+    later): the restart is then the one a long job gets. With S2 on the ladder the restart
+    comes only after S2 has paid its rent (a minute or more here), long after the spares are
+    ready, so the slowdown starts at this step: waiting would only add healthy steps to the
+    job and to its reference run (~130 steps, ~35 s each, on 2 shared cores). Whether the
+    spares were ready at the restart is measured (the restart table's "warm")."""
     stopped_fraction: float = 0.75
     throttle_period_s: float = 0.02
     after_steps: int = 30
@@ -149,6 +155,9 @@ class _Run:
     throttled: int | None = None
     """The slowed process."""
     warm: bool = False
+    """Whether the launcher's warm spares were ready when the slowdown started."""
+    ready_at: float | None = None
+    """When the launcher first said its warm spares were ready (wall clock)."""
     evictions: list[dict[str, Any]] = field(default_factory=list)
     """The launcher's record of each evicted rank (``failstops.jsonl``)."""
     resumes: list[dict[str, Any]] = field(default_factory=list)
@@ -215,10 +224,13 @@ def _job(opts: S4DemoOptions, tmp: Path, out: Path, run: _Run, refresh: Callable
                 raise FailslowError(f"demo: not done after {opts.timeout_s:.0f} s; see {log_path}")
             text = log_path.read_text(errors="replace")
             _follow(run, tmp, job_out, text)
+            if run.ready_at is None and READY in text:
+                run.ready_at = time.time()
             if throttle is None and run.step >= opts.slow_start:
                 waiting_since = waiting_since or time.monotonic()
-                run.warm = READY in text
-                if run.warm or time.monotonic() - waiting_since > opts.spare_wait_s:
+                run.warm = run.ready_at is not None
+                waited = time.monotonic() - waiting_since
+                if run.warm or "S2" in opts.strategies or waited > opts.spare_wait_s:
                     throttle = _slow_down(run, tmp / "s4-rings")
             if throttle is not None and throttle.active and run.throttled is not None:
                 if not Path(f"/proc/{run.throttled}").exists():  # restarted: a new process
@@ -342,7 +354,7 @@ def _restarts(run: _Run, log: str) -> list[dict[str, Any]]:
              "resumed_at": resume["resumed_at"],
              "lost_steps": step - resume["resumed_at"] if step is not None else None,
              "downtime_s": after - last_seen - step_s if last_seen and after else None,
-             "warm_spares": run.warm}
+             "warm_spares": run.ready_at is not None and run.ready_at <= resume["seen"]}
         )  # fmt: skip
     return out
 
