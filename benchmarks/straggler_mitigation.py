@@ -15,7 +15,8 @@ a Megatron-core GPT on TP1 x PP2 x DP2 (Megatron DDP, Adam, 1F1B), 4 micro-batch
 sequences per replica per step, the Megatron-LM loop with ``fs.forward_backward``.
 ``--framework accelerate`` runs ``failslow demo --framework accelerate``'s: the DeepSpeed job's
 MLP as FSDP2 over 4 ranks (``unshard_once``) under ``accelerate launch``, in Accelerate's own
-``accumulate`` loop (rank 0 writes the full parameters). ``--framework transformers`` runs
+``accumulate`` loop over the job's own prepared DataLoader, re-cut per plan (rank 0 writes the
+full parameters). ``--framework transformers`` runs
 ``failslow demo --framework transformers``'s: a small GPT-2 trained by ``Trainer.train()``
 (DDP, gradient accumulation 4, per-device batch 8) under ``accelerate launch``, S2 by size.
 ``--framework fsdp`` runs the HSDP 2 x 2 job. Rank 2 is
