@@ -53,8 +53,9 @@ def check_s2_climbed_and_came_back(
 ) -> dict[str, Any]:
     """The slow rank was diagnosed; the first plan bought was S2 giving it the fewest of 16
     micro-batches (or their samples), applied inside the slowdown and in effect; the last
-    action reverted to the even split after the release; every rank received the same plans
-    and ran the even split at the end. Returns the first plan's action."""
+    action reverted to the even split after the release - or, where the closed loop measured
+    the plan short of its promise, during the slowdown with that reason; every rank received
+    the same plans and ran the even split at the end. Returns the first plan's action."""
     steps_run = summary["steps_run"]
     injected_start, injected_end = summary["injected"]
     diagnosed = {r for d in summary["diagnoses"] for r, _ in d["slow_ranks"]}
@@ -68,7 +69,16 @@ def check_s2_climbed_and_came_back(
     assert start <= injected_start < first["apply_step"] < injected_end
     reverts = [a for a in summary["actions"] if a["action"] == "revert"]
     assert reverts and reverts[-1]["counts"] == [4, 4, 4, 4]
-    assert end <= injected_end <= reverts[-1]["apply_step"] < steps_run
+    back = reverts[-1]
+    assert back["apply_step"] < steps_run
+    if back["apply_step"] < injected_end:
+        # the closed loop measured the plan short of its promise and reverted it during the
+        # slowdown (seen under a CPU hog: 4 ranks and a busy loop on 2 cores, S2 saved 0.024 s
+        # of the 0.048 s per step it promised); the walk back is then that revert
+        assert back["reason"].startswith("did not pay: measured"), back
+        assert first["outcome"]["verdict"] == "short", first
+    else:
+        assert end <= injected_end <= back["apply_step"], (injected_end, back)
     records = [json.loads((out / f"steps-rank{r}.json").read_text()) for r in range(4)]
     assert len({tuple(tuple(a) for a in rec["applied"]) for rec in records}) == 1
     assert all(rec["counts"] == [4, 4, 4, 4] for rec in records)

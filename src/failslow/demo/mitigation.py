@@ -342,8 +342,9 @@ def _release_due(run: Run) -> bool:
 
 
 def _end_due(run: Run, fault: Any) -> bool:
-    """With ``until_mitigated``: end the job once the slowdown is over and the last revert has
-    been in effect that many steps (or without mitigation: ``steps``), at most ``max_steps``.
+    """With ``until_mitigated``: end the job once the slowdown is over and the even split has
+    been back that many steps after it - the last revert, after the release or (a plan that did
+    not pay) before it - (or without mitigation: ``steps``), at most ``max_steps``.
     A topology swap is kept after the fault (greyhound 5.2): the link run ends that many steps
     after the release."""
     opts = run.options
@@ -356,13 +357,19 @@ def _end_due(run: Run, fault: Any) -> bool:
     released = run.injected[1]
     if opts.fault == "link":
         return released is not None and run.step >= released + opts.until_mitigated
-    reverts = _applied(run, "revert")
-    return (
-        bool(reverts)
-        and released is not None
-        and reverts[-1] >= released
-        and (run.step >= reverts[-1] + opts.until_mitigated)
-    )
+    if released is None:
+        return False
+    splits = sorted(
+        (a["apply_step"], a["action"]) for a in run.actions
+        if a["committed"] and a["apply_step"]
+        and a["action"] in ("apply", "replan", "revert", "rollback")
+    )  # fmt: skip
+    if not splits or splits[-1][1] in ("apply", "replan"):
+        return False  # a split in effect (or none bought yet): its walk back is awaited
+    # the even split again: reverted after the release (the walk back), or before it when the
+    # closed loop measured the plan short of its promise (a loaded machine) - either way the
+    # job ends that many steps after both the release and the revert
+    return run.step >= max(released, splits[-1][0]) + opts.until_mitigated
 
 
 def _spawn(
