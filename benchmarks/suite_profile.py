@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +95,7 @@ def main() -> int:
     table.add_column("CPU idle", justify="right")
     table.add_column("test", overflow="fold")
     for seconds, nodeid, idle_frac in rows[: args.top]:
-        table.add_row(f"{seconds:.1f}", f"{idle_frac:.0%}", nodeid)
+        table.add_row(f"{seconds:.1f}", f"{idle_frac:.0%}", escape(nodeid))
     console = Console(width=200)
     console.print(table)
     suite_idle = idle_share(samples, started, started + wall)
