@@ -154,8 +154,6 @@ class _Run:
     """The step the slowdown began at."""
     throttled: int | None = None
     """The slowed process."""
-    warm: bool = False
-    """Whether the launcher's warm spares were ready when the slowdown started."""
     ready_at: float | None = None
     """When the launcher first said its warm spares were ready (wall clock)."""
     evictions: list[dict[str, Any]] = field(default_factory=list)
@@ -228,9 +226,9 @@ def _job(opts: S4DemoOptions, tmp: Path, out: Path, run: _Run, refresh: Callable
                 run.ready_at = time.time()
             if throttle is None and run.step >= opts.slow_start:
                 waiting_since = waiting_since or time.monotonic()
-                run.warm = run.ready_at is not None
+                warm = run.ready_at is not None
                 waited = time.monotonic() - waiting_since
-                if run.warm or "S2" in opts.strategies or waited > opts.spare_wait_s:
+                if warm or "S2" in opts.strategies or waited > opts.spare_wait_s:
                     throttle = _slow_down(run, tmp / "s4-rings")
             if throttle is not None and throttle.active and run.throttled is not None:
                 if not Path(f"/proc/{run.throttled}").exists():  # restarted: a new process

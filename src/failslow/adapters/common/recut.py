@@ -43,7 +43,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from failslow.adapters.common.data import StepPlans
+from failslow.adapters.common.data import READS_KEPT, StepPlans
 from failslow.errors import ConfigError
 
 
@@ -137,7 +137,7 @@ class RecutSampler(StepPlans):
                 self.before_step(self.step)
             batches = self.batches(self.step, own, group)
             self._handed[self.step] = len(batches)
-            if len(self._handed) > 8:
+            if len(self._handed) > READS_KEPT:
                 del self._handed[min(self._handed)]
             for batch in batches:
                 self.offset += 1
