@@ -91,3 +91,6 @@ WARM_FD = "FAILSLOW_WARM_FD"
 """A warm process's socket to its launcher (:mod:`failslow.node.warm`)."""
 WARM_PRELOAD = "FAILSLOW_WARM_PRELOAD"
 """The modules a warm process imports before it is given a rank (comma-separated)."""
+WARM_FORK = "FAILSLOW_WARM_FORK"
+"""``1``: the process is a fork server - it imports, then forks warm processes on request
+(:mod:`failslow.node.fork_server`)."""

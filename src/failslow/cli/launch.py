@@ -47,6 +47,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         decline_every_s=args.decline_every,
         preload=tuple(m.strip() for m in (args.preload or "").split(",") if m.strip()),
         warm=args.warm,
+        fork_server=args.fork_server,
         spare_delay_s=args.spare_delay,
         slots_as_hosts=args.slots_as_hosts,
         nnodes=args.nnodes,
@@ -300,6 +301,14 @@ def register(sub: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="with --nproc-per-node: keep a warm spare per rank, so restarts skip the imports",
+    )
+    p.add_argument(
+        "--fork-server",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --nproc-per-node: import --preload once, in one process, and fork every rank, "
+        "spare and stop-time check from it (copy-on-write: N ranks pay the framework's import "
+        "once); --no-fork-server: each rank process imports for itself",
     )
     p.add_argument(
         "--spare-delay",

@@ -120,6 +120,8 @@ class RunOptions:
     """Modules the warm rank processes import before they get a rank (torch always)."""
     warm: bool = True
     """Keep one warm spare per rank while the job runs."""
+    fork_server: bool = True
+    """Fork the rank processes from one that imported the preloads (:mod:`.fork_server`)."""
     spare_delay_s: float = 10.0
     """Warm spares start this long after a launch, one at a time."""
     slots_as_hosts: bool = False
@@ -613,6 +615,7 @@ def _local_ranks(options: RunOptions, state_dir: Path, nodes: Any = None) -> Any
             hang_after_s=options.hang_after_s,
             preload=tuple(preload),
             warm=options.warm,
+            fork_server=options.fork_server,
             kill_grace_s=options.agent.kill_grace_s,
             refill_delay_s=options.spare_delay_s,
             slots_as_hosts=options.slots_as_hosts,

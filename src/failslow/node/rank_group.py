@@ -30,6 +30,10 @@ from failslow.core.control.stop import (
     EXIT_UNRESTORABLE,
     rollback_requested_at,
 )
+from failslow.node.fork_server import Forked
+
+RankProcess = subprocess.Popen[bytes] | Forked
+"""A rank's process: started by the launcher, or forked by its fork server."""
 
 HUNG = 124
 """The status a hung rank's fail-stop carries (``timeout``'s): the launch ends with it and the
@@ -109,7 +113,7 @@ def _status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+def _signal_group(process: RankProcess, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signum)
 
@@ -124,7 +128,7 @@ class RankGroup:
 
     def __init__(
         self,
-        ranks: dict[int, tuple[int, subprocess.Popen[bytes]]],
+        ranks: dict[int, tuple[int, RankProcess]],
         *,
         launch: int,
         on_failstop: Callable[[FailStop], FailStop],

@@ -10,7 +10,8 @@ rank agent itself:
 - **warm processes** (:mod:`failslow.node.warm`): each rank runs in a process that had already
   imported ``--preload`` (torch and the framework) before it was given its rank; while the job
   trains, the launcher keeps one warm spare per rank, so a restart in place (a fail-stop, a hot
-  update) skips the imports;
+  update) skips the imports; all of them are forked from one process per environment that
+  imported ``--preload`` once (:mod:`failslow.node.fork_server`);
 - **fail-stop detection**: every rank process is watched through its pidfd, so a rank that
   exits with a failure (a crash, SIGKILL, the OOM killer) is seen within milliseconds, whatever
   the survivors are doing; the survivors are then released - SIGTERM to each rank's process
@@ -57,7 +58,8 @@ from typing import Any
 
 from failslow import envvars
 from failslow.errors import ConfigError, FailslowError
-from failslow.node.rank_group import HUNG, FailStop, RankGroup, _signal_group
+from failslow.node.fork_server import ForkServer, available
+from failslow.node.rank_group import HUNG, FailStop, RankGroup, RankProcess, _signal_group
 
 __all__ = ["HUNG", "FailStop", "LocalRanks", "RankGroup", "RankOptions", "World"]
 
@@ -93,7 +95,7 @@ def preloads_code(preload: tuple[str, ...], code_dir: str | None) -> bool:
 
 @dataclass(slots=True)
 class _Warm:
-    process: subprocess.Popen[bytes]
+    process: RankProcess
     sock: socket.socket
     key: str
     ready: bool = False
@@ -140,6 +142,9 @@ class RankOptions:
     preload: tuple[str, ...] = ("torch",)
     warm: bool = True
     """Keep one warm spare per rank while the job runs (restarts skip the imports)."""
+    fork_server: bool = True
+    """Fork every warm process from one process per environment that imported ``preload``
+    once (:mod:`failslow.node.fork_server`; Linux); False: each imports for itself."""
     min_ranks: int | None = None
     """With no standby left, a dead rank's slot is dropped and the job goes on with one rank
     fewer while at least this many are left (the ranks reshard the larger world's snapshots:
@@ -216,6 +221,8 @@ class LocalRanks:
         """Warm processes for the stop-time checks (``check_spares``)."""
         self._check_refill: dict[str, str] | None = None
         """The environment to start them with, once the job's spares are ready."""
+        self._servers: dict[tuple[str, tuple[str, ...]], ForkServer] = {}
+        """The fork servers, by the key and the preloads of the processes they fork."""
         self.group: RankGroup | None = None
         """The last launch."""
         self._snapshot_base: Path | None = None
@@ -275,6 +282,11 @@ class LocalRanks:
         for warm in [w for w in self._pool if w.key != key]:
             self._pool.remove(warm)  # started for another version: of no use now
             self._retire(warm)
+        keep = {key, self._key(_check_env(env))}
+        for at, server in list(self._servers.items()):
+            if at[0] not in keep and server.idle():
+                del self._servers[at]  # for another version, and no process of its left
+                server.close()
         if self.options.warm:
             self._refill = (key, env, time.monotonic() + self.options.refill_delay_s)
         return group
@@ -383,7 +395,7 @@ class LocalRanks:
         slots: list[int], memory: list[dict[str, str]],
         take: Callable[[str, dict[str, str]], _Warm] | None = None, nodes: Any = None,
         what: str = "",
-    ) -> tuple[Any, dict[int, tuple[int, subprocess.Popen[bytes]]]]:  # fmt: skip
+    ) -> tuple[Any, dict[int, tuple[int, RankProcess]]]:  # fmt: skip
         """One rank per slot, from warm processes (``take``; default: the pool's), with a
         fresh rendezvous store (node 0's, with several nodes: ``nodes``, for the job's next
         launch, or ``what`` after the last one - the stop-time checks). The ranks are keyed by
@@ -400,7 +412,7 @@ class LocalRanks:
             store, addr, port = nodes.rendezvous(launch, host_store, what)
             node, nnodes = nodes.node_rank, nodes.options.nnodes
             first, world = node * n, nnodes * n
-        ranks: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+        ranks: dict[int, tuple[int, RankProcess]] = {}
         try:
             for local in range(n):
                 rank = first + local
@@ -533,7 +545,13 @@ class LocalRanks:
                 return False
         if len(pool) >= len(self.slots):
             return True
-        pool.append(self._start(key, env, preload))
+        try:
+            if not self._can_start(key, env, preload):
+                return False  # its fork server is still importing
+            pool.append(self._start(key, env, preload))
+        except FailslowError as exc:
+            self.say(f"no warm spares: {exc}")
+            return None
         return False
 
     def _world(self) -> tuple[World, list[World]]:
@@ -747,14 +765,33 @@ class LocalRanks:
         """A warm process for a stop-time check, else a cold one (torch only)."""
         return self._take(key, env, self._check_pool, CHECK_PRELOAD)
 
+    def _preload(self, preload: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        return self.options.preload if preload is None else preload
+
+    def _server(self, key: str, env: dict[str, str], preload: tuple[str, ...]) -> ForkServer:
+        server = self._servers.get((key, preload))
+        if server is None or (server.gone and server.ready):
+            child_env = {k: v for k, v in env.items() if k not in PER_LAUNCH}
+            server = ForkServer(self.options.python, child_env, preload, say=self.say)
+            self._servers[(key, preload)] = server
+        return server
+
+    def _can_start(self, key: str, env: dict[str, str], preload: tuple[str, ...] | None) -> bool:
+        """Whether :meth:`_start` returns at once (its fork server, if any, is ready)."""
+        if not (self.options.fork_server and available()):
+            return True
+        return self._server(key, env, self._preload(preload)).check()
+
     def _start(
         self, key: str, env: dict[str, str], preload: tuple[str, ...] | None = None
     ) -> _Warm:
+        if self.options.fork_server and available():
+            forked, sock = self._server(key, env, self._preload(preload)).fork()
+            return _Warm(forked, sock, key)
         ours, theirs = socket.socketpair()
         child_env = {k: v for k, v in env.items() if k not in PER_LAUNCH}
         child_env[envvars.WARM_FD] = str(theirs.fileno())
-        child_env[envvars.WARM_PRELOAD] = ",".join(self.options.preload if preload is None
-                                                   else preload)  # fmt: skip
+        child_env[envvars.WARM_PRELOAD] = ",".join(self._preload(preload))
         try:
             process = subprocess.Popen(
                 [self.options.python, "-m", "failslow.node.warm"],
@@ -797,3 +834,6 @@ class LocalRanks:
         self._check_pool = []
         for warm in pool:
             self._retire(warm)
+        servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
+            server.close()

@@ -16,6 +16,10 @@ imported). Each one
    from it: the launcher gives a process that preloaded the job's own code only its version);
 4. runs it as ``python`` would have (``__main__``, ``sys.argv``, ``sys.path[0]``).
 
+Started as a fork server (``$FAILSLOW_WARM_FORK``, :mod:`failslow.node.fork_server`), the
+process stops after step 1 and forks the warm processes on request (:func:`serve_forks`): each
+child goes on from step 2 with a socket of its own, the imports already done.
+
 A warm process whose socket closes before an activation (the launcher drained its pool) exits
 0 without running anything. A preload that fails is reported on the socket (``error ...``) and
 the process exits 1: the launcher says which module could not be imported.
@@ -28,6 +32,8 @@ import importlib
 import json
 import os
 import runpy
+import selectors
+import signal
 import socket
 import sys
 from typing import Any
@@ -95,9 +101,72 @@ def _capture_where_told() -> None:
         hook.uninstall()
 
 
+def serve_forks(control: socket.socket) -> socket.socket | None:
+    """The fork server's loop (:mod:`failslow.node.fork_server`), after its imports: for each
+    ``fork`` request (with the new process's socket attached) fork a child in a process group of
+    its own and answer ``pid N``; report each child's exit as ``exit PID CODE`` (``CODE`` as
+    :attr:`subprocess.Popen.returncode` has it). Returns in a forked child - its socket to the
+    launcher, to go on as a warm process - and with None in the server once the launcher closed
+    its end."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up fd hears it
+    children: set[int] = set()
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    control.sendall(b"ready")
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj == wake_r:
+                with contextlib.suppress(OSError):
+                    os.read(wake_r, 4096)
+                continue
+            try:
+                message, fds, _, _ = socket.recv_fds(control, 64, 1)
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                return None  # the launcher is gone or closed the pool: its children go on
+            if message != b"fork" or not fds:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            pid = os.fork()
+            if pid == 0:  # the new warm process: nothing of the server's loop is its
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                selector.close()
+                for fd in (wake_r, wake_w):
+                    os.close(fd)
+                control.close()
+                with contextlib.suppress(OSError):
+                    os.setpgid(0, 0)
+                return socket.socket(fileno=fds[0])
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, pid)  # before the launcher knows the pid: it signals groups
+            os.close(fds[0])
+            children.add(pid)
+            control.sendall(f"pid {pid}".encode())
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            with contextlib.suppress(OSError):
+                control.sendall(f"exit {pid} {os.waitstatus_to_exitcode(status)}".encode())
+
+
 def main() -> None:
     fd = int(os.environ.pop(envvars.WARM_FD))
     preload = [m for m in os.environ.pop(envvars.WARM_PRELOAD, "torch").split(",") if m]
+    fork_server = os.environ.pop(envvars.WARM_FORK, "") == "1"
     sock = socket.socket(fileno=fd)
     if sys.path and sys.path[0] in ("", os.getcwd()):
         del sys.path[0]  # python -m put the launcher's directory first; the target sets its own
@@ -110,6 +179,11 @@ def main() -> None:
             with contextlib.suppress(OSError):
                 sock.sendall(f"error cannot import {name}: {exc!r}\n".encode())
             raise SystemExit(f"failslow warm process: cannot import {name}: {exc!r}") from None
+    if fork_server:
+        forked = serve_forks(sock)
+        if forked is None:
+            return
+        sock = forked
     try:
         sock.sendall(b"ready\n")
     except OSError:
