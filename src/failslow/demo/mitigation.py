@@ -50,6 +50,8 @@ from failslow.demo.run_dir import new_run_dir
 from failslow.demo.worker_io import launch_env
 from failslow.errors import FailslowError
 from failslow.faults import DutyCycleThrottle
+from failslow.node.fork_server import ForkServer, available
+from failslow.node.launcher import preloads
 
 JOBS = {
     "deepspeed": ("failslow.demo.ds_worker", "DeepSpeed ZeRO-1"),
@@ -61,6 +63,9 @@ JOBS = {
 """Framework -> (the rank's module, the job's name in the live view and the summary)."""
 LAUNCHED = ("accelerate", "transformers")
 """Frameworks whose ranks ``accelerate launch`` starts (one process; ranks write their PIDs)."""
+PRELOADS = {"deepspeed": ("deepspeed",), "megatron": ("megatron.core",), "fsdp": ()}
+"""What the fork server of a job the demo starts itself imports, beside torch (as
+``failslow run --preload``): its ranks are forked from it, the imports paid once."""
 
 
 @dataclass
@@ -239,7 +244,7 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
         plane = JobControl(
             control, config, world_size=opts.world_size, ring_dir=ring_dir, log_dir=out
         )
-    procs = _spawn(opts, settings, ring_dir, out, int(rendezvous.port), control.url, net)
+    procs, server = _spawn(opts, settings, ring_dir, out, int(rendezvous.port), control.url, net)
     run = Run(opts)
     fault: Any = None
     started = time.monotonic()
@@ -285,6 +290,8 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if server is not None:
+            server.close()
         control.close()
         del rendezvous
         shutil.rmtree(ring_dir, ignore_errors=True)
@@ -380,10 +387,34 @@ def _spawn(
     port: int,
     store_url: str,
     net: Any = None,
-) -> list[subprocess.Popen[bytes]]:
+) -> tuple[list[Any], ForkServer | None]:
+    """The job's ranks: under ``accelerate launch``; in network namespaces (the link fault);
+    else forked from a fork server that imported the framework once (Linux), as ``failslow run
+    --nproc-per-node`` starts ranks - the same processes, environment and output, the imports
+    paid once instead of once per rank."""
     if opts.framework in LAUNCHED:
-        return [_accelerate_launch(opts, settings, ring_dir, out, store_url)]
-    procs = []
+        return [_accelerate_launch(opts, settings, ring_dir, out, store_url)], None
+    procs: list[Any] = []
+    if net is None and available():
+        server = ForkServer(
+            sys.executable, _job_env(opts, settings, ring_dir, out, store_url),
+            preloads(PRELOADS[opts.framework]), log=out / "fork-server.log",
+        )  # fmt: skip
+        try:
+            for rank in range(opts.world_size):
+                env = _job_env(
+                    opts, settings, ring_dir, out, store_url,
+                    RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(opts.world_size),
+                    FAILSLOW_DEMO_STORE_PORT=str(port), FAILSLOW_DEMO_LOOP=opts.loop,
+                )  # fmt: skip
+                argv = ["-m", JOBS[opts.framework][0]]
+                procs.append(server.start(env, argv, log=out / f"rank-{rank}.log"))
+        except BaseException:
+            for p in procs:
+                p.kill()
+            server.close()
+            raise
+        return procs, server
     if net is not None:  # the ranks reach this process's stores over the bridge
         store_url = store_url.replace("127.0.0.1", net.host_address)
     for rank in range(opts.world_size):
@@ -409,7 +440,7 @@ def _spawn(
                     stderr=subprocess.STDOUT,
                 )
             )
-    return procs
+    return procs, None
 
 
 def _job_env(

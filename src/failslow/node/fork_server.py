@@ -26,6 +26,7 @@ its workers after the same imports does. Each forked child gets a new seed for P
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import selectors
 import signal
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from failslow import envvars
 from failslow.errors import FailslowError
@@ -54,20 +56,26 @@ class ForkServer:
 
     def __init__(
         self, python: str, env: dict[str, str], preload: tuple[str, ...],
-        say: Callable[[str], None] = print,
+        say: Callable[[str], None] = print, log: Path | None = None,
     ) -> None:  # fmt: skip
+        """``log``: where the server's own output goes (its imports' messages; default: the
+        launcher's). The processes it forks write where their activation says."""
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         child_env = dict(env)
         child_env[envvars.WARM_FD] = str(theirs.fileno())
         child_env[envvars.WARM_PRELOAD] = ",".join(preload)
         child_env[envvars.WARM_FORK] = "1"
         try:
-            self.process = subprocess.Popen(
-                [python, "-m", "failslow.node.warm"],
-                env=child_env,
-                pass_fds=(theirs.fileno(),),
-                process_group=0,
-            )
+            with contextlib.ExitStack() as files:
+                output = None if log is None else files.enter_context(log.open("ab"))
+                self.process = subprocess.Popen(
+                    [python, "-m", "failslow.node.warm"],
+                    env=child_env,
+                    pass_fds=(theirs.fileno(),),
+                    process_group=0,
+                    stdout=output,
+                    stderr=None if output is None else subprocess.STDOUT,
+                )
         except OSError as exc:
             self.sock.close()
             raise FailslowError(f"cannot start a rank process: {exc.strerror}") from None
@@ -161,6 +169,26 @@ class ForkServer:
         child = Forked(self, self._pids.pop(0))
         self._children[child.pid] = child
         return child, ours
+
+    def start(
+        self, env: dict[str, str], argv: list[str], *, cwd: str | None = None,
+        log: Path | None = None,
+    ) -> Forked:  # fmt: skip
+        """Fork a process and run ``argv`` (what follows ``python``: ``["-m", module, ...]`` or
+        ``["script.py", ...]``) in it with ``env`` - as ``subprocess.Popen([python, *argv])``
+        would, the imports skipped; its output to ``log`` (truncated) when given."""
+        child, sock = self.fork()
+        message = {"env": env, "cwd": cwd or os.getcwd(), "argv": list(argv)}
+        if log is not None:
+            message["log"] = str(log)
+        try:
+            sock.sendall(json.dumps(message).encode() + b"\n")
+        except OSError as exc:
+            child.kill()
+            raise FailslowError(f"cannot start {argv}: its process is gone ({exc})") from None
+        finally:
+            sock.close()
+        return child
 
     def idle(self) -> bool:
         """Whether every process it forked has exited (and was seen to)."""

@@ -60,6 +60,17 @@ PRELOAD_WITH = {
 (``?``: skipped where this version of the framework does not have it)."""
 
 
+def preloads(names: tuple[str, ...]) -> tuple[str, ...]:
+    """What warm processes import for ``--preload names``: torch, each name and what it
+    imports with it (:data:`PRELOAD_WITH`), once each, in that order."""
+    preload: list[str] = []
+    for name in ("torch", *names):
+        for module in (name, *PRELOAD_WITH.get(name, ())):
+            if module not in preload:
+                preload.append(module)
+    return tuple(preload)
+
+
 @dataclass(kw_only=True, slots=True)
 class RunOptions:
     """What ``failslow run`` was asked to do."""
@@ -601,11 +612,7 @@ def _local_ranks(options: RunOptions, state_dir: Path, nodes: Any = None) -> Any
     from failslow.node.ranks import LocalRanks, RankOptions
 
     assert options.nproc_per_node is not None
-    preload: list[str] = []
-    for name in ("torch", *options.preload):
-        for module in (name, *PRELOAD_WITH.get(name, ())):
-            if module not in preload:
-                preload.append(module)
+    preload = preloads(options.preload)
     ranks = LocalRanks(
         RankOptions(
             nproc=options.nproc_per_node,
@@ -613,7 +620,7 @@ def _local_ranks(options: RunOptions, state_dir: Path, nodes: Any = None) -> Any
             min_ranks=options.min_ranks,
             max_stage_layers=options.max_stage_layers,
             hang_after_s=options.hang_after_s,
-            preload=tuple(preload),
+            preload=preload,
             warm=options.warm,
             fork_server=options.fork_server,
             kill_grace_s=options.agent.kill_grace_s,

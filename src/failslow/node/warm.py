@@ -10,10 +10,11 @@ imported). Each one
    is optional);
 2. tells the launcher ``ready`` on the socket it inherited (``$FAILSLOW_WARM_FD``);
 3. waits for one activation message: the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), the
-   working directory and what to run - ``["-m", "module", args...]`` or
-   ``["script.py", args...]``, as after ``python``; where a code update moved the code directory
-   on ``PYTHONPATH``, the new one takes the old one's place on ``sys.path`` (nothing was imported
-   from it: the launcher gives a process that preloaded the job's own code only its version);
+   working directory, optionally a file for its output, and what to run -
+   ``["-m", "module", args...]`` or ``["script.py", args...]``, as after ``python``; where a
+   code update moved the code directory on ``PYTHONPATH``, the new one takes the old one's
+   place on ``sys.path`` (nothing was imported from it: the launcher gives a process that
+   preloaded the job's own code only its version);
 4. runs it as ``python`` would have (``__main__``, ``sys.argv``, ``sys.path[0]``).
 
 Started as a fork server (``$FAILSLOW_WARM_FORK``, :mod:`failslow.node.fork_server`), the
@@ -79,6 +80,16 @@ def _move_pythonpath(old: str, new: str) -> None:
     for offset, path in enumerate(p for p in news if p not in present):
         sys.path.insert(at + offset, path)
     importlib.invalidate_caches()
+
+
+def _output_to(path: str) -> None:
+    """stdout and stderr to ``path`` (truncated), as ``Popen(stdout=f, stderr=STDOUT)``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _capture_where_told() -> None:
@@ -200,6 +211,8 @@ def main() -> None:
     os.environ.update(message["env"])
     _move_pythonpath(started_with, os.environ.get("PYTHONPATH", ""))
     _capture_where_told()
+    if message.get("log"):
+        _output_to(message["log"])
     if message.get("cwd"):
         os.chdir(message["cwd"])
     _run(list(message["argv"]))
