@@ -29,6 +29,7 @@ the process exits 1: the launcher says which module could not be imported.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -125,6 +126,7 @@ def serve_forks(control: socket.socket) -> socket.socket | None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up fd hears it
     children: set[int] = set()
+    gc.freeze()  # what the imports made is never collected in a child: not copied by the GC
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
