@@ -140,3 +140,22 @@ def test_a_preload_that_cannot_be_imported_is_named(tmp_path: Path) -> None:
             server.fork()
     finally:
         server.close()
+
+
+def test_a_fork_server_that_died_is_replaced_at_the_next_launch(tmp_path: Path) -> None:
+    _, env = _setup(tmp_path)
+    ranks = LocalRanks(RankOptions(nproc=2, preload=("heavy",), warm=False), say=lambda _: None)
+    try:
+        first = _launch(tmp_path, ranks, env, "first")
+        [server] = ranks._servers.values()
+        os.kill(server.process.pid, signal.SIGKILL)  # between launches: no rank of its runs
+        server.process.wait()
+        second = _launch(tmp_path, ranks, env, "second")
+        [replaced] = ranks._servers.values()
+        assert replaced is not server and server.gone
+    finally:
+        ranks.close()
+    assert len(first) == len(second) == 2 and all(r["imported"] for r in first + second)
+    importers = (tmp_path / "imports").read_text().split()
+    assert len(importers) == 2  # the first server, then the one that took its place
+    assert {r["ppid"] for r in second} == {int(importers[1])}

@@ -770,7 +770,12 @@ class LocalRanks:
 
     def _server(self, key: str, env: dict[str, str], preload: tuple[str, ...]) -> ForkServer:
         server = self._servers.get((key, preload))
-        if server is None or (server.gone and server.ready):
+        if server is not None:
+            server.pump()  # a server that died is seen here
+        if server is not None and server.gone and server.ready:
+            server.close()  # died after its imports (said): a new one takes its place
+            server = None
+        if server is None:
             child_env = {k: v for k, v in env.items() if k not in PER_LAUNCH}
             server = ForkServer(self.options.python, child_env, preload, say=self.say)
             self._servers[(key, preload)] = server
@@ -786,7 +791,14 @@ class LocalRanks:
         self, key: str, env: dict[str, str], preload: tuple[str, ...] | None = None
     ) -> _Warm:
         if self.options.fork_server and available():
-            forked, sock = self._server(key, env, self._preload(preload)).fork()
+            server = self._server(key, env, self._preload(preload))
+            try:
+                forked, sock = server.fork()
+            except FailslowError:
+                if not (server.gone and server.ready):
+                    raise  # its imports failed
+                # it died (said) since it was last looked at: once more, with a new one
+                forked, sock = self._server(key, env, self._preload(preload)).fork()
             return _Warm(forked, sock, key)
         ours, theirs = socket.socketpair()
         child_env = {k: v for k, v in env.items() if k not in PER_LAUNCH}
