@@ -27,8 +27,6 @@ from failslow.conformance.harness import AdapterHarness
 from failslow.core.events import CommEvent, GroupInfo, is_marker, records_to_events
 from failslow.core.group_files import read_groups
 from failslow.core.ring import RingReader, find_rings
-from failslow.node.fork_server import ForkServer, available
-from failslow.node.launcher import preloads
 
 PAUSE_S = 0.5
 """How long the ranks stay parked (unpaused, a rank records a call every few ms)."""
@@ -131,30 +129,18 @@ def run_world(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     t_start = time.monotonic()
-    procs: list[Any] = []
-    logs = []
-    # the ranks are forked from one process that imported the harness (and its framework)
-    # once, as failslow run starts ranks; else each imports for itself
-    server = None
-    if available():
-        preload = (*preloads(()), path.partition(":")[0])
-        server = ForkServer(sys.executable, env, preload, log=out / "fork-server.log")
+    procs, logs = [], []
     for rank in range(world_size):
-        argv = [
-            "-m", "failslow.conformance.worker", "--harness", path,
+        logs.append(open(out / f"rank{rank}.log", "w"))  # closed below
+        cmd = [
+            sys.executable, "-m", "failslow.conformance.worker", "--harness", path,
             "--layouts", ",".join(layouts), "--rank", str(rank), "--world", str(world_size),
             "--port", str(store.port), "--ring-dir", str(ring_dir), "--out", str(out),
             "--sync", str(sync),
         ]  # fmt: skip
         rank_env = {**env, envvars.HOST: f"conformance-host{rank}"}  # a host per rank (S3)
-        if server is not None:
-            procs.append(server.start(rank_env, argv, log=out / f"rank{rank}.log"))
-            continue
-        logs.append(open(out / f"rank{rank}.log", "w"))  # closed below
         procs.append(
-            subprocess.Popen(
-                [sys.executable, *argv], env=rank_env, stdout=logs[-1], stderr=subprocess.STDOUT
-            )
+            subprocess.Popen(cmd, env=rank_env, stdout=logs[-1], stderr=subprocess.STDOUT)
         )
     pauses: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
@@ -177,8 +163,6 @@ def run_world(
             p.wait()
         for log in logs:
             log.close()
-        if server is not None:
-            server.close()
         del store
     world = World(wall_s=time.monotonic() - t_start)
     _collect(world, layouts, procs, out, ring_dir, pauses, timed_out, timeout_s)
