@@ -395,6 +395,16 @@ def _spawn(
     if opts.framework in LAUNCHED:
         return [_accelerate_launch(opts, settings, ring_dir, out, store_url)], None
     procs: list[Any] = []
+    if net is not None:  # the ranks reach this process's stores over the bridge
+        store_url = store_url.replace("127.0.0.1", net.host_address)
+
+    def rank_env(rank: int) -> dict[str, str]:
+        return _job_env(
+            opts, settings, ring_dir, out, store_url,
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(opts.world_size),
+            FAILSLOW_DEMO_STORE_PORT=str(port), FAILSLOW_DEMO_LOOP=opts.loop,
+        )  # fmt: skip
+
     if net is None and available():
         server = ForkServer(
             sys.executable, _job_env(opts, settings, ring_dir, out, store_url),
@@ -402,27 +412,16 @@ def _spawn(
         )  # fmt: skip
         try:
             for rank in range(opts.world_size):
-                env = _job_env(
-                    opts, settings, ring_dir, out, store_url,
-                    RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(opts.world_size),
-                    FAILSLOW_DEMO_STORE_PORT=str(port), FAILSLOW_DEMO_LOOP=opts.loop,
-                )  # fmt: skip
                 argv = ["-m", JOBS[opts.framework][0]]
-                procs.append(server.start(env, argv, log=out / f"rank-{rank}.log"))
+                procs.append(server.start(rank_env(rank), argv, log=out / f"rank-{rank}.log"))
         except BaseException:
             for p in procs:
                 p.kill()
             server.close()
             raise
         return procs, server
-    if net is not None:  # the ranks reach this process's stores over the bridge
-        store_url = store_url.replace("127.0.0.1", net.host_address)
     for rank in range(opts.world_size):
-        env = _job_env(
-            opts, settings, ring_dir, out, store_url,
-            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(opts.world_size),
-            FAILSLOW_DEMO_STORE_PORT=str(port), FAILSLOW_DEMO_LOOP=opts.loop,
-        )  # fmt: skip
+        env = rank_env(rank)
         argv = [sys.executable, "-m", JOBS[opts.framework][0]]
         if net is not None:  # its own namespace (gloo on its veth) and its own host
             env.update(
