@@ -86,6 +86,8 @@ class ForkServer:
         self._error: str | None = None
         self._pids: list[int] = []
         self._children: dict[int, Forked] = {}
+        self._early: dict[int, int] = {}
+        """Exits read before their child was handed out (one that died at once)."""
         self._say = say
 
     # -- messages ------------------------------------------------------------------------------
@@ -100,7 +102,7 @@ class ForkServer:
                     selector.register(self.sock, selectors.EVENT_READ)
                     selector.select(wait)
             try:
-                data = self.sock.recv(256, socket.MSG_DONTWAIT)
+                data = self.sock.recv(4096, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -124,6 +126,8 @@ class ForkServer:
             child = self._children.pop(pid, None)
             if child is not None:
                 child._exited(code)
+            else:
+                self._early[pid] = code
 
     def _lost(self) -> None:
         self.gone = True
@@ -167,7 +171,10 @@ class ForkServer:
                 raise FailslowError("cannot start a rank process: its fork server is gone")
             self.pump(timeout=1.0)
         child = Forked(self, self._pids.pop(0))
-        self._children[child.pid] = child
+        if child.pid in self._early:
+            child._exited(self._early.pop(child.pid))
+        else:
+            self._children[child.pid] = child
         return child, ours
 
     def start(
