@@ -32,8 +32,10 @@ JOB = textwrap.dedent(
     """
     import json, os, sys
     rank = os.environ["RANK"]
+    import numpy, random
     record = {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0),
-              "imported": "heavy" in sys.modules, "code": int(os.environ.get("CODE", "0"))}
+              "imported": "heavy" in sys.modules, "code": int(os.environ.get("CODE", "0")),
+              "draws": [float(numpy.random.rand()), random.random()]}
     with open(os.path.join(sys.argv[1], f"rank{rank}-{os.getpid()}.json"), "w") as f:
         json.dump(record, f)
     sys.exit(record["code"] if rank == "1" else 0)
@@ -46,6 +48,7 @@ def _setup(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     lib.mkdir()
     (lib / "heavy.py").write_text(
         "import os\n"
+        "import numpy.random  # seeded at import (torch imports it): in the fork server\n"
         f"with open({str(tmp_path / 'imports')!r}, 'a') as f:\n"
         "    f.write(f'{os.getpid()}\\n')\n"
     )
@@ -85,6 +88,9 @@ def test_ranks_and_spares_import_the_preloads_once_per_node(
     records = first + second
     assert len(records) == 6 and all(r["imported"] for r in records)
     assert all(r["pgid"] == r["pid"] for r in records)  # each rank leads its own group
+    # unseeded random draws differ between ranks, as between processes started on their own
+    for i in range(2):  # numpy's global generator, Python's random
+        assert len({r["draws"][i] for r in records}) == len(records)
     if fork_server:
         assert len(importers) == 1  # the server; every rank and spare was forked from it
         assert {r["ppid"] for r in records} == {int(importers[0])}

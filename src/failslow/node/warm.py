@@ -113,6 +113,18 @@ def _capture_where_told() -> None:
         hook.uninstall()
 
 
+def _reseed() -> None:
+    """A forked process's global random states, as a process of its own would start with them:
+    Python's ``random`` is reseeded at fork by Python itself; numpy's global generator (seeded
+    from the OS when ``numpy.random`` was imported - in the server, for every child alike) is
+    reseeded from the OS here. torch's default generator starts from a fixed seed in every process
+    anyway."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        with contextlib.suppress(Exception):
+            numpy.random.seed()
+
+
 def serve_forks(control: socket.socket) -> socket.socket | None:
     """The fork server's loop (:mod:`failslow.node.fork_server`), after its imports: for each
     ``fork`` request (with the new process's socket attached) fork a child in a process group of
@@ -157,6 +169,7 @@ def serve_forks(control: socket.socket) -> socket.socket | None:
                 control.close()
                 with contextlib.suppress(OSError):
                     os.setpgid(0, 0)
+                _reseed()
                 return socket.socket(fileno=fds[0])
             with contextlib.suppress(OSError):
                 os.setpgid(pid, pid)  # before the launcher knows the pid: it signals groups
