@@ -40,10 +40,21 @@ from pathlib import Path
 from failslow import envvars
 from failslow.errors import FailslowError
 
-__all__ = ["ForkServer", "Forked", "available"]
+__all__ = ["ForkServer", "Forked", "available", "read_nowait"]
 
 STATUS_WAIT_S = 5.0
 """How long a child seen to have exited waits for its status from the server."""
+
+
+def read_nowait(sock: socket.socket) -> bytes | None:
+    """What ``sock`` has to read (one message on a message socket), without waiting: None when
+    nothing yet, ``b""`` when its peer is gone."""
+    try:
+        return sock.recv(4096, socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
 
 
 def available() -> bool:
@@ -101,12 +112,9 @@ class ForkServer:
                 with selectors.DefaultSelector() as selector:
                     selector.register(self.sock, selectors.EVENT_READ)
                     selector.select(wait)
-            try:
-                data = self.sock.recv(4096, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
+            data = read_nowait(self.sock)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
                 self._lost()
                 return

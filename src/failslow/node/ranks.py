@@ -58,7 +58,7 @@ from typing import Any
 
 from failslow import envvars
 from failslow.errors import ConfigError, FailslowError
-from failslow.node.fork_server import ForkServer, available
+from failslow.node.fork_server import ForkServer, available, read_nowait
 from failslow.node.rank_group import HUNG, FailStop, RankGroup, RankProcess, _signal_group
 
 __all__ = ["HUNG", "FailStop", "LocalRanks", "RankGroup", "RankOptions", "World"]
@@ -104,12 +104,9 @@ class _Warm:
         """Read what the process said so far (``ready`` or ``error ...``), without blocking."""
         if self.ready:
             return
-        try:
-            data = self.sock.recv(4096, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
+        data = read_nowait(self.sock)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if data.startswith(b"ready"):
             self.ready = True
         elif data.startswith(b"error"):
