@@ -25,7 +25,11 @@ from failslow.node.ranks import LocalRanks, RankOptions
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not available(), reason="the fork server needs Linux pidfds"),
+    pytest.mark.skipif(
+        not available(),
+        reason="the fork server is Linux-only (pidfds, socket.send_fds); elsewhere "
+        "failslow run starts each rank process on its own, as test_ranks.py checks",
+    ),
 ]
 
 JOB = textwrap.dedent(

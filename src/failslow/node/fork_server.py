@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -256,9 +257,8 @@ class Forked:
             except PermissionError:
                 return False
             return False
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._pidfd, selectors.EVENT_READ)
-            return bool(selector.select(0))
+        readable, _, _ = select.select([self._pidfd], [], [], 0)  # each poll: no epoll set
+        return bool(readable)
 
     def poll(self) -> int | None:
         if self.returncode is not None:
