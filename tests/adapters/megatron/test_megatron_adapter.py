@@ -100,3 +100,28 @@ def test_topology_swaps_are_declared_with_their_reason():
     assert adapter.failslow_capabilities().topology_plans == ""
     adapter._swap_refusal = "context parallelism > 1: the topology record has no CP coordinates"
     assert "context parallelism" in adapter.failslow_capabilities().topology_plans
+
+
+def test_a_rollback_in_place_puts_megatrons_scheduler_back_where_the_snapshot_was():
+    """OptimizerParamScheduler.load_state_dict steps forward from where it stands: restoring a
+    snapshot of step 32 into a scheduler at step 56 gave 88, and the wrong learning rate."""
+    import torch
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from failslow.adapters.megatron.plugin import _load_scheduler
+
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=1e-3, min_lr=1e-4, lr_warmup_steps=16,
+        lr_decay_steps=1000, lr_decay_style="cosine", start_wd=0.01, end_wd=0.01,
+        wd_incr_steps=1000, wd_incr_style="constant",
+    )  # fmt: skip
+    for _ in range(4):
+        scheduler.step(increment=8)
+    state, lr = scheduler.state_dict(), optimizer.param_groups[0]["lr"]
+    for _ in range(3):
+        scheduler.step(increment=8)
+    assert optimizer.param_groups[0]["lr"] != lr
+    _load_scheduler(scheduler, state)
+    assert scheduler.num_steps == 32
+    assert optimizer.param_groups[0]["lr"] == lr

@@ -301,7 +301,7 @@ class MegatronAdapter(swap.InPlaceSwap):
         for opt, opt_state in zip(_optimizers(self.optimizer), state["optimizer"], strict=True):
             _load_optimizer_state(opt, opt_state)
         if state["scheduler"] is not None and self.scheduler is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
+            _load_scheduler(self.scheduler, state["scheduler"])
         restore_rng_state(state["rng"])
         tensor_parallel.get_cuda_rng_tracker().set_states(
             {name: s.clone() for name, s in state["tp_rng"].items()}
@@ -334,7 +334,7 @@ class MegatronAdapter(swap.InPlaceSwap):
         reshard.load_resharded(self.model, optimizers, self._layout_record(), states)
         own = states[old_rank] if old_rank is not None else states[0]
         if states[0]["scheduler"] is not None and self.scheduler is not None:
-            self.scheduler.load_state_dict(states[0]["scheduler"])
+            _load_scheduler(self.scheduler, states[0]["scheduler"])
         restore_rng_state(own["rng"])
         tp = reshard.tp_source(states, ps.get_tensor_model_parallel_rank())
         tensor_parallel.get_cuda_rng_tracker().set_states(
@@ -515,6 +515,16 @@ def _restore_calculator(state: dict[str, Any] | None) -> None:
     c = calc._GLOBAL_NUM_MICROBATCHES_CALCULATOR
     if state is not None and c is not None:
         vars(c).update(state)
+
+
+def _load_scheduler(scheduler: Any, state: dict[str, Any]) -> None:
+    """Put a scheduler's state back on a live scheduler. Megatron's OptimizerParamScheduler
+    loads by stepping ``num_steps`` forward from where it stands (it expects a fresh one): a
+    rollback in place from step 56 to a snapshot of step 32 landed at 88, and every later
+    learning rate with it (seen preparing the GPU check, benchmarks/gpu). Start it from 0."""
+    if hasattr(scheduler, "num_steps") and ("num_steps" in state or "num_iters" in state):
+        scheduler.num_steps = 0
+    scheduler.load_state_dict(state)
 
 
 def _optimizers(optimizer: Any) -> list[Any]:
