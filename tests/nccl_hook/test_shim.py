@@ -27,7 +27,7 @@ from failslow.core.group_files import merge_members, read_members
 from failslow.core.ring import RingReader, find_rings
 
 sys.path.insert(0, str(Path(__file__).parent / "stub"))
-from shim_rig import Rig, build_rig, clean_env, have_gcc
+from shim_rig import Rig, build_cudart, build_rig, clean_env, have_gcc
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -265,6 +265,28 @@ def test_device_timing_without_cuda_disables_cleanly(rig: Rig, tmp_path: Path) -
     assert len(lines) == 1 and "no CUDA runtime" in lines[0], out.stderr
     events, _ = read_all(only_ring(tmp_path))
     assert len(events) == 17 and all(e.flags == Flags.END_IS_ENQUEUE for e in events)
+
+
+def test_device_timing_times_every_call_and_grouped_ones_from_the_groups_launch(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """PyTorch issues its collectives inside ncclGroupStart/End; NCCL launches them at the
+    group's end. A grouped call's end event is recorded there, after the launch (the stub's
+    group end takes 30 ms, so a grouped call's device time spans it), not at the call."""
+    cudart = build_cudart(rig.directory)
+    run(rig, "basic", "1", preload=False, LD_PRELOAD=f"{rig.shim}:{cudart}",
+        FAILSLOW_RING_DIR=tmp_path, FAILSLOW_DEVICE_TIMING=1, RANK=0, STUB_WORLD=2,
+        STUB_GROUP_END_DELAY_US=30000, STUB_EXIT_DELAY_MS=200)  # fmt: skip
+    events, _ = read_all(only_ring(tmp_path))
+    assert len(events) == 17
+    groups = {ev.OpCode.GROUP_START, ev.OpCode.GROUP_END}
+    for e in events:
+        if e.op in groups:  # no stream: the group calls keep their host times
+            assert e.flags == Flags.END_IS_ENQUEUE
+            continue
+        assert e.flags == Flags.NONE, e
+        grouped = e.op in (ev.OpCode.SEND, ev.OpCode.RECV)
+        assert (e.duration_ns >= 30_000_000) == grouped, e
 
 
 # ---- membership ----

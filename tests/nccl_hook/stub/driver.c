@@ -2,6 +2,8 @@
  * libnccl) and runs one scenario: driver <consumer.so> <scenario> [args...]. */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 int main(int argc, char **argv) {
   if (argc < 3) {
@@ -18,5 +20,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "driver: %s\n", dlerror());
     return 2;
   }
-  return scenario(argc - 2, argv + 2);
+  int status = scenario(argc - 2, argv + 2);
+  /* STUB_EXIT_DELAY_MS: time for the shim's device-timing harvester to write its records */
+  const char *delay = getenv("STUB_EXIT_DELAY_MS");
+  if (delay && *delay) usleep((useconds_t)atoi(delay) * 1000);
+  return status;
 }

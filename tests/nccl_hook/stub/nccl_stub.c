@@ -100,7 +100,16 @@ API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int *count) {
 }
 
 API(ncclResult_t, ncclGroupStart, void) { return 0; }
-API(ncclResult_t, ncclGroupEnd, void) { return 0; }
+API(ncclResult_t, ncclGroupEnd, void) {
+  /* STUB_GROUP_END_DELAY_US: the group's launch takes this long (device timing tests) */
+  const char *v = getenv("STUB_GROUP_END_DELAY_US");
+  long us = v && *v ? atol(v) : 0;
+  if (us > 0) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return 0;
+}
 
 #define COLL_BODY \
   do {            \

@@ -54,6 +54,14 @@ def build_shim(out: Path) -> Path:
     return lib
 
 
+def build_cudart(out: Path) -> Path:
+    """A stand-in ``libcudart.so.13`` (``cudart_stub.c``) for device timing without CUDA."""
+    lib = out / "libcudart.so.13"
+    _gcc("-O2", "-fPIC", "-shared", "-Wall", "-Wl,-soname,libcudart.so.13", "-o", lib,
+         HERE / "cudart_stub.c")  # fmt: skip
+    return lib
+
+
 def build_rig(out: Path, *, old: bool = False, shim: Path | None = None) -> Rig:
     """Stub NCCL (``old``: without the newer entry points), consumer, driver and shim."""
     out.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,18 @@
  * stream is never synchronized: a background thread polls cudaEventQuery and, once the end
  * event completed, writes the record with t_start_ns = host enqueue time and
  * t_end_ns = t_start_ns + cudaEventElapsedTime(start, end), so its duration is the device
- * duration of the collective (including the wait for its peers). Calls inside
- * ncclGroupStart/End are launched at ncclGroupEnd, so they keep enqueue timing. */
+ * duration of the collective (including the wait for its peers).
+ *
+ * Stream 0 (the legacy default stream) is timed like any other: PyTorch issues a synchronous
+ * collective on the current stream, which is that one unless the job chose another (on an H200
+ * under torch 2.11 no record of such a job had a device time before, issue 50).
+ *
+ * Calls inside ncclGroupStart/End (batched send/recv of pipeline parallelism, coalesced
+ * collectives) are launched at the outermost ncclGroupEnd: such a call records its start event
+ * when it is issued (before the launch on its stream) and is queued on its thread;
+ * ncclGroupEnd records each queued call's end event once NCCL has launched the group. A group's calls share one
+ * launch, so each such record spans its stream's part of the group. A group that failed or
+ * did not finish launching (ncclInProgress, non-blocking communicators) keeps enqueue times. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -86,7 +96,17 @@ static int lookup(void) {
     fls_note("the loaded CUDA runtime lacks the event functions; recording enqueue times only");
     return -1;
   }
+  Dl_info where;
+  fls_note("device timing on (CUDA runtime %s)",
+           dladdr((void *)cu.record, &where) && where.dli_fname ? where.dli_fname : "?");
   return 1;
+}
+
+static void note_failure(const char *what, int err) {
+  static int noted;
+  if (!__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED))
+    fls_note("device timing: %s failed (CUDA error %d); such calls record enqueue times", what,
+             err);
 }
 
 int fls_device_enabled(void) {
@@ -103,15 +123,27 @@ int fls_device_enabled(void) {
 }
 
 void *fls_device_begin(void *stream) {
-  int capturing = 0;
-  if (cu.is_capturing(stream, &capturing) != CUDA_SUCCESS || capturing != 0) return NULL;
+  int capturing = 0, err;
+  if ((err = cu.is_capturing(stream, &capturing)) != CUDA_SUCCESS) {
+    note_failure("cudaStreamIsCapturing", err);
+    return NULL;
+  }
+  if (capturing != 0) return NULL; /* a CUDA graph being captured: no events in it */
   void *ev = NULL;
-  if (cu.create(&ev, 0 /* cudaEventDefault: timing on */) != CUDA_SUCCESS) return NULL;
-  if (cu.record(ev, stream) != CUDA_SUCCESS) {
+  if ((err = cu.create(&ev, 0 /* cudaEventDefault: timing on */)) != CUDA_SUCCESS) {
+    note_failure("cudaEventCreateWithFlags", err);
+    return NULL;
+  }
+  if ((err = cu.record(ev, stream)) != CUDA_SUCCESS) {
+    note_failure("cudaEventRecord", err);
     cu.destroy(ev);
     return NULL;
   }
   return ev;
+}
+
+void fls_device_drop(void *ev0) {
+  if (ev0) cu.destroy(ev0);
 }
 
 static void harvest_once(void) {
@@ -125,12 +157,15 @@ static void harvest_once(void) {
       continue;
     }
     float ms = 0.0f;
-    if (q == CUDA_SUCCESS && cu.elapsed(&ms, p->ev0, p->ev1) == CUDA_SUCCESS)
+    int e = q == CUDA_SUCCESS ? cu.elapsed(&ms, p->ev0, p->ev1) : q;
+    if (e == CUDA_SUCCESS) {
       fls_emit(p->t_start, p->t_start + (int64_t)((double)ms * 1e6), p->nbytes, p->group_key,
                p->call_index, p->op, p->dtype, p->flags, p->peer);
-    else
+    } else {
+      note_failure(q == CUDA_SUCCESS ? "cudaEventElapsedTime" : "cudaEventQuery", e);
       fls_emit(p->t_start, p->t_end_host, p->nbytes, p->group_key, p->call_index, p->op,
                p->dtype, p->flags | FLS_FL_END_IS_ENQUEUE, p->peer);
+    }
     cu.destroy(p->ev0);
     cu.destroy(p->ev1);
   }
@@ -152,8 +187,13 @@ int fls_device_end(void *ev0, void *stream, int64_t t_start, int64_t t_end_host,
                    uint64_t nbytes, uint64_t group_key, uint64_t call_index, int op, int dtype,
                    int flags, int32_t peer) {
   void *ev1 = NULL;
-  if (cu.create(&ev1, 0) != CUDA_SUCCESS) goto host;
-  if (cu.record(ev1, stream) != CUDA_SUCCESS) {
+  int err;
+  if ((err = cu.create(&ev1, 0)) != CUDA_SUCCESS) {
+    note_failure("cudaEventCreateWithFlags", err);
+    goto host;
+  }
+  if ((err = cu.record(ev1, stream)) != CUDA_SUCCESS) {
+    note_failure("cudaEventRecord", err);
     cu.destroy(ev1);
     goto host;
   }
@@ -178,4 +218,45 @@ int fls_device_end(void *ev0, void *stream, int64_t t_start, int64_t t_end_host,
 host:
   cu.destroy(ev0);
   return 0;
+}
+
+/* ---- calls inside a group: their end events wait for ncclGroupEnd ------------------------ */
+
+#define GROUPED_MAX 256
+
+typedef struct grouped {
+  void *ev0, *stream;
+  int64_t t_start, t_end_host;
+  uint64_t nbytes, group_key, call_index;
+  int op, dtype, flags;
+  int32_t peer;
+} grouped;
+
+static __thread grouped t_grouped[GROUPED_MAX];
+static __thread int t_ngrouped;
+
+int fls_device_defer(void *ev0, void *stream, int64_t t_start, int64_t t_end_host,
+                     uint64_t nbytes, uint64_t group_key, uint64_t call_index, int op,
+                     int dtype, int flags, int32_t peer) {
+  if (t_ngrouped == GROUPED_MAX) {
+    cu.destroy(ev0);
+    return 0;
+  }
+  t_grouped[t_ngrouped++] = (grouped){ev0,        stream, t_start, t_end_host, nbytes, group_key,
+                                      call_index, op,     dtype,   flags,      peer};
+  return 1;
+}
+
+void fls_device_group_end(int launched) {
+  for (int i = 0; i < t_ngrouped; i++) {
+    grouped *g = &t_grouped[i];
+    if (launched && fls_device_end(g->ev0, g->stream, g->t_start, g->t_end_host, g->nbytes,
+                                   g->group_key, g->call_index, g->op, g->dtype, g->flags,
+                                   g->peer))
+      continue;
+    if (!launched) cu.destroy(g->ev0); /* fls_device_end frees it when it returns 0 */
+    fls_emit(g->t_start, g->t_end_host, g->nbytes, g->group_key, g->call_index, g->op, g->dtype,
+             g->flags | FLS_FL_END_IS_ENQUEUE, g->peer);
+  }
+  t_ngrouped = 0;
 }

@@ -134,8 +134,9 @@ static inline int begin(call *c, ncclComm_t comm, cudaStream_t stream) {
   else
     fls_pause_trap(0, 0);
   c->ev0 = NULL;
-  if (FLS_UNLIKELY(fls_device_enabled()) && t_group == 0 && stream)
-    c->ev0 = fls_device_begin(stream);
+  /* stream 0 is the legacy default stream: PyTorch issues a synchronous collective on the
+   * current stream, which is that one unless the job set another (seen on an H200) */
+  if (FLS_UNLIKELY(fls_device_enabled())) c->ev0 = fls_device_begin(stream);
   c->t_start = fls_now_ns();
   return 1;
 }
@@ -162,9 +163,16 @@ static inline void finish(call *c, ncclResult_t res, int op, size_t count, ncclD
   uint64_t nbytes = (uint64_t)count * (known ? dt_size[dt] : 0) * multiplier;
   int dtype = known ? dt_code[dt] : FLS_DT_UNKNOWN;
   int flags = (res == ncclSuccess || res == ncclInProgress) ? 0 : FLS_FL_FAILED;
-  if (c->ev0 && !(flags & FLS_FL_FAILED) &&
-      fls_device_end(c->ev0, stream, c->t_start, t_end, nbytes, key, index, op, dtype, flags,
-                     peer)) {
+  if (c->ev0 && (flags & FLS_FL_FAILED)) {
+    fls_device_drop(c->ev0);
+  } else if (c->ev0 && t_group > 0) { /* launched at the group's end: its end event waits */
+    if (fls_device_defer(c->ev0, stream, c->t_start, t_end, nbytes, key, index, op, dtype,
+                         flags, peer)) {
+      t_depth--;
+      return;
+    }
+  } else if (c->ev0 && fls_device_end(c->ev0, stream, c->t_start, t_end, nbytes, key, index, op,
+                                      dtype, flags, peer)) {
     t_depth--;
     return;
   }
@@ -319,11 +327,15 @@ static ncclResult_t group_call(int id, int op, int delta) {
   int64_t t0 = fls_now_ns();
   ncclResult_t res = f();
   int64_t t1 = fls_now_ns();
-  if (res == ncclSuccess || res == ncclInProgress) t_group += delta;
+  int ok = res == ncclSuccess || res == ncclInProgress;
+  if (ok) t_group += delta;
   if (t_group < 0) t_group = 0;
+  /* the outermost end launched the group's calls (ncclInProgress: not yet, or not all; an
+   * error: none) */
+  if (delta < 0 && (t_group == 0 || !ok))
+    fls_device_group_end(res == ncclSuccess && t_group == 0);
   uint64_t index = __atomic_fetch_add(&fls_nocomm_calls, 1, __ATOMIC_RELAXED);
-  int flags = FLS_FL_END_IS_ENQUEUE |
-              ((res == ncclSuccess || res == ncclInProgress) ? 0 : FLS_FL_FAILED);
+  int flags = FLS_FL_END_IS_ENQUEUE | (ok ? 0 : FLS_FL_FAILED);
   fls_emit(t0, t1, 0, 0, index, op, FLS_DT_UNKNOWN, flags, -1);
   t_depth--;
   return res;
