@@ -356,9 +356,7 @@ class Capture:
                     with below():
                         out = overload(*args, **kwargs)
                 except BaseException:
-                    self._safely(
-                        self._record, spec, args, None, t_start, ProcessGroup, Work, token
-                    )
+                    self._safely(self._record, spec, args, None, t_start, ProcessGroup, Work, token)
                     raise
                 self._safely(self._record, spec, args, out, t_start, ProcessGroup, Work, token)
                 return out
@@ -452,7 +450,13 @@ class Capture:
         if out is None:  # the call raised
             writer.write(t_end_ns=time.monotonic_ns(), flags=int(flags | Flags.FAILED), **fields)
             return
-        work = work_cls.unbox(out[1] if spec.returns_tuple else out)
+        raw = out[1] if spec.returns_tuple else out
+        work = _unbox_work(work_cls, raw)
+        if work is None:  # no Work to follow (torch 2.11's synchronous NCCL collectives):
+            writer.write(  # the record ends when the call returns
+                t_end_ns=time.monotonic_ns(), flags=int(flags | Flags.END_IS_ENQUEUE), **fields
+            )
+            return
         anysource = spec.name == "recv_any_source_"
         try:
             fut = work.get_future()
@@ -501,6 +505,17 @@ class Capture:
         writer = self.writer
         if writer is not None and not writer._mm.closed:
             writer.write(t_end_ns=t_end, flags=int(flags), **fields)
+
+
+def _unbox_work(work_cls: Any, raw: Any) -> Any:
+    """The op's Work, or None where the backend returned none (None, or a script object
+    holding a null Work: torch 2.11's synchronous NCCL all_reduce on an H200, issue 50)."""
+    if raw is None:
+        return None
+    try:
+        return work_cls.unbox(raw)
+    except RuntimeError:  # a script object holding no Work
+        return None
 
 
 def _native_spec(spec: OpSpec) -> dict[str, Any]:

@@ -379,8 +379,15 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
     throw;
   }
   try {
-    c10::intrusive_ptr<c10d::Work> work =
-        stack->back().toCustomClass<c10d::Work>();  // (tensors, Work) or a bare Work
+    const c10::IValue& last = stack->back();  // (tensors, Work) or a bare Work
+    c10::intrusive_ptr<c10d::Work> work;
+    if (!last.isNone()) work = last.toCustomClass<c10d::Work>();
+    if (!work) {  // no Work to follow: the record ends at the return (on an H200, torch 2.11's
+      p.flags |= kEndIsEnqueue;  // synchronous NCCL all_reduce returned a null Work; this
+      // kernel dereferenced it and the process died, issue 50)
+      finish(p, now_ns(), false);
+      return;
+    }
     if (spec.any_source) p.work = work;
     c10::intrusive_ptr<c10::ivalue::Future> fut;
     try {
