@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from failslow.cli import main
-from failslow.core.events import GroupInfo, OpCode, group_key
+from failslow.core.events import Flags, GroupInfo, OpCode, Source, group_key
 from failslow.core.group_files import groups_path
 from failslow.core.ring import RingWriter, ring_path
 from failslow.traceio import read_trace
@@ -178,8 +178,11 @@ def test_export_then_analyze_roundtrip(tmp_path, capsys) -> None:
             step_ns = int(dur * 1e9)
             for k, (op, group, nbytes) in enumerate(STEP_OPS):
                 start = t + (k + 1) * step_ns // 4
+                shim = group == "tp"  # the shim's records say whether t_end is the device's
                 writer.write(t_start_ns=start, t_end_ns=start + 10, nbytes=nbytes,
-                             group_key=keys[group], op=OpCode.parse(op))
+                             group_key=keys[group], op=OpCode.parse(op),
+                             source=Source.SHIM if shim else Source.PYTHON,
+                             flags=Flags.END_IS_ENQUEUE if shim else Flags.NONE)
             t += step_ns
         writer.close()
     out = tmp_path / "events.jsonl"
@@ -188,6 +191,10 @@ def test_export_then_analyze_roundtrip(tmp_path, capsys) -> None:
     assert len(lines) == 2 * len(times) * len(STEP_OPS)
     first = json.loads(lines[0])
     assert first["group"].startswith("0x") and first["group_ranks"] == [0, 1]
+    rows = [json.loads(line) for line in lines]
+    tp = {(r["source"], r["end"]) for r in rows if r["group"] == f"{keys['tp']:#x}"}
+    dp = {(r["source"], r["end"]) for r in rows if r["group"] == f"{keys['dp']:#x}"}
+    assert tp == {("shim", "enqueue")} and dp == {("python", "complete")}
     capsys.readouterr()
     assert main(["analyze", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)[str(out)]

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from failslow.core.events import RECORD_DTYPE, OpCode, _enum_or_unknown, group_key
+from failslow.core.events import RECORD_DTYPE, Flags, OpCode, Source, _enum_or_unknown, group_key
 from failslow.core.group_files import read_groups
 from failslow.core.ring import RingFormatError, RingReader, find_rings
 from failslow.errors import TraceFormatError
@@ -190,6 +190,9 @@ def iter_ring_rows(ring_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]
                     "t_end_ns": int(r["t_end_ns"]),
                     "peer": int(r["peer"]),
                     "call_index": int(r["call_index"]),
+                    "source": _enum_or_unknown(Source, int(r["source"])).name.lower(),
+                    # what t_end_ns is: the device's completion (CUDA events) or the call's return
+                    "end": "enqueue" if int(r["flags"]) & Flags.END_IS_ENQUEUE else "complete",
                 }
                 info = groups.get(key)
                 if info is not None:
