@@ -144,7 +144,7 @@ def main() -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     plugin_manager().hook.failslow_stop_check_start(rank=rank, incident=spec.get("incident", {}))
-    result: dict[str, Any] = {"slot": os.environ.get(envvars.SLOT)}
+    result: dict[str, Any] = {"slot": os.environ.get(envvars.SLOT), "on": str(device)}
     result["device"] = device_test(torch, device)
     result["digest"] = reference_digest(torch, device)
     result["local_s"] = time.perf_counter() - started
