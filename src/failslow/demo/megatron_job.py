@@ -107,6 +107,9 @@ class GptProvider:
     distributed_optimizer: bool
     shape: GptShape
     lr: float
+    cpu_initialization: bool = True
+    """False: Megatron initializes the weights on the current CUDA device (a GPU job without
+    the CPU redirect; benchmarks/gpu)."""
 
     def __call__(self) -> tuple[list[Any], Any, Any]:
         from megatron.core import parallel_state as ps
@@ -125,7 +128,7 @@ class GptProvider:
         config = TransformerConfig(
             num_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
             tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
-            pipeline_dtype=torch.float32, use_cpu_initialization=True,
+            pipeline_dtype=torch.float32, use_cpu_initialization=self.cpu_initialization,
             gradient_accumulation_fusion=False, bias_dropout_fusion=False,
             apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
             add_bias_linear=False,
@@ -138,6 +141,8 @@ class GptProvider:
             pre_process=ps.is_pipeline_first_stage(),
             post_process=ps.is_pipeline_last_stage(),
         )
+        if not self.cpu_initialization:  # Megatron-LM's get_model moves the model too
+            gpt.cuda(torch.cuda.current_device())
         ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=distopt)
         model = DistributedDataParallel(config, ddp_config, gpt)
         optimizer = get_megatron_optimizer(
