@@ -22,6 +22,9 @@ CUDART_LIB = "FAILSLOW_CUDART_LIB"
 """The libcudart the shim uses for device timing."""
 DEVICE_TIMING = "FAILSLOW_DEVICE_TIMING"
 """The shim's device-side timing (CUDA events) on or off."""
+CHECKSUM_THREADS = "FAILSLOW_CHECKSUM_THREADS"
+"""Threads that compute a snapshot's CRC-32 (:mod:`failslow.core.checkpoint.crc32`; default
+min(4, CPUs))."""
 NATIVE_HOOK = "FAILSLOW_NATIVE_HOOK"
 """``auto`` (default): the hook's C++ kernel when it is built, else its Python kernel; ``0``:
 always the Python kernel; ``1``: the C++ kernel, built at install if needed

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow.core.checkpoint import crc32
 from failslow.errors import FailslowError
 
 MAGIC = b"FSCKPT01"
@@ -177,7 +178,7 @@ def checksum(buf: memoryview) -> int:
     _, _, _, _, manifest, payload, _, _, _ = HEADER.unpack_from(buf, 0)
     start = _align(HEADER_BYTES + manifest)
     crc = zlib.crc32(buf[HEADER_BYTES : HEADER_BYTES + manifest])
-    return zlib.crc32(buf[start : start + payload], crc)
+    return crc32.crc32(buf[start : start + payload], crc)
 
 
 def seal(buf: memoryview) -> int:
