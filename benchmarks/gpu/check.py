@@ -364,6 +364,7 @@ def row_tracking(c: Check, row: Row) -> None:
     # machine's drift cancels within each pair
     ratios = [on / off - 1 for on, off in zip(step_s["on"], step_s["off"], strict=True)]
     overhead = statistics.mean(ratios)
+    low, high = _bootstrap(ratios)
     cpu = statistics.mean(cpu_s["on"]) / statistics.mean(cpu_s["off"]) - 1
     row.data.update(
         {
@@ -371,6 +372,7 @@ def row_tracking(c: Check, row: Row) -> None:
             "cpu_s": cpu_s,
             "pair_overheads": ratios,
             "overhead": overhead,
+            "overhead_95": [low, high],
             "cpu_overhead": cpu,
             "ring_records": records,
         }
@@ -380,12 +382,22 @@ def row_tracking(c: Check, row: Row) -> None:
         f"{row.data['params'] / 1e6:.0f} M params, step "
         f"{1e3 * statistics.mean(step_s['off']):.1f} ms off / "
         f"{1e3 * statistics.mean(step_s['on']):.1f} ms on: wall {100 * overhead:+.2f}% "
+        f"[95%: {100 * low:+.2f}, {100 * high:+.2f}] "
         f"(pairs {', '.join(f'{100 * x:+.2f}%' for x in ratios)}), CPU {100 * cpu:+.2f}%"
         f"; {per_step:.1f} records/step"
     )
     row.verdict = "PASS" if records and min(records) > 0 else "FAIL"
     if c.device != "cuda":
         row.verdict = "SKIP"
+
+
+def _bootstrap(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the mean of ``values`` (resampling pairs)."""
+    import random
+
+    rng = random.Random(0)
+    means = sorted(statistics.mean(rng.choices(values, k=len(values))) for _ in range(draws))
+    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
 def row_gemm(c: Check, row: Row) -> None:
