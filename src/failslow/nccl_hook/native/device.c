@@ -19,9 +19,10 @@
  * Calls inside ncclGroupStart/End (batched send/recv of pipeline parallelism, coalesced
  * collectives) are launched at the outermost ncclGroupEnd: such a call records its start event
  * when it is issued (before the launch on its stream) and is queued on its thread;
- * ncclGroupEnd records each queued call's end event once NCCL has launched the group. A group's calls share one
- * launch, so each such record spans its stream's part of the group. A group that failed or
- * did not finish launching (ncclInProgress, non-blocking communicators) keeps enqueue times. */
+ * ncclGroupEnd records each queued call's end event once NCCL has launched the group. A
+ * group's calls share one launch, so each such record spans its stream's part of the group. A
+ * group that failed or did not finish launching (ncclInProgress, non-blocking communicators)
+ * keeps enqueue times. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
