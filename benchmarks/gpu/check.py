@@ -56,6 +56,9 @@ from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))
+from tracking_overhead import _bootstrap_mean  # noqa: E402 (benchmarks/ is no package)
+
 WORKERS = str(HERE / "workers.py")
 PY = sys.executable
 CLI = [PY, "-m", "failslow.cli"]
@@ -364,7 +367,7 @@ def row_tracking(c: Check, row: Row) -> None:
     # machine's drift cancels within each pair
     ratios = [on / off - 1 for on, off in zip(step_s["on"], step_s["off"], strict=True)]
     overhead = statistics.mean(ratios)
-    low, high = _bootstrap(ratios)
+    low, high = _bootstrap_mean(ratios)
     cpu = statistics.mean(cpu_s["on"]) / statistics.mean(cpu_s["off"]) - 1
     row.data.update(
         {
@@ -389,15 +392,6 @@ def row_tracking(c: Check, row: Row) -> None:
     row.verdict = "PASS" if records and min(records) > 0 else "FAIL"
     if c.device != "cuda":
         row.verdict = "SKIP"
-
-
-def _bootstrap(values: list[float], draws: int = 2000) -> tuple[float, float]:
-    """A 95% bootstrap interval of the mean of ``values`` (resampling pairs)."""
-    import random
-
-    rng = random.Random(0)
-    means = sorted(statistics.mean(rng.choices(values, k=len(values))) for _ in range(draws))
-    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
 
 
 def row_gemm(c: Check, row: Row) -> None:

@@ -21,10 +21,14 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 needs_cuda = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu/check.py runs it)"
+    not torch.cuda.is_available(),
+    reason="no CUDA device here: real NCCL and device tensors exist only on a GPU machine, "
+    "where benchmarks/gpu/run.sh runs this test (pytest -m gpu)",
 )
 needs_cuda_torch = pytest.mark.skipif(
-    torch.version.cuda is None, reason="a CPU build of torch has no NCCL to hook"
+    torch.version.cuda is None,
+    reason="this torch is a CPU build and ships no libnccl.so.2 to hook; benchmarks/gpu/run.sh "
+    "runs this test on a GPU machine's CUDA torch (pytest -m gpu)",
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import zlib
 
+import numpy as np
 import pytest
 
 from failslow.core.checkpoint import blob, crc32
@@ -28,7 +29,6 @@ def test_combine_is_zlibs_crc32_combine():
 
 
 def test_a_sealed_snapshot_verifies_with_any_thread_count(monkeypatch):
-    np = pytest.importorskip("numpy")
     state = {"w": np.arange(300_000, dtype=np.float64), "step": 3}
     layout = blob.plan(state)
     buf = memoryview(bytearray(layout.total_bytes))

@@ -26,9 +26,8 @@ CHUNK = 64 << 20
 """Bytes per task: large enough that the combine and the hand-off are noise (~0.1%)."""
 _POLY = 0xEDB88320  # the reflected CRC-32 polynomial (zlib's)
 
-_pool: ThreadPoolExecutor | None = None
-_pool_workers = 0
-_pool_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
 
 
 def threads() -> int:
@@ -77,14 +76,11 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
-    global _pool, _pool_workers
-    with _pool_lock:
-        if _pool is None or _pool_workers < workers:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(workers, thread_name_prefix="failslow-crc")
-            _pool_workers = workers
-        return _pool
+    """One pool per thread count (the count is set once per job; never shut under a caller)."""
+    with _pools_lock:
+        if workers not in _pools:
+            _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="failslow-crc")
+        return _pools[workers]
 
 
 def crc32(data: memoryview | bytes | bytearray, crc: int = 0, *, chunk: int | None = None) -> int:

@@ -98,7 +98,7 @@ static int lookup(void) {
     return -1;
   }
   Dl_info where;
-  fls_note("device timing on (CUDA runtime %s)",
+  fls_note("device timing requested: CUDA events from %s (a failing CUDA call is said once)",
            dladdr((void *)cu.record, &where) && where.dli_fname ? where.dli_fname : "?");
   return 1;
 }
