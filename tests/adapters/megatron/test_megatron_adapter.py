@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from torch.utils.data import DataLoader, DistributedSampler
 
 pytest.importorskip(
     "megatron.core", reason="needs the Megatron extra: pip install failslow[megatron]"
@@ -41,6 +42,8 @@ def _adapter(*, ep: int = 1, chunks: int = 1, pp: int = 2, **config: object) -> 
     adapter.config = SimpleNamespace(**{**defaults, **config})
     adapter.topology = SimpleNamespace(pp=pp)
     adapter.split = ReplicaSplit(replica=0, replicas=2, micro_batches=8, framework="Megatron-core")
+    adapter.session = None
+    adapter.iteration = 0
     adapter._observe_split()
     return adapter
 
@@ -78,18 +81,35 @@ def test_the_interleaved_schedule_takes_only_counts_its_group_rule_allows():
         adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
 
 
-def test_a_plan_is_refused_once_the_loop_feeds_its_own_data_iterator():
-    """Megatron-LM's loop with its own iterator (its pretraining sampler): each replica would
-    draw more or fewer batches of its own stream under a plan - other data than the even
-    split's. Refused with what to pass; the adapter's own iterator, or none (a middle pipeline
-    stage), is fine."""
+def test_a_plan_is_refused_once_the_loop_feeds_a_data_iterator_that_cannot_be_re_cut():
+    """A loop's own iterator that is no DataLoader's (a generator): each replica would draw
+    more or fewer batches of its own stream under a plan - other data than the even split's.
+    Declared and refused with the reason and what to pass; the adapter's own iterator, or none
+    (a middle pipeline stage), is fine."""
     adapter = _adapter()
     adapter._step_data = adapter._data_source(iter([]))
     assert adapter._step_data == "foreign"
-    with pytest.raises(ConfigError, match=r"does not re-cut.*data_iterator=fs\.data_iterator"):
+    reason = adapter.failslow_capabilities().microbatch_plans
+    assert "not a DataLoader's iterator" in reason and "fs.data_iterator(dataset)" in reason
+    with pytest.raises(Unsupported, match=r"cannot be re-cut.*data_iterator=fs\.data_iterator"):
         adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
     adapter._step_data = adapter._data_source([None, None])
     assert adapter._step_data == "none"
+    assert adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
+
+
+def test_the_loops_own_dataloader_over_a_distributed_sampler_is_re_cut():
+    """Megatron-LM's way: ``iter(DataLoader(..., sampler=DistributedSampler(rank=dp_rank)))``
+    is taken over at the first training step (tests/adapters/common/test_own_loader.py reads
+    it; the e2e test trains on it)."""
+    dataset = list(range(64))
+    sampler = DistributedSampler(dataset, num_replicas=2, rank=0, seed=1)
+    iterator = iter(DataLoader(dataset, batch_size=2, sampler=sampler))
+    adapter = _adapter()
+    assert adapter._data_source(iterator) == "own"
+    assert adapter._data_source(iterator) == "own" and len(adapter.split.samplers) == 1
+    adapter._step_data = "own"
+    assert adapter.failslow_capabilities().microbatch_plans == ""
     assert adapter.failslow_prepare_microbatch_plan(_plan(2, 6), rank=0)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -39,6 +40,7 @@ import torch
 from failslow import hookimpl
 from failslow.adapters.common import swap
 from failslow.adapters.common.microbatch import ReplicaSplit
+from failslow.adapters.common.own_loader import LoaderRecut, recut_of, take_over
 from failslow.adapters.common.state import restore_rng_state, rng_state, wait_for_snapshot_before
 from failslow.adapters.common.topology import gather_topology
 from failslow.adapters.megatron import grid, reshard
@@ -47,6 +49,8 @@ from failslow.core.planner.plans import MicroBatchPlan
 from failslow.core.topology import Topology
 from failslow.errors import ConfigError, FailslowError
 from failslow.runtime.agreement import all_ranks_ok
+
+log = logging.getLogger(__name__)
 
 NO_MODEL_PROVIDER = (
     "a topology swap rebuilds the model through model_provider; "
@@ -130,6 +134,8 @@ class MegatronAdapter(swap.InPlaceSwap):
         """What the last training step multiplied each micro-loss by (the schedule's ``1 /
         m_r`` times the replica's weight; None in per-token loss mode)."""
         self._own_iterators: list[Any] = []
+        self._recuts: list[LoaderRecut] = []
+        """The loop's own DataLoader iterators' re-cuts (the batch samplers they wrap)."""
 
     # ---- hooks -------------------------------------------------------------------------------
     @hookimpl
@@ -152,6 +158,11 @@ class MegatronAdapter(swap.InPlaceSwap):
 
     def _microbatch_reason(self, count: int | None = None) -> str:
         config = self.config
+        if self._step_data == "foreign":
+            return self.split.loader_hint
+        broken = next((r.broken for r in self._recuts if r.broken), "")
+        if broken:
+            return f"the loop's data iterator cannot be re-cut: {broken}"
         if self.ep > 1:
             return (
                 f"expert parallelism ({self.ep}) routes tokens across DP replicas in every "
@@ -393,12 +404,32 @@ class MegatronAdapter(swap.InPlaceSwap):
 
     def _data_source(self, data: Any) -> str:
         """``"own"``, ``"none"`` or ``"foreign"`` for a step's ``data_iterator`` (a list of
-        them, one per model chunk, on the interleaved schedule)."""
+        them, one per model chunk, on the interleaved schedule). The loop's own DataLoader
+        iterators are re-cut per plan where their sampler allows it
+        (:mod:`failslow.adapters.common.own_loader`): those are failslow's from then on."""
         given = [d for d in (data if isinstance(data, list | tuple) else [data]) if d is not None]
         if not given:
             return "none"
-        own = all(any(d is it for it in self._own_iterators) for d in given)
-        return "own" if own else "foreign"
+        for d in given:
+            if any(d is it for it in self._own_iterators) or recut_of(d) is not None:
+                continue
+            recut, why = take_over(d, self.split, start_step=self.iteration)
+            if recut is None:
+                self._foreign(why)
+                return "foreign"
+            self._recuts.append(recut)
+        return "own"
+
+    def _foreign(self, why: str) -> None:
+        """The loop feeds an iterator failslow cannot re-cut: plans are refused with ``why``
+        from now on, and the controller is told (it stops pausing the job for them)."""
+        hint = f"the loop's data iterator cannot be re-cut: {why}; pass data_iterator="
+        hint += "fs.data_iterator(dataset)"
+        if self.split.loader_hint != hint:
+            self.split.loader_hint = hint
+            log.warning("failslow: %s", hint)
+            if self.session is not None:
+                self.session.capabilities_changed()
 
     # ---- training ----------------------------------------------------------------------------
     def forward_backward(self, **kwargs: Any) -> Any:
