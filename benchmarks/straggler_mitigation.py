@@ -5,14 +5,16 @@ Usage::
     python benchmarks/straggler_mitigation.py [--framework deepspeed|megatron|accelerate|...]
         [--steps 200]
         [--slow-start 60] [--repeat 1] [--loop user|train_batch] [--hog N]
-        [--micro-batch-size N] [--width N]
+        [--micro-batch-size N] [--width N] [--loader failslow|own|prepared]
 
 ``--framework deepspeed`` (default) runs ``failslow demo --framework deepspeed``'s job: 4 ranks,
 ZeRO-1, CPU/gloo, 4 micro-batches of 128 per replica per step, trained by the loop DeepSpeed's
 tutorials teach (``--loop user``: forward, backward, step over the loader) or by
 ``engine.train_batch()``. ``--framework megatron`` runs ``failslow demo --framework megatron``'s:
 a Megatron-core GPT on TP1 x PP2 x DP2 (Megatron DDP, Adam, 1F1B), 4 micro-batches of 8
-sequences per replica per step, the Megatron-LM loop with ``fs.forward_backward``.
+sequences per replica per step, the Megatron-LM loop with ``fs.forward_backward`` (``--loader
+own``: over the loop's own Megatron-LM data iterator, re-cut by failslow per plan; default
+``fs.data_iterator``).
 ``--framework accelerate`` runs ``failslow demo --framework accelerate``'s: the DeepSpeed job's
 MLP as FSDP2 over 4 ranks (``unshard_once``) under ``accelerate launch``, in Accelerate's own
 ``accumulate`` loop over the job's own prepared DataLoader, re-cut per plan (rank 0 writes the
@@ -108,6 +110,7 @@ def one_pair(
     framework: str,
     micro_batch_size: int | None = None,
     width: int | None = None,
+    loader: str | None = None,
 ) -> dict[str, Any]:
     runs = {}
     for name, mitigate in (("unmitigated", False), ("failslow", True)):
@@ -124,6 +127,7 @@ def one_pair(
                 loop=loop,
                 micro_batch_size=micro_batch_size,
                 width=width,
+                loader=loader,
             )
         )
         runs[name] = (summary, step_times_of(out, 4))
@@ -174,13 +178,17 @@ def main() -> None:
     parser.add_argument("--hog", type=int, default=0, help="busy loops beside the runs")
     parser.add_argument("--micro-batch-size", type=int, help="samples per micro-batch")
     parser.add_argument("--width", type=int, help="the model's width (DeepSpeed: MLP, 256)")
+    parser.add_argument(
+        "--loader", help="megatron: failslow (fs.data_iterator) or own (the loop's own iterator)"
+    )
     args = parser.parse_args()
     console = Console(width=230)
     job = JOBS[args.framework][1]
     loop = f", loop: {args.loop}" if args.framework == "deepspeed" else ""
     hogs = f", {args.hog} busy loops beside" if args.hog else ""
     shape = "".join(f", {k} {v}" for k, v in (("micro-batch size", args.micro_batch_size),
-                                              ("width", args.width)) if v)  # fmt: skip
+                                              ("width", args.width), ("loader", args.loader))
+                    if v)  # fmt: skip
     table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}{hogs}{shape}")
     for col in (
         "run",
@@ -202,7 +210,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="failslow-dsbench-") as tmp, hog(args.hog):
             console.print(f"run {i + 1}/{args.repeat}: unmitigated, then failslow ...")
             r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop, args.framework,
-                         args.micro_batch_size, args.width)  # fmt: skip
+                         args.micro_batch_size, args.width, args.loader)  # fmt: skip
         table.add_row(
             str(i + 1),
             f"{r['healthy_s']:.3f} s",

@@ -7,7 +7,9 @@ A GPT (4 layers, hidden 128) on TP1 x PP2 x DP2 with Megatron's DDP, Adam, learn
 scheduler and 1F1B schedule, built as a Megatron-LM loop builds them
 (:func:`failslow.demo.megatron_job.build_gpt`). This example runs on CPUs with gloo: the builder
 moves Megatron-core's hard-coded CUDA allocations to the CPU (:mod:`failslow.demo.megatron_cpu`,
-demo-only); in a real job the two failslow lines are all that changes. ``model_provider``
+demo-only); in a real job the two failslow lines are all that changes - the loop keeps its own
+data iterator, which failslow re-cuts per plan (``fs.data_iterator(dataset)`` is the option that
+also resumes its position after a restart from memory). ``model_provider``
 (optional) builds model, optimizer and scheduler on Megatron's current process groups, so a
 topology swap (S3) can rebuild them in place; ``model``, ``optimizer`` and ``scheduler`` below
 stay valid across a swap.
@@ -33,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     torch.set_num_threads(1)
-    from failslow.demo.megatron_job import GptShape, build_gpt
+    from failslow.demo.megatron_job import GptShape, build_gpt, pretraining_iterator
 
     shape = GptShape(layers=4, hidden=128, heads=4, seq=64, vocab=512, micro_batch_size=8,
                      samples=8192)  # fmt: skip
@@ -44,7 +46,12 @@ def main() -> None:
         model_provider=job.extra["model_provider"],  # S3 in place: rebuilds on the new groups
         num_microbatches=args.micro_batches, micro_batch_size=shape.micro_batch_size,
     )  # fmt: skip
-    data = fs.data_iterator(job.dataset)  # failslow: this replica's share of every global batch
+    # the loop's own data iterator, as Megatron-LM builds it (its pretraining sampler over a
+    # shuffled dataset, from the samples already consumed): failslow re-cuts it per plan
+    data = pretraining_iterator(
+        job.dataset, steps=args.steps, iteration=fs.iteration,
+        micro_batches=args.micro_batches, micro_batch_size=shape.micro_batch_size,
+    )  # fmt: skip
     global_batch = args.micro_batches * shape.micro_batch_size * fs.split.replicas
     for step in range(fs.iteration, args.steps):  # a restart in place resumes at its iteration
         for chunk in model:

@@ -22,6 +22,8 @@ def test_the_link_fault_needs_root_and_says_so(monkeypatch):
     [
         ({"framework": "deepspeed", "fault": "link"}, "--fault link needs --framework megatron"),
         ({"framework": "megatron", "fault": "disk"}, "--fault must be compute or link"),
+        ({"framework": "deepspeed", "loader": "own"}, "--loader own is not one of --framework d"),
+        ({"framework": "megatron", "loader": "prepared"}, "megatron's: ['failslow', 'own']"),
     ],
 )
 def test_bad_fault_options_are_one_line(options, message):

@@ -2,7 +2,9 @@
 
 A 4-rank Megatron-core GPT on CPU/gloo (``failslow demo --framework megatron``'s job: TP1 x PP2
 x DP2, Megatron DDP, Adam, 1F1B), trained by the Megatron-LM loop with
-``failslow.megatron.attach`` and ``fs.forward_backward``; rank 2 (pipeline stage 1 of replica
+``failslow.megatron.attach`` and ``fs.forward_backward`` over the loop's own data iterator
+(``iter(DataLoader(..., batch_sampler=<Megatron-LM's pretraining sampler>))``: no
+``fs.data_iterator``; failslow re-cuts it per plan); rank 2 (pipeline stage 1 of replica
 0) is SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 50 until the plan has been in
 effect 20 steps, and the job runs until the revert has been in effect 20 steps (140 at least).
 No group of this job spans every rank, so the validation pause lands at a step boundary. The
@@ -45,6 +47,7 @@ def _options(out: Path, **kw: object) -> MitigationDemoOptions:
         slow_rank=SLOW,
         out_dir=out,
         live=False,
+        loader="own",  # the loop's own Megatron-LM data iterator, re-cut by failslow
         failslow={"validation": {"recheck_every_s": 8.0}, "detection": {"cooldown_s": 8.0}},
         **kw,  # type: ignore[arg-type]
     )
@@ -66,6 +69,7 @@ def test_a_megatron_straggler_is_mitigated_and_the_model_is_unchanged(
     assert applied, context
     first = applied[0]
     assert first["strategy"] == "S2 micro-batches", context
+    assert first["effect"] == "in effect", context  # every rank ran its share of the plan
     counts = first["counts"]  # replica 0 holds rank 2 (stage 1) and rank 0 (stage 0)
     assert sum(counts) == 8 and counts[0] == min(counts) < 4, context
     assert START <= injected_start < first["apply_step"] < injected_end, context

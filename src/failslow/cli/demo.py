@@ -108,6 +108,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 out_dir=out_dir,
                 live=not args.no_live,
                 loop=args.loop,
+                loader=args.loader,
                 fault=args.fault,
                 link_rate=args.link_rate,
                 failslow={"planner": {"strategies": strategies}} if strategies else {},
@@ -231,5 +232,12 @@ def register(sub: Any) -> None:
         default="user",
         help="deepspeed: the job's training loop - the one DeepSpeed's tutorials teach "
         "(forward, backward, step over the loader; default) or engine.train_batch()",
+    )
+    p.add_argument(
+        "--loader",
+        choices=("failslow", "own", "prepared"),
+        help="where the ranks read their data - megatron: failslow (fs.data_iterator, default) "
+        "or own (the loop's own Megatron-LM iterator); accelerate: prepared (default) or "
+        "failslow (fs.loader)",
     )
     p.set_defaults(func=_cmd_demo)

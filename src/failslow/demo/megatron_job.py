@@ -174,6 +174,73 @@ class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return self.tokens[i]
 
 
+class PretrainingSampler:
+    """How a Megatron-LM loop reads a pretraining dataset (its ``MegatronPretrainingSampler``,
+    written here for the demo): consecutive global micro-batches of ``micro_batch_size *
+    data_parallel_size`` samples from ``consumed_samples`` on (a resumed run starts at
+    ``iteration * global_batch_size``), this replica's slice of each."""
+
+    def __init__(
+        self, total_samples: int, consumed_samples: int, micro_batch_size: int,
+        data_parallel_rank: int, data_parallel_size: int,
+    ) -> None:  # fmt: skip
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.data_parallel_rank = data_parallel_rank
+        self.data_parallel_size = data_parallel_size
+
+    def __len__(self) -> int:
+        width = self.micro_batch_size * self.data_parallel_size
+        return (self.total_samples - self.consumed_samples) // width
+
+    def __iter__(self) -> Any:
+        width = self.micro_batch_size * self.data_parallel_size
+        lo = self.data_parallel_rank * self.micro_batch_size
+        for start in range(self.consumed_samples, self.total_samples - width + 1, width):
+            yield list(range(start + lo, start + lo + self.micro_batch_size))
+
+
+class ShuffledEpochs(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """``epochs`` passes over ``dataset``, each in the order of a permutation seeded with
+    ``seed + epoch`` (Megatron-LM's GPT dataset shuffles its sample index when it is built)."""
+
+    def __init__(self, dataset: Any, epochs: int, seed: int = 0) -> None:
+        self.dataset, self.epochs, self.seed = dataset, epochs, seed
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset) * self.epochs
+
+    def __getitem__(self, i: int) -> Any:
+        epoch, at = divmod(i, len(self.dataset))
+        if self._order is None or self._order[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._order = (epoch, torch.randperm(len(self.dataset), generator=g))
+        return self.dataset[int(self._order[1][at])]
+
+
+def pretraining_iterator(
+    dataset: Any, *, steps: int, iteration: int, micro_batches: int, micro_batch_size: int,
+) -> Any:  # fmt: skip
+    """The loop's own data iterator, built as a Megatron-LM loop builds one:
+    ``iter(DataLoader(dataset, batch_sampler=PretrainingSampler(...)))`` over enough shuffled
+    epochs for ``steps`` steps of ``micro_batches`` per replica, from ``iteration`` on. Where
+    the dataset holds whole global batches (the demo's), each step reads the samples
+    ``fs.data_iterator(dataset)`` reads (the same permutation per epoch), split over the
+    replicas otherwise."""
+    from megatron.core import parallel_state as ps
+
+    dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    global_batch = micro_batches * micro_batch_size * dp
+    epochs = -(-steps * global_batch // len(dataset))
+    sampler = PretrainingSampler(
+        len(dataset) * epochs, iteration * global_batch, micro_batch_size, rank, dp
+    )
+    loader = torch.utils.data.DataLoader(ShuffledEpochs(dataset, epochs), batch_sampler=sampler)
+    return iter(loader)
+
+
 def train_step(job: GptJob, adapter: Any, data: Any) -> tuple[list[Any], float | None]:
     """One iteration of the Megatron-LM loop with failslow's ``forward_backward``: the
     micro-batches' losses (the last pipeline stage's; empty on the others) and the gradient

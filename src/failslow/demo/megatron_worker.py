@@ -18,7 +18,9 @@ Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (and _HOST), FAILSLOW_DE
 FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica), FAILSLOW_DEMO_MICRO_BATCH_SIZE,
 FAILSLOW_DEMO_WIDTH (hidden size), FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE (when every
 rank sees it: end); for the hot-update tests FAILSLOW_DEMO_CRASH_AT_START and
-FAILSLOW_DEMO_LOG_TAG. Under torchrun (no FAILSLOW_DEMO_STORE_PORT) it joins torchrun's
+FAILSLOW_DEMO_LOG_TAG; FAILSLOW_DEMO_LOADER (``failslow``, the default: ``fs.data_iterator``;
+``own``: the loop's own iterator, :func:`~failslow.demo.megatron_job.pretraining_iterator`,
+which failslow re-cuts per plan). Under torchrun (no FAILSLOW_DEMO_STORE_PORT) it joins torchrun's
 rendezvous; restarted in place with an in-memory snapshot (``checkpoint.every_steps``), it
 resumes at the snapshot's iteration. FAILSLOW_DEMO_SAVE_EVERY_STEP=1 (a reference run) also
 saves each rank's model after every step (``model-step<N>-rank<r>.npz``).
@@ -41,7 +43,7 @@ def main() -> None:
     import failslow
     import failslow.megatron
     from failslow.demo import fault_plugin
-    from failslow.demo.megatron_job import GptShape, build_gpt, train_step
+    from failslow.demo.megatron_job import GptShape, build_gpt, pretraining_iterator, train_step
     from failslow.demo.worker_io import (
         all_ranks_see,
         announce_start,
@@ -73,7 +75,13 @@ def main() -> None:
         num_microbatches=per_replica,
         micro_batch_size=shape.micro_batch_size,
     )
-    data = fs.data_iterator(job.dataset)
+    if os.environ.get("FAILSLOW_DEMO_LOADER", "failslow") == "own":  # Megatron-LM's own
+        data = pretraining_iterator(
+            job.dataset, steps=steps, iteration=fs.iteration, micro_batches=per_replica,
+            micro_batch_size=shape.micro_batch_size,
+        )  # fmt: skip
+    else:
+        data = fs.data_iterator(job.dataset)
     # tests and demos: a fault through the plugin API (hang, slow: the machine's, by slot)
     for fault in fault_plugin.from_env(job.model[0], lambda: fs.iteration):
         fs.session.pm.register(fault)

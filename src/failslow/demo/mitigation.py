@@ -111,6 +111,10 @@ class MitigationDemoOptions:
     loop: str = "user"
     """``user``: the loop DeepSpeed's tutorials teach (forward, backward, step over the
     loader); ``train_batch``: ``engine.train_batch()`` per step."""
+    loader: str | None = None
+    """Where the ranks read their data: Megatron ``failslow`` (``fs.data_iterator``, the
+    default) or ``own`` (the loop's own Megatron-LM iterator, re-cut per plan); Accelerate
+    ``prepared`` (the default) or ``failslow`` (``fs.loader``)."""
     until_mitigated: int | None = None
     """Robust to a loaded machine (tests, benchmarks): the slowdown lasts at least until this
     many steps after the first plan took effect (``slow_end`` is then the earliest release),
@@ -150,6 +154,12 @@ class MitigationDemoOptions:
             )
         if self.loop not in ("user", "train_batch"):
             raise FailslowError(f"demo: --loop must be user or train_batch, got {self.loop!r}")
+        loaders = {"megatron": ("failslow", "own"), "accelerate": ("prepared", "failslow")}
+        if self.loader is not None and self.loader not in loaders.get(self.framework, ()):
+            raise FailslowError(
+                f"demo: --loader {self.loader} is not one of --framework {self.framework}'s: "
+                f"{list(loaders.get(self.framework, ())) or 'none'}"
+            )
         if self.world_size < 2 or not 0 <= self.slow_rank < self.world_size:
             raise FailslowError(
                 f"demo: need --world-size >= 2 and 0 <= --slow-rank < world size, got "
@@ -463,6 +473,8 @@ def _job_env(
         FAILSLOW_RING_DIR=str(ring_dir),
         **extra,
     )
+    if opts.loader is not None:
+        env["FAILSLOW_DEMO_LOADER"] = opts.loader
     if opts.mitigate:
         env["FAILSLOW_STORE"] = store_url
     if opts.until_mitigated is not None:
