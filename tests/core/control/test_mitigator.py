@@ -80,7 +80,7 @@ def _diagnosed_after_slow_steps(store: Store, config: Any, ranks: list[Rank]) ->
 
 def test_diagnosis_buys_s2_and_relief_reverts_to_the_even_split(url: str) -> None:
     config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
-    ranks = _ranks(url, 4)
+    ranks = _ranks(url, 4, first_step=FIRST)
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
         mitigator = _diagnosed_after_slow_steps(store, config, ranks)
@@ -112,7 +112,7 @@ def test_a_link_only_rediagnosis_after_the_gpu_recovered_reverts_s2(url: str) ->
     loaded machine named one link at 2.3x and nothing else; the S2 split for the recovered
     rank must not stay in effect."""
     config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
-    ranks = _ranks(url, 4)
+    ranks = _ranks(url, 4, first_step=FIRST)
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
         mitigator = _diagnosed_after_slow_steps(store, config, ranks)
@@ -162,7 +162,7 @@ def test_after_a_topology_swap_the_controller_plans_from_the_new_placement(url: 
 
     topology = Topology.megatron(tp=1, dp=2, pp=2, gpus_per_host=1, micro_batches=8)
     config = load_config({"planner": {"strategies": ["S3"], "pause_s": 0.01}}, environ={})
-    ranks = _ranks(url, 4)
+    ranks = _ranks(url, 4, first_step=FIRST)
     with open_store(url, timeout_s=CONNECT_S) as store:
         capabilities = {**SUPPORTED, "microbatch_plans": "no", "topology_plans": ""}
         store.set_json(keys.JOB, {"topology": topology.to_dict(), "capabilities": capabilities})
@@ -202,7 +202,7 @@ def test_s2_step_time_comes_from_the_ranks_step_profiles(url: str) -> None:
     from failslow.core.planner.measured_step import MeasuredSteps
 
     config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
-    ranks = _ranks(url, 4)
+    ranks = _ranks(url, 4, first_step=FIRST)
     records = {
         2: {"step": 25, "profile": {"calls": 4, "spacing": 0.06, "rest": 0.06, "rest_low": 0.05}},
         0: {"step": 25, "profile": {"calls": 4, "spacing": 0.02, "rest": 0.22, "rest_low": 0.02}},
@@ -235,7 +235,7 @@ def test_a_diagnosis_before_the_profiles_show_the_slowdown_is_planned_again_when
     was bought plans again from what the ranks measure now; the round that had no plan says
     why in the journal."""
     config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
-    ranks = _ranks(url, 4)
+    ranks = _ranks(url, 4, first_step=FIRST)
     healthy = {"calls": 4, "spacing": 0.02, "rest": 0.02, "rest_low": 0.02}
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
@@ -274,7 +274,7 @@ def test_s4_evicts_what_the_standbys_replace_and_the_next_plan_uses_the_new_host
     from failslow.core.planner.plans import RestartPlan
 
     config, capabilities = _s4_only()
-    ranks = _ranks(url, 4)
+    ranks = _ranks(url, 4, first_step=FIRST)
 
     def diagnosed(diagnosis: Diagnosis, steps: range) -> None:
         """``diagnosis`` after ``steps`` slow steps (0.2 s of impact each) since its onset."""
@@ -339,7 +339,7 @@ def test_a_slow_gpu_diagnosed_on_top_of_a_slow_link_is_what_the_restart_evicts(u
     from failslow.core.planner.plans import RestartPlan
 
     config, capabilities = _s4_only()
-    ranks = _ranks(url, 4)
+    ranks = _ranks(url, 4, first_step=FIRST)
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, capabilities)
         store.set_json(f"{keys.STANDBYS}/node", {"free": 1})
@@ -378,7 +378,7 @@ def test_a_job_that_went_on_with_fewer_ranks_is_planned_for_the_ranks_it_has(url
         {"planner": {"microbatch_apply_s": 0.0, "plan_timeout_s": 5.0}}, environ={}
     )
     topology = Topology.megatron(tp=1, dp=3, pp=1, gpus_per_host=1, micro_batches=16)
-    ranks = _ranks(url, 3)
+    ranks = _ranks(url, 3, first_step=FIRST)
     with open_store(url, timeout_s=CONNECT_S) as store:
         store.set_json(
             keys.JOB,
@@ -683,7 +683,7 @@ def test_a_plan_a_rank_refuses_disables_its_strategy_with_the_reason(url: str) -
     this job (no more validation pauses bought for a plan that cannot apply)."""
     config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
     own = "ConfigError: step 41 trained on micro-batches the share-aware loader did not hand out"
-    ranks = [*_ranks(url, 3), *_ranks(url, 1, refuse=own)]
+    ranks = [*_ranks(url, 3, first_step=FIRST), *_ranks(url, 1, refuse=own, first_step=FIRST)]
     with open_store(url, timeout_s=CONNECT_S) as store:
         _job(store, SUPPORTED)
         mitigator, events = _bought(store, config)
