@@ -11,8 +11,12 @@ every call returns at once with a neutral answer (``get`` None, ``add`` 0, ``wai
 reconnects with capped exponential backoff. Connecting never happens on the caller's thread, so a
 disconnected call costs microseconds. While connected, a call is bounded by the store's operation
 timeout (``timeout_s``, 1 s by default here): a server that hangs rather than dies costs the
-caller that long once, then the store counts as down. The operator-facing side (controller CLI)
-uses the plain store and shows its error.
+caller that long once, then the store counts as down. Connecting gets
+:data:`CONNECT_TIMEOUT_S` at least: it runs on the background thread, and a new TCPStore
+connection resolves its addresses through the system resolver, where one dropped query costs
+5 s (glibc's timeout; two attempts) - with the operation timeout as its budget, a rank whose
+resolver drops queries would never connect. The operator-facing side (controller CLI) uses the
+plain store and shows its error.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from failslow.core.control.store import Store, StoreUnavailable, open_store, red
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 12.0
+"""The least a (re)connection attempt may take: two resolver timeouts of 5 s, and the connect."""
 
 
 class ResilientStore(Store):
@@ -47,7 +54,9 @@ class ResilientStore(Store):
         self.timeout_s = timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
-        self._open = opener or (lambda u, t: open_store(u, timeout_s=t))
+        self.connect_timeout_s = max(timeout_s, CONNECT_TIMEOUT_S)
+        connect = self.connect_timeout_s
+        self._open = opener or (lambda u, t: open_store(u, timeout_s=t, connect_timeout_s=connect))
         self._store: Store | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -158,6 +167,6 @@ class ResilientStore(Store):
             store.close()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            # a connect in progress is bounded by the timeout; nothing of ours stays inside a
+            # a connect in progress is bounded by its timeout; nothing of ours stays inside a
             # store call (at interpreter exit that aborts the process)
-            thread.join(timeout=self.timeout_s + 1.0)
+            thread.join(timeout=self.connect_timeout_s + 1.0)

@@ -229,19 +229,24 @@ def parse_store_url(url: str) -> tuple[str, str, int, dict[str, str], int]:
     return scheme, host, port, options, db
 
 
-def open_store(url: str, *, timeout_s: float = 5.0) -> Store:
-    """Open the store at ``url`` (forms in the module docstring); every operation, including
-    connecting, is bounded by ``timeout_s``. ConfigError for a bad URL, StoreUnavailable when the
-    server cannot be reached."""
+def open_store(
+    url: str, *, timeout_s: float = 5.0, connect_timeout_s: float | None = None
+) -> Store:
+    """Open the store at ``url`` (forms in the module docstring); every operation is bounded by
+    ``timeout_s``, connecting by ``connect_timeout_s`` (default ``timeout_s``). ConfigError for a
+    bad URL, StoreUnavailable when the server cannot be reached."""
     scheme, host, port, options, _db = parse_store_url(url)
-    if not timeout_s > 0:
-        raise ConfigError(f"control store timeout_s must be > 0, got {timeout_s!r}")
+    connect = timeout_s if connect_timeout_s is None else connect_timeout_s
+    for name, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect)):
+        if not value > 0:
+            raise ConfigError(f"control store {name} must be > 0, got {value!r}")
     if scheme == "tcp":
         from failslow.core.control.store_tcp import TCPStoreBackend
 
         return TCPStoreBackend(
-            url, host, port, master=options.get("master") == "1", timeout_s=timeout_s
-        )
+            url, host, port, master=options.get("master") == "1", timeout_s=timeout_s,
+            connect_timeout_s=connect,
+        )  # fmt: skip
     from failslow.core.control.store_redis import RedisStore
 
-    return RedisStore(url, timeout_s=timeout_s)
+    return RedisStore(url, timeout_s=timeout_s, connect_timeout_s=connect)

@@ -40,7 +40,9 @@ def _glob_escape(text: str) -> str:
 class RedisStore(Store):
     """A :class:`Store` on a Redis server."""
 
-    def __init__(self, url: str, *, timeout_s: float) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float, connect_timeout_s: float | None = None
+    ) -> None:
         """``url`` as :func:`failslow.core.control.store.parse_store_url` accepted it: redis-py
         reads the host, port, database, user, password and (``rediss://``) TLS options."""
         self.url = redacted(url)
@@ -60,7 +62,7 @@ class RedisStore(Store):
         self._client: Any = redis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
+            socket_connect_timeout=timeout_s if connect_timeout_s is None else connect_timeout_s,
             retry=Retry(NoBackoff(), 0),
             retry_on_error=[],
         )

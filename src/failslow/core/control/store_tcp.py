@@ -92,7 +92,10 @@ HOST_TIMEOUT_S = 30.0
 class TCPStoreBackend(Store):
     """A :class:`Store` on torch.distributed's TCPStore, as client or as host (``master``)."""
 
-    def __init__(self, url: str, host: str, port: int, *, master: bool, timeout_s: float) -> None:
+    def __init__(
+        self, url: str, host: str, port: int, *, master: bool, timeout_s: float,
+        connect_timeout_s: float | None = None,
+    ) -> None:  # fmt: skip
         self.url = url
         self.timeout_s = timeout_s
         self.host = host
@@ -104,12 +107,13 @@ class TCPStoreBackend(Store):
             raise StoreUnavailable(url, "import torch", exc) from None
         self._store: Any = None
         self._dist_error: type[BaseException] = dist.DistError
-        deadline = time.monotonic() + timeout_s
+        connect = timeout_s if connect_timeout_s is None else connect_timeout_s
+        deadline = time.monotonic() + connect
         if master:
             # hosting includes the store's own client connection, which c10d resolves through
             # the system resolver (see _connect): one timed-out query takes 5 s, so the host
             # gets HOST_TIMEOUT_S at least (seen: a 5 s budget failed under load here)
-            host_timeout = timedelta(seconds=max(timeout_s, HOST_TIMEOUT_S))
+            host_timeout = timedelta(seconds=max(connect, HOST_TIMEOUT_S))
             try:
                 self._store = dist.TCPStore(
                     host, port, None, True, host_timeout, wait_for_workers=False
