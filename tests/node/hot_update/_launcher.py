@@ -86,10 +86,11 @@ class Launcher:
         return self
 
     def records(self, event: str = "start") -> list[dict[str, Any]]:
+        """The job's log records of ``event`` ("*": all)."""
         if not self.log.is_file():
             return []
         lines = self.log.read_text().splitlines()
-        return [r for r in map(json.loads, lines) if r["event"] == event]
+        return [r for r in map(json.loads, lines) if event in ("*", r["event"])]
 
     def wait_for(self, what: Callable[[], Any], timeout: float = 30.0) -> Any:
         deadline = time.monotonic() + timeout

@@ -22,7 +22,9 @@ def test_urgent_update_stops_every_rank_at_one_step_and_relaunches(launcher: Lau
         update = history.submit(urgency="urgent", env={"JOB_VERSION": "2"}, note="new lr")
     starts = launcher.starts(4)
     stops = launcher.records("stop")
-    assert sorted(r["rank"] for r in stops) == [0, 1]
+    # failed once in a full run under heavy outside load ([0]; 10 of 10 passed beside two busy
+    # loops): on failure, say every record and what the launcher said
+    assert sorted(r["rank"] for r in stops) == [0, 1], (launcher.records("*"), launcher.stop_now())
     step = stops[0]["step"]
     assert {r["step"] for r in stops} == {step} and step > 0  # one common boundary
     assert all(r["update_id"] == update.id for r in stops)
