@@ -11,7 +11,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_plan_channel import CONNECT_S, Rank, _ranks, _stop
+from test_plan_channel import (  # the fixture: autouse here too
+    CONNECT_S,
+    Rank,
+    _no_rank_outlives_its_test,  # noqa: F401
+    _ranks,
+    _stop,
+)
 
 from failslow.config import load_config
 from failslow.core.control import keys

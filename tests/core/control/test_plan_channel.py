@@ -75,6 +75,10 @@ class Rank(threading.Thread):
             token=token,
         )
 
+    def start(self) -> None:
+        STARTED.append(self)
+        super().start()
+
     def run(self) -> None:
         self.receiver.start()
         while not self.stop.is_set():
@@ -92,11 +96,24 @@ class Rank(threading.Thread):
         self.receiver.stop()
 
 
+STARTED: list[Rank] = []
+"""Every rank thread a test started: stopped at its teardown if the test did not get there (a
+failed assertion left them polling a closed store for the rest of the run)."""
+
+
 def _ranks(url: str, n: int, **kw: object) -> list[Rank]:
     ranks = [Rank(url, r, **kw) for r in range(n)]  # type: ignore[arg-type]
     for r in ranks:
         r.start()
     return ranks
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_outlives_its_test() -> Iterator[None]:
+    yield
+    left = [r for r in STARTED if r.is_alive()]
+    STARTED.clear()
+    _stop(left)
 
 
 def _stop(ranks: list[Rank]) -> None:
