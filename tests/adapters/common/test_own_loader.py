@@ -219,3 +219,28 @@ def test_a_plan_for_a_step_the_workers_already_fetched_raises():
     loop.next(0)  # the workers have fetched step 0 and into step 1
     with pytest.raises(FailslowError, match="already read up to step 1"):
         split.apply(_plan(1, 5, 3, 3), 1)
+
+
+def test_a_loop_that_starts_its_iterator_over_goes_on_under_the_even_split_not_under_a_plan():
+    """Under the even split a new iterator mid-epoch goes on with the step from the sampler's
+    new stream (what the loop would read without failslow); under a plan the step's share
+    cannot be finished exactly, and the recut says so instead of reading other data."""
+    loop = _Loop(_distributed(200))
+    split = ReplicaSplit(replica=0, replicas=D, micro_batches=G * D)
+    recut, why = take_over(loop.iterators[0], split, start_step=0)
+    assert recut is not None, why
+    loop.next(0)
+    loop.iterators[0] = iter(loop.loaders[0])  # started over, 1 batch into step 0
+    fresh = [int(x) for x in next(iter(DataLoader(_Indices(200), batch_size=B,
+                                                  sampler=loop.loaders[0].sampler)))]  # fmt: skip
+    assert loop.next(0) == fresh and recut.read_in(0) == 2
+    loop.next(0)
+    split.apply(_plan(1, 5, 3, 3), 1)
+    loop.next(0)  # replica 0's one batch of step 1: a step boundary
+    loop.iterators[0] = iter(loop.loaders[0])  # step 2 reads the new stream from its start
+    assert loop.next(0) == fresh and recut.read_in(2) == 1
+    split.apply(_plan(2, 4, 3, 3), 3)
+    loop.next(0)  # 1 of replica 0's 2 batches of step 3
+    loop.iterators[0] = iter(loop.loaders[0])
+    with pytest.raises(FailslowError, match="started its data iterator over in step 3"):
+        loop.next(0)

@@ -124,6 +124,8 @@ class LoaderRecut(StepPlans):
         self._checked = 0
         """Stream positions of this epoch checked against the view of this replica's rank."""
         self._generators: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._live: object | None = None
+        """The iteration handing out now (one at a time; a superseded one ends)."""
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -164,13 +166,34 @@ class LoaderRecut(StepPlans):
                 self._pending = [(self.source, self._start + j) for j in range(n, g)]
             fetched -= n
 
+    def _in_force(self) -> bool:
+        """A plan other than the even split is in force at the current step."""
+        g = self.accumulation
+        return self.replica != self.source or any(c != g for c in self.counts_at(self.step))
+
     def _hand_out(self, own: Iterator[Any], drawn: int) -> Iterator[list[int]]:
+        token = object()
+        if self._live is not None and self._pending == []:  # started over at a step's end
+            self.step, self.offset, self._pending = self.step + 1, 0, None
+        if self._live is not None and self._pending is None:
+            self._start = 0  # the next step reads the new stream from its start
+        elif self._live is not None:  # started over inside a step
+            if self._in_force():
+                raise FailslowError(
+                    f"the loop started its data iterator over in step {self.step} (batch "
+                    f"{self.offset}) under a plan, which failslow cannot re-cut exactly; "
+                    "iterate each epoch to its end"
+                )
+            g = self.accumulation  # even split: the new stream goes on with the step
+            self._start = -self.offset
+            self._pending = [(self.source, j - self.offset) for j in range(self.offset, g)]
+        self._live = token
         self._template = _plain(self.sampler)
         self._streams.clear()
         self._own.clear()
         self._own_pos = self._checked = drawn
         g, end = self.accumulation, None
-        while True:
+        while self._live is token:
             if self._pending is None:
                 if self.before_step is not None:
                     self.before_step(self.step)
@@ -204,6 +227,7 @@ class LoaderRecut(StepPlans):
             if end is not None and (self._pending or self._start >= end):
                 self._start -= end  # the rest of the step lies in the next epoch
                 self._pending = [(q, t - end) for q, t in self._pending or []] or None
+                self._live = None
                 return
 
     def _compare(self, position: int, batch: list[int]) -> None:
@@ -217,6 +241,8 @@ class LoaderRecut(StepPlans):
                 f"a copy of its sampler for replica {self.source} read {mine[:4]}... where the "
                 f"loop's read {batch[:4]}... (it depends on more than its rank)"
             )
+            if self._in_force():  # the other replicas' batches read so far were wrong too
+                raise FailslowError(f"the plan in force cannot be re-cut exactly: {self.broken}")
         if position + 1 >= self._checked + self.accumulation:
             self._streams.pop(self.source, None)  # checked: only other replicas are read
 

@@ -1,0 +1,148 @@
+"""What a healthy job pays for running under ``failslow run``: each piece added in turn, beside
+plain torchrun (issue 49, "the cost of being there").
+
+Usage::
+
+    python benchmarks/run_overhead.py [--jobs deepspeed,megatron,accelerate] [--world 4]
+        [--steps 120] [--repeat 3]
+
+Each job is a demo worker that attached failslow (``failslow.deepspeed.initialize``, the
+Megatron-LM loop with ``failslow.megatron.attach``, Accelerate's ``accumulate`` loop with
+``failslow.accelerate.attach``), started by ``torchrun --standalone`` (its own rendezvous), with
+no fault. Ways, each one piece more than the one before:
+
+1. ``torchrun``: the job alone (failslow attached, nothing to talk to);
+2. ``failslow run (no capture)``: ``failslow run --no-shim --no-python-hook -- torchrun ...`` -
+   the launcher, its update agent and node publisher;
+3. ``+ capture``: the LD_PRELOAD shim and the Python hook recording every collective;
+4. ``+ controller``: ``--controller W`` - the embedded control store and controller, the ranks'
+   step reports and progress records;
+5. ``+ snapshots``: ``checkpoint.every_steps = 1`` with backups on peers (off by default).
+
+Printed per job: the median step over steps 10 to the end (the slowest rank's step ends) of each
+way, and its ratio to the same round's ``torchrun`` (the ways of a round run back to back, the
+order rotated from round to round; the machine is shared and noisy, so ratios, not times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from failslow.demo.worker_io import launch_env
+
+JOBS = {
+    "deepspeed": ("failslow.demo.ds_worker", {"FAILSLOW_DEMO_MICRO_BATCH_SIZE": "32"}),
+    "megatron": ("failslow.demo.megatron_worker", {}),
+    "accelerate": ("failslow.demo.accelerate_worker", {"FAILSLOW_DEMO_MICRO_BATCH_SIZE": "32"}),
+}
+WAYS = ("torchrun", "failslow run (no capture)", "+ capture", "+ controller", "+ snapshots")
+
+
+def command(way: str, module: str, world: int, tmp: Path) -> list[str]:
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={world}", "-m", module,
+    ]  # fmt: skip
+    if way == "torchrun":
+        return torchrun
+    run = [
+        sys.executable, "-m", "failslow.cli", "run", "--ring-dir", str(tmp / "rings"),
+        "--state-dir", str(tmp / "state"), "--snapshot-dir", str(tmp / "snapshots"),
+    ]  # fmt: skip
+    if way == "failslow run (no capture)":
+        run += ["--no-shim", "--no-python-hook"]
+    if way in ("+ controller", "+ snapshots"):
+        run += ["--controller", str(world)]
+    return [*run, "--", *torchrun]
+
+
+def step_times(out: Path, world: int) -> np.ndarray:
+    """Per-step times of the job: the slowest rank's step ends (a worker under ``failslow run``
+    names its record after its launch: ``steps-rank<r>-<launch>.json``)."""
+    ends = []
+    for rank in range(world):
+        (path,) = [p for p in out.glob(f"steps-rank{rank}*.json")]
+        ends.append(np.asarray(json.loads(path.read_text())["step_end"]))
+    return np.diff(np.max(np.stack(ends), axis=0))
+
+
+def one(job: str, way: str, world: int, steps: int) -> float:
+    """The median step of one run of ``job`` the ``way`` given (steps 10 to the end)."""
+    module, extra = JOBS[job]
+    with tempfile.TemporaryDirectory(prefix="failslow-overhead-", dir="/dev/shm") as name:
+        tmp = Path(name)
+        out = tmp / "out"
+        out.mkdir()
+        snapshots = {"checkpoint": {"every_steps": 1, "backup": True}}
+        settings = snapshots if way == "+ snapshots" else {}
+        env = launch_env(out, steps, FAILSLOW_DEMO_CONFIG=json.dumps(settings), **extra)
+        env.pop("FAILSLOW_DEMO_STORE_PORT", None)
+        log = tmp / "log"
+        with log.open("w") as f:
+            done = subprocess.run(
+                command(way, module, world, tmp), env=env, stdout=f, stderr=subprocess.STDOUT,
+                timeout=1200, check=False, cwd=tmp,
+            )  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"{job} / {way}: exit {done.returncode}\n{log.read_text()[-3000:]}")
+        return float(statistics.median(step_times(out, world)[10:]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", default="deepspeed,megatron,accelerate")
+    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--ways", default=",".join(WAYS), help="a subset of the ways, in order")
+    args = parser.parse_args()
+    jobs = args.jobs.split(",")
+    ways = [w for w in args.ways.split(",") if w]
+    unknown = [j for j in jobs if j not in JOBS] + [w for w in ways if w not in WAYS]
+    if unknown or ways[:1] != ["torchrun"]:
+        raise SystemExit(f"unknown jobs or ways {unknown}, or the ways do not start with torchrun")
+    console = Console(width=150)
+    cores = os.cpu_count()
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for job in jobs:
+        for r in range(args.repeat):
+            order = ways[r % len(ways) :] + ways[: r % len(ways)]  # rotate: no way always first
+            times = {}
+            for way in order:
+                started = time.monotonic()
+                times[way] = one(job, way, args.world, args.steps)
+                console.print(f"{job} round {r + 1}: {way}: median step {times[way]:.4f} s "
+                              f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+            for way in ways:
+                results.setdefault((job, way), []).append(
+                    (times[way], times[way] / times["torchrun"])
+                )
+    table = Table(title=f"healthy steps, {args.world} ranks on {cores} cores, {args.steps} steps, "
+                        f"{args.repeat} rounds (ratio to the round's torchrun)")  # fmt: skip
+    for col in ("job", "way", "median step", "ratios", "overhead (median ratio)"):
+        table.add_column(col)
+    for job in jobs:
+        for way in ways:
+            rows = results[(job, way)]
+            ratio = statistics.median(x for _, x in rows)
+            table.add_row(
+                job, way, f"{statistics.median(t for t, _ in rows):.4f} s",
+                " ".join(f"{x:.3f}" for _, x in rows), f"{(ratio - 1) * 100:+.1f}%",
+            )  # fmt: skip
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
