@@ -48,8 +48,10 @@ def main() -> None:
         disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
     )
-    trainer = Trainer(model=model, args=training, train_dataset=dataset)
-    failslow.transformers.attach(trainer)  # failslow
+    trainer = Trainer(
+        model=model, args=training, train_dataset=dataset,
+        callbacks=[failslow.transformers.FailslowCallback()],  # failslow
+    )  # fmt: skip
     trainer.train()
     if trainer.is_world_process_zero():
         for entry in trainer.state.log_history:

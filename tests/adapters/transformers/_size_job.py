@@ -7,7 +7,9 @@ The model's loss is a sum over its items divided by ``num_items_in_batch`` (as H
 models compute theirs). Each rank writes JSON: its parameters after each run, what the session
 reported of each plan, and the samples its re-cut loader handed out per step. A fourth, one-step
 run with a loss that is a mean per micro-batch reports the capabilities that model gets, and a
-run resumed from the Trainer's own checkpoint those it gets."""
+run resumed from the Trainer's own checkpoint those it gets. The run with plans is enabled the
+one-line way, ``Trainer(..., callbacks=[failslow.transformers.FailslowCallback()])``; a last
+one adds the callback after the Trainer was built (``add_callback``) and reports the error."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import failslow.transformers
 from failslow.conformance.scenarios import PlanResults
 from failslow.core.planner.allocation import loss_weights
 from failslow.core.planner.plans import MicroBatchPlan
+from failslow.errors import ConfigError
 
 PLANS = {2: (5, 5, 2, 4), 5: (6, 6, 1, 3), 12: (4, 4, 4, 4)}
 STEPS, SAMPLES = 14, 600
@@ -108,10 +111,25 @@ def train(out: str, mode: str) -> dict[str, Any]:
         logging_steps=10**6, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
     model = MeanLoss() if mode == "mean" else Regression()
-    trainer = Trainer(model=model, args=args, train_dataset=data)
     seen: dict[str, Any] = {}
+    if mode == "late":  # the callback added after the Trainer was built: one line, no training
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        trainer.add_callback(failslow.transformers.FailslowCallback())
+        try:
+            trainer.train()
+        except ConfigError as error:
+            return {"error": str(error)}
+        return {"error": None}
+    if mode == "plans":  # the one line as a callback
+        callback = failslow.transformers.FailslowCallback(config={"capture": True})
+        trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+        assert callback.registration is not None
+        reg = callback.registration
+    else:
+        trainer = Trainer(model=model, args=args, train_dataset=data)
     if mode not in ("plain", "resumed"):
-        reg = failslow.transformers.attach(trainer, config={"capture": True})
+        if mode != "plans":
+            reg = failslow.transformers.attach(trainer, config={"capture": True})
         effects = PlanResults()
         trainer.add_callback(recorder(reg, effects, plans=mode == "plans"))
     trainer.train()
@@ -138,7 +156,7 @@ def train(out: str, mode: str) -> dict[str, Any]:
 
 def main() -> None:
     out = Path(sys.argv[1])
-    modes = ("plain", "attached", "plans", "mean", "resumed")
+    modes = ("plain", "attached", "plans", "mean", "resumed", "late")
     result = {mode: train(str(out / mode), mode) for mode in modes}
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

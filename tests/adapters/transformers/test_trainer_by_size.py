@@ -69,6 +69,8 @@ def test_the_trainer_runs_s2_by_size_and_trains_the_same_model(tmp_path: Path) -
         # resumed from the Trainer's checkpoint: not re-cut (yet), said
         reason = seen["resumed"]["capabilities"]["microbatch_plans"]
         assert reason.startswith("the Trainer resumed from its checkpoint at step 3"), reason
+        # FailslowCallback added after the Trainer was built: train() says so, trains nothing
+        assert "added after the Trainer was built" in seen["late"]["error"], seen["late"]
 
 
 def test_the_trainers_deepspeed_zero2_path_runs_s2_by_size_and_trains_the_same_model(

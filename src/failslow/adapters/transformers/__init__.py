@@ -12,8 +12,9 @@ slow one's hold fewer samples - under DDP (:mod:`.plugin`) and under the Trainer
 ZeRO-1/2 path (:mod:`.engine`). Settings come from ``config=`` (under DeepSpeed, by default the
 DeepSpeed config's ``"failslow"`` block), the environment
 (``FAILSLOW__SECTION__KEY``) or ``failslow run``; a bad key is one line naming it, raised by
-``attach`` itself. A ``TrainerCallback`` is not given the Trainer (nor its Accelerator), so the
-one line is a call, not a callback.
+``attach`` itself. The same line as a callback: ``Trainer(..., callbacks=[
+failslow.transformers.FailslowCallback()])`` (:mod:`.callback`: it attaches at the end of the
+Trainer's ``__init__``).
 """
 
 from __future__ import annotations
