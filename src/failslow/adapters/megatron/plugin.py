@@ -15,7 +15,10 @@ Per-replica micro-batch counts (greyhound 5.2) map onto Megatron-core 0.16 as:
   per-token loss mode (``calculate_per_token_loss``) ``finalize_model_grads`` divides by the
   tokens of all replicas, which is already the even split's gradient: the weight is 1;
 - data: :meth:`MegatronAdapter.data_iterator` reads this replica's exact share of every global
-  batch (first and last stages read it; TP ranks of a replica read the same indices).
+  batch (first and last stages read it; TP ranks of a replica read the same indices); the
+  loop's own ``iter(DataLoader(...))`` is taken over at its first training step and re-cut per
+  plan where its sampler names its replica (:mod:`failslow.adapters.common.own_loader`), else
+  micro-batch plans are declared unsupported with the reason.
 
 Snapshots are per rank and issue no collective (byterobust 6.3): model chunks, the optimizer
 (a distributed optimizer's own shard in its dp-reshardable form plus its common state), the
@@ -136,6 +139,7 @@ class MegatronAdapter(swap.InPlaceSwap):
         self._own_iterators: list[Any] = []
         self._recuts: list[LoaderRecut] = []
         """The loop's own DataLoader iterators' re-cuts (the batch samplers they wrap)."""
+        self._said_broken = False
 
     # ---- hooks -------------------------------------------------------------------------------
     @hookimpl
@@ -422,7 +426,7 @@ class MegatronAdapter(swap.InPlaceSwap):
 
     def _foreign(self, why: str) -> None:
         """The loop feeds an iterator failslow cannot re-cut: plans are refused with ``why``
-        from now on, and the controller is told (it stops pausing the job for them)."""
+        from now on, and the controller is told (it plans no S2 for the job)."""
         hint = f"the loop's data iterator cannot be re-cut: {why}; pass data_iterator="
         hint += "fs.data_iterator(dataset)"
         if self.split.loader_hint != hint:
@@ -471,6 +475,11 @@ class MegatronAdapter(swap.InPlaceSwap):
         finally:
             self.config.grad_scale_func = scale
         self.iteration += 1
+        if not self._said_broken and any(r.broken for r in self._recuts):
+            self._said_broken = True  # found while reading: the controller plans from it
+            log.warning("failslow: %s", self._microbatch_reason())
+            if self.session is not None:
+                self.session.capabilities_changed()
         return result
 
     def close(self) -> None:
