@@ -21,7 +21,10 @@ no fault. Ways, each one piece more than the one before:
 
 Printed per job: the median step over steps 10 to the end (the slowest rank's step ends) of each
 way, and its ratio to the same round's ``torchrun`` (the ways of a round run back to back, the
-order rotated from round to round; the machine is shared and noisy, so ratios, not times).
+order rotated from round to round; the machine is shared and noisy, so ratios, not times); and
+the CPU seconds each run's processes used beyond the round's ``torchrun`` run (less noisy than
+wall time where the ranks share cores with other work; start-up included, so divided by the
+steps it is an upper bound of what a step adds).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -78,8 +82,15 @@ def step_times(out: Path, world: int) -> np.ndarray:
     return np.diff(np.max(np.stack(ends), axis=0))
 
 
-def one(job: str, way: str, world: int, steps: int) -> float:
-    """The median step of one run of ``job`` the ``way`` given (steps 10 to the end)."""
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def one(job: str, way: str, world: int, steps: int) -> tuple[float, float]:
+    """The median step of one run of ``job`` the ``way`` given (steps 10 to the end), and the
+    CPU seconds the run's processes used (every process of it is waited for: torchrun's ranks,
+    failslow run's launcher with its agent, publisher and controller threads)."""
     module, extra = JOBS[job]
     with tempfile.TemporaryDirectory(prefix="failslow-overhead-", dir="/dev/shm") as name:
         tmp = Path(name)
@@ -90,6 +101,7 @@ def one(job: str, way: str, world: int, steps: int) -> float:
         env = launch_env(out, steps, FAILSLOW_DEMO_CONFIG=json.dumps(settings), **extra)
         env.pop("FAILSLOW_DEMO_STORE_PORT", None)
         log = tmp / "log"
+        cpu = _children_cpu_s()
         with log.open("w") as f:
             done = subprocess.run(
                 command(way, module, world, tmp), env=env, stdout=f, stderr=subprocess.STDOUT,
@@ -97,7 +109,8 @@ def one(job: str, way: str, world: int, steps: int) -> float:
             )  # fmt: skip
         if done.returncode != 0:
             raise SystemExit(f"{job} / {way}: exit {done.returncode}\n{log.read_text()[-3000:]}")
-        return float(statistics.median(step_times(out, world)[10:]))
+        cpu = _children_cpu_s() - cpu
+        return float(statistics.median(step_times(out, world)[10:])), cpu
 
 
 def main() -> None:
@@ -115,31 +128,37 @@ def main() -> None:
         raise SystemExit(f"unknown jobs or ways {unknown}, or the ways do not start with torchrun")
     console = Console(width=150)
     cores = os.cpu_count()
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for job in jobs:
         for r in range(args.repeat):
             order = ways[r % len(ways) :] + ways[: r % len(ways)]  # rotate: no way always first
-            times = {}
+            times, cpus = {}, {}
             for way in order:
                 started = time.monotonic()
-                times[way] = one(job, way, args.world, args.steps)
-                console.print(f"{job} round {r + 1}: {way}: median step {times[way]:.4f} s "
-                              f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+                times[way], cpus[way] = one(job, way, args.world, args.steps)
+                took = time.monotonic() - started
+                console.print(f"{job} round {r + 1}: {way}: median step {times[way]:.4f} s, "
+                              f"{cpus[way]:.1f} CPU-s ({took:.0f} s)")  # fmt: skip
             for way in ways:
                 results.setdefault((job, way), []).append(
-                    (times[way], times[way] / times["torchrun"])
+                    (times[way], times[way] / times["torchrun"], cpus[way] - cpus["torchrun"])
                 )
     table = Table(title=f"healthy steps, {args.world} ranks on {cores} cores, {args.steps} steps, "
                         f"{args.repeat} rounds (ratio to the round's torchrun)")  # fmt: skip
-    for col in ("job", "way", "median step", "ratios", "overhead (median ratio)"):
+    columns = ("job", "way", "median step", "ratios", "overhead (median ratio)",
+               "added CPU-s per run", "added CPU-ms per step (upper bound)")  # fmt: skip
+    for col in columns:
         table.add_column(col)
     for job in jobs:
         for way in ways:
             rows = results[(job, way)]
-            ratio = statistics.median(x for _, x in rows)
+            ratio = statistics.median(x for _, x, _ in rows)
+            added = statistics.median(c for _, _, c in rows)
             table.add_row(
-                job, way, f"{statistics.median(t for t, _ in rows):.4f} s",
-                " ".join(f"{x:.3f}" for _, x in rows), f"{(ratio - 1) * 100:+.1f}%",
+                job, way, f"{statistics.median(t for t, _, _ in rows):.4f} s",
+                " ".join(f"{x:.3f}" for _, x, _ in rows), f"{(ratio - 1) * 100:+.1f}%",
+                f"{added:+.1f} ({' '.join(f'{c:+.1f}' for _, _, c in rows)})",
+                f"{added / args.steps * 1000:+.1f}",
             )  # fmt: skip
     console.print(table)
 
