@@ -175,10 +175,12 @@ class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 class PretrainingSampler:
-    """How a Megatron-LM loop reads a pretraining dataset (its ``MegatronPretrainingSampler``,
-    written here for the demo): consecutive global micro-batches of ``micro_batch_size *
-    data_parallel_size`` samples from ``consumed_samples`` on (a resumed run starts at
-    ``iteration * global_batch_size``), this replica's slice of each."""
+    """How a Megatron-LM loop reads a pretraining dataset (its ``MegatronPretrainingSampler``
+    with ``dataloader_type="single"``, written here for the demo with the same attributes):
+    consecutive global micro-batches of ``micro_batch_size * data_parallel_size`` samples from
+    ``consumed_samples`` on (a resumed run starts at ``iteration * global_batch_size``), this
+    replica's slice of each. Like Megatron-LM's, it keeps ``data_parallel_rank`` and
+    ``micro_batch_times_data_parallel_size``, not the data-parallel size itself."""
 
     def __init__(
         self, total_samples: int, consumed_samples: int, micro_batch_size: int,
@@ -188,14 +190,13 @@ class PretrainingSampler:
         self.consumed_samples = consumed_samples
         self.micro_batch_size = micro_batch_size
         self.data_parallel_rank = data_parallel_rank
-        self.data_parallel_size = data_parallel_size
+        self.micro_batch_times_data_parallel_size = micro_batch_size * data_parallel_size
 
     def __len__(self) -> int:
-        width = self.micro_batch_size * self.data_parallel_size
-        return (self.total_samples - self.consumed_samples) // width
+        return self.total_samples  # as Megatron-LM's: samples, not batches
 
     def __iter__(self) -> Any:
-        width = self.micro_batch_size * self.data_parallel_size
+        width = self.micro_batch_times_data_parallel_size
         lo = self.data_parallel_rank * self.micro_batch_size
         for start in range(self.consumed_samples, self.total_samples - width + 1, width):
             yield list(range(start + lo, start + lo + self.micro_batch_size))

@@ -34,22 +34,21 @@ class _Indices(Dataset):  # type: ignore[type-arg]
 
 
 class _PretrainingSampler:
-    """A Megatron-LM style batch sampler, written for this test: consecutive global
-    micro-batches of ``micro_batch_size * data_parallel_size`` samples from
-    ``consumed_samples`` on, this replica's slice of each."""
+    """A Megatron-LM style batch sampler, written for this test with the attributes Megatron-LM's
+    ``MegatronPretrainingSampler`` has (``data_parallel_rank``, ``micro_batch_size``,
+    ``micro_batch_times_data_parallel_size``; no data-parallel size of its own): consecutive
+    global micro-batches from ``consumed_samples`` on, this replica's slice of each."""
 
     def __init__(self, total: int, consumed: int, mbs: int, dp_rank: int, dp_size: int) -> None:
         self.total_samples, self.consumed_samples = total, consumed
-        self.micro_batch_size = mbs
-        self.data_parallel_rank, self.data_parallel_size = dp_rank, dp_size
+        self.micro_batch_size, self.data_parallel_rank = mbs, dp_rank
+        self.micro_batch_times_data_parallel_size = mbs * dp_size
 
     def __len__(self) -> int:
-        return (self.total_samples - self.consumed_samples) // (
-            self.micro_batch_size * self.data_parallel_size
-        )
+        return self.total_samples
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        width = self.micro_batch_size * self.data_parallel_size
+        width = self.micro_batch_times_data_parallel_size
         lo = self.data_parallel_rank * self.micro_batch_size
         for start in range(self.consumed_samples, self.total_samples - width + 1, width):
             yield list(range(start + lo, start + lo + self.micro_batch_size))

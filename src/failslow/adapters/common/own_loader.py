@@ -31,6 +31,10 @@ share; batches its workers fetched before the recut was installed must fall in e
 or drop to it). A step that crosses the end of an epoch hands out its batches of this epoch,
 ends the iteration (the loop starts the next one as it does without failslow), and hands out
 the rest from the next epoch's first batches.
+
+Megatron-LM's own loop builds its iterator this way with ``dataloader_type="single"``
+(``MegatronPretrainingSampler``); its ``"cyclic"`` iterator is a generator around the loader,
+which hides the sampler: declared, with the reason.
 """
 
 from __future__ import annotations
@@ -50,6 +54,19 @@ _RANKS = (("data_parallel_rank", "data_parallel_size"), ("rank", "num_replicas")
 _SUBCLASSES: dict[type, type] = {}
 
 
+def _replicas(holder: Any, size_name: str) -> Any:
+    """The replicas ``holder`` says it shards over: its ``size_name``, else (Megatron-LM's
+    ``MegatronPretrainingSampler`` keeps no data-parallel size of its own) its
+    ``micro_batch_times_data_parallel_size`` over its ``micro_batch_size``."""
+    size = getattr(holder, size_name, None)
+    if size is None and size_name == "data_parallel_size":
+        width = getattr(holder, "micro_batch_times_data_parallel_size", None)
+        micro = getattr(holder, "micro_batch_size", None)
+        if isinstance(width, int) and isinstance(micro, int) and micro > 0:
+            size = width // micro
+    return size
+
+
 def _plain(sampler: Any) -> Any:
     """A shallow copy of the loop's batch sampler as its own class made it (not the recut's)."""
     out = copy.copy(sampler)
@@ -67,7 +84,7 @@ def replica_views(sampler: Any, replica: int, replicas: int) -> tuple[View | Non
         holders.append((inner, "sampler"))
     for holder, path in holders:
         for rank_name, size_name in _RANKS:
-            rank, size = getattr(holder, rank_name, None), getattr(holder, size_name, None)
+            rank, size = getattr(holder, rank_name, None), _replicas(holder, size_name)
             if not isinstance(rank, int) or not isinstance(size, int):
                 continue
             if (rank, size) != (replica, replicas):
@@ -126,12 +143,6 @@ class LoaderRecut(StepPlans):
         self._generators: weakref.WeakSet[Any] = weakref.WeakSet()
         self._live: object | None = None
         """The iteration handing out now (one at a time; a superseded one ends)."""
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return self.epoch(iter(_plain(self.sampler)))
 
     def hands_out(self, index_stream: Any) -> bool:
         """True when ``index_stream`` (a DataLoader iterator's) is one of this recut's."""
@@ -211,10 +222,11 @@ class LoaderRecut(StepPlans):
                 self._own[self._own_pos] = batch
                 self._own_pos += 1
             while self._pending:  # the step's batches in this epoch, in the plan's order
-                now = [i for i, (_, t) in enumerate(self._pending) if end is None or t < end]
-                if not now:
+                now = next((i for i, (_, t) in enumerate(self._pending) if end is None or t < end),
+                           None)  # fmt: skip
+                if now is None:
                     break
-                q, t = self._pending.pop(now[0])
+                q, t = self._pending.pop(now)
                 batch = self._own[t] if q == self.source else self._batch(q, t)
                 self.offset += 1
                 self._count_read()
