@@ -40,10 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from failslow.demo.mitigation import step_times_of
 from failslow.demo.worker_io import launch_env
 
 JOBS = {
@@ -70,16 +70,6 @@ def command(way: str, module: str, world: int, tmp: Path) -> list[str]:
     if way in ("+ controller", "+ snapshots"):
         run += ["--controller", str(world)]
     return [*run, "--", *torchrun]
-
-
-def step_times(out: Path, world: int) -> np.ndarray:
-    """Per-step times of the job: the slowest rank's step ends (a worker under ``failslow run``
-    names its record after its launch: ``steps-rank<r>-<launch>.json``)."""
-    ends = []
-    for rank in range(world):
-        (path,) = [p for p in out.glob(f"steps-rank{rank}*.json")]
-        ends.append(np.asarray(json.loads(path.read_text())["step_end"]))
-    return np.diff(np.max(np.stack(ends), axis=0))
 
 
 def _children_cpu_s() -> float:
@@ -110,7 +100,7 @@ def one(job: str, way: str, world: int, steps: int) -> tuple[float, float]:
         if done.returncode != 0:
             raise SystemExit(f"{job} / {way}: exit {done.returncode}\n{log.read_text()[-3000:]}")
         cpu = _children_cpu_s() - cpu
-        return float(statistics.median(step_times(out, world)[10:])), cpu
+        return float(statistics.median(step_times_of(out, world)[10:])), cpu
 
 
 def main() -> None:

@@ -539,9 +539,13 @@ def _observe(run: Run, out: Path, plane: Any) -> None:
 
 
 def step_times_of(out: Path, world_size: int) -> np.ndarray:
-    """Per-step wall times of the job (the slowest rank's step ends; rank files at the end)."""
+    """Per-step wall times of the job (the slowest rank's step ends; rank files at the end: a
+    worker under ``failslow run`` names its record after its launch, ``steps-rank<r>-<n>.json``,
+    read where it is the rank's only one)."""
     ends = []
     for rank in range(world_size):
-        record = json.loads((out / f"steps-rank{rank}.json").read_text())
-        ends.append(np.asarray(record["step_end"]))
+        path = out / f"steps-rank{rank}.json"
+        if not path.exists():
+            (path,) = out.glob(f"steps-rank{rank}-*.json")
+        ends.append(np.asarray(json.loads(path.read_text())["step_end"]))
     return np.diff(np.max(np.stack(ends), axis=0))
