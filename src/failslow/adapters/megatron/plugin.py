@@ -43,7 +43,7 @@ import torch
 from failslow import hookimpl
 from failslow.adapters.common import swap
 from failslow.adapters.common.microbatch import ReplicaSplit
-from failslow.adapters.common.own_loader import LoaderRecut, recut_of, take_over
+from failslow.adapters.common.own_loader import LoaderRecut, take_over
 from failslow.adapters.common.state import restore_rng_state, rng_state, wait_for_snapshot_before
 from failslow.adapters.common.topology import gather_topology
 from failslow.adapters.megatron import grid, reshard
@@ -415,13 +415,14 @@ class MegatronAdapter(swap.InPlaceSwap):
         if not given:
             return "none"
         for d in given:
-            if any(d is it for it in self._own_iterators) or recut_of(d) is not None:
+            if any(d is it for it in self._own_iterators):
                 continue
-            recut, why = take_over(d, self.split, start_step=self.iteration)
+            recut, why = take_over(d, self.split, start_step=self.iteration)  # or its recut
             if recut is None:
                 self._foreign(why)
                 return "foreign"
-            self._recuts.append(recut)
+            if recut not in self._recuts:
+                self._recuts.append(recut)
         return "own"
 
     def _foreign(self, why: str) -> None:
