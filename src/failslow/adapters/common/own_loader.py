@@ -35,16 +35,26 @@ the rest from the next epoch's first batches.
 Megatron-LM's own loop builds its iterator this way with ``dataloader_type="single"``
 (``MegatronPretrainingSampler``); its ``"cyclic"`` iterator is a generator around the loader,
 which hides the sampler: declared, with the reason.
+
+**By size** (:class:`SizeRecut`, :func:`recut_by_size`): where the loop runs its own ``G``
+micro-batches per step on every replica and an epoch's end ends a step (PyTorch Lightning's
+loop: a step every ``G`` batches of an epoch and one at its last batch), a plan changes how many
+samples this replica's ``G`` micro-batches hold instead (the size form of
+:mod:`failslow.adapters.common.recut`): the step's ``G * D`` batches, read from the same copies
+of the sampler, laid out replica by replica, this replica's ``counts[r] * B`` samples of them
+cut into ``G``. A step the epoch does not fill runs the loop's own batches whatever the plan.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from failslow.adapters.common.data import StepPlans
+from failslow.adapters.common.data import READS_KEPT, StepPlans
+from failslow.adapters.common.recut import share_of
 from failslow.errors import FailslowError
 
 View = Callable[[Any, int], Any]
@@ -275,6 +285,134 @@ class LoaderRecut(StepPlans):
             ) from None
         stream[1] += 1
         return batch
+
+
+class SizeRecut(LoaderRecut):
+    """This replica's ``G`` micro-batches of every step from the loop's own batch sampler,
+    re-cut by size under the plan in effect (see the module docstring): a step is ``G``
+    batches of one epoch, the epoch's last one what is left. Reads are counted in samples;
+    ``unit``: samples per micro-batch of the even split (``B``)."""
+
+    def __init__(
+        self, sampler: Any, view: View, *, replica: int, replicas: int, accumulation: int,
+        unit: int, start_step: int,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            sampler, view, replica=replica, replicas=replicas, accumulation=accumulation,
+            start_step=start_step,
+        )  # fmt: skip
+        self.unit = unit
+        self._handed: dict[int, int] = {}
+        self._cut: dict[int, list[int]] = {}
+
+    def handed_out(self, step: int) -> int | None:
+        """Micro-batches handed out for ``step`` (None before its first, or long after)."""
+        return self._handed.get(step)
+
+    def cut_sizes(self, step: int) -> list[int] | None:
+        """The samples of each micro-batch of ``step`` where it was re-cut under a plan; None
+        where the loop's own batches were handed out (or before, or long after)."""
+        return self._cut.get(step)
+
+    def _hand_out(self, own: Iterator[Any], drawn: int) -> Iterator[list[int]]:
+        token = object()
+        if self._live is not None and self.offset:  # the last epoch's last step, or a step left
+            if self.offset < self._handed.get(self.step, 0) and self._in_force():
+                raise FailslowError(
+                    f"the loop ended an epoch inside step {self.step} (batch {self.offset}) "
+                    "under a plan, which failslow cannot re-cut exactly"
+                )
+            self.step, self.offset = self.step + 1, 0
+        self._live = token
+        self._template = _plain(self.sampler)
+        self._streams.clear()
+        g, b, position = self.accumulation, self.unit, drawn
+        self._checked = drawn
+        for _ in range(drawn):  # fetched by the loader's workers before the take-over: even
+            self.offset += 1
+            self._count_read(b)
+            if self.offset == g:
+                self.step, self.offset = self.step + 1, 0
+        while self._live is token:
+            begun = self.offset  # batches of this step handed out before the take-over
+            mine = [list(batch) for batch in itertools.islice(own, g - begun)]
+            if not mine:
+                return
+            if not begun and self.before_step is not None:
+                self.before_step(self.step)
+            for j, batch in enumerate(mine):
+                self._compare(position + j, batch)
+            if begun and self._in_force():
+                raise FailslowError(
+                    f"the loop's loader fetched {begun} batches of step {self.step} ahead "
+                    "under the even split, and a plan is in force there"
+                )
+            counts = self.counts_at(self.step)
+            full = len(mine) == g and all(len(batch) == b for batch in mine)
+            batches = mine
+            if full and self._in_force():
+                at, ours = position, mine
+                batches = share_of(
+                    counts, self.replica, g, b,
+                    lambda q, j: ours[j] if q == self.source else self._full(q, at + j),  # noqa: B023 - called here
+                )  # fmt: skip
+            self._handed[self.step] = begun + len(batches)
+            if batches is not mine:
+                self._cut[self.step] = [len(batch) for batch in batches]
+            for kept in (self._handed, self._cut):
+                if len(kept) > READS_KEPT:
+                    del kept[min(kept)]
+            for batch in batches:
+                self.offset += 1
+                self._count_read(len(batch))
+                yield batch
+            self.step, self.offset, position = self.step + 1, 0, position + len(mine)
+
+    def _full(self, q: int, t: int) -> list[int]:
+        """Replica ``q``'s batch at position ``t``, which must hold ``unit`` samples as this
+        replica's does."""
+        batch = self._batch(q, t)
+        if len(batch) != self.unit:
+            raise FailslowError(
+                f"replica {q}'s batch {t} of this epoch holds {len(batch)} samples where replica "
+                f"{self.source}'s holds {self.unit}: its replicas' streams must be cut alike"
+            )
+        return batch
+
+
+def recut_by_size(
+    loader: Any, split: Any, *, start_step: int, live: Any = None
+) -> tuple[SizeRecut | None, str]:
+    """Re-cut ``loader`` (a DataLoader the loop iterates epoch by epoch) by size per plan from
+    ``start_step`` on, tracked by ``split`` (``split.by_size``: ``B``); ``live``: the loop's
+    iterator of it already made for this epoch (its next batch is ``start_step``'s first; what
+    its workers fetched ahead is counted as handed out under the even split). ``(None, why)``
+    where it cannot be."""
+    sampler = getattr(loader, "batch_sampler", None)
+    if sampler is None:
+        return None, "its DataLoader has no batch sampler (an iterable dataset, or batch_size=None)"
+    if "_failslow_recut" in sampler.__dict__:
+        return None, "its batch sampler is re-cut for another loop already"
+    unit = getattr(sampler, "batch_size", None)
+    if unit != split.by_size:
+        return None, (
+            f"its batch sampler's batch size is {unit!r}, not the {split.by_size} samples per "
+            "micro-batch failslow sizes plans in"
+        )
+    view, why = replica_views(sampler, split.replica, split.replicas)
+    if view is None:
+        return None, why
+    recut = SizeRecut(
+        sampler, view, replica=split.replica, replicas=split.replicas,
+        accumulation=split.configured // split.replicas, unit=unit, start_step=start_step,
+    )  # fmt: skip
+    split.track(recut)
+    sampler.__dict__["_failslow_recut"] = recut
+    sampler.__class__ = _recut_class(type(sampler))
+    if live is not None and getattr(live, "_index_sampler", None) is sampler:
+        drawn = getattr(live, "_send_idx", live._num_yielded)
+        live._sampler_iter = recut.epoch(live._sampler_iter, drawn)
+    return recut, ""
 
 
 def recut_of(iterator: Any) -> LoaderRecut | None:

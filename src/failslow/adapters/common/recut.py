@@ -40,7 +40,7 @@ micro-batches.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from failslow.adapters.common.data import READS_KEPT, StepPlans
@@ -169,17 +169,34 @@ class RecutSampler(StepPlans):
                 "RecutSampler: the framework's sampler did not hand this process the underlying "
                 "batch of its position in every micro-step (only split_batches=False is known)"
             )
-        # the step's samples replica by replica: only the replicas this share overlaps
-        lo = sum(counts[: self.replica]) * b
-        hi = lo + counts[self.replica] * b
-        per = g * b  # one replica's samples under the even split
-        first, last = lo // per, -(-hi // per)
-        order = list(
-            itertools.chain.from_iterable(
-                group[j * w + q] for q in range(first, last) for j in range(g)
-            )
+        return share_of(
+            counts, self.replica, g, b, lambda q, j: group[j * w + q], by_count=self.by_count
         )
-        share = order[lo - first * per : hi - first * per]
-        if self.by_count:  # the even split's micro-batches of B, moved whole
-            return [share[i : i + b] for i in range(0, len(share), b)]
-        return cut(share, g)
+
+
+def share_of(
+    counts: Sequence[int],
+    replica: int,
+    g: int,
+    b: int,
+    batch_of: Callable[[int, int], Sequence[int]],
+    *,
+    by_count: bool = False,
+) -> list[list[int]]:
+    """Replica ``replica``'s micro-batches of a full step under ``counts``: its
+    ``counts[replica] * b`` samples from offset ``sum(counts[:replica]) * b`` of the step's
+    samples laid out replica by replica in the even split's order (``batch_of(q, j)``:
+    replica ``q``'s micro-batch ``j`` of ``g``, each of ``b`` samples; only the replicas the
+    share overlaps are read), cut into ``g`` micro-batches by size, or (``by_count``) handed
+    out as micro-batches of ``b``."""
+    lo = sum(counts[:replica]) * b
+    hi = lo + counts[replica] * b
+    per = g * b  # one replica's samples under the even split
+    first, last = lo // per, -(-hi // per)
+    order = list(
+        itertools.chain.from_iterable(batch_of(q, j) for q in range(first, last) for j in range(g))
+    )
+    share = order[lo - first * per : hi - first * per]
+    if by_count:  # the even split's micro-batches of B, moved whole
+        return [share[i : i + b] for i in range(0, len(share), b)]
+    return cut(share, g)
