@@ -105,3 +105,24 @@ def test_the_optimizer_step_splits_the_rest_and_a_throttled_rank_gets_its_mean_g
     assert s is not None and s["calls"] == 4
     assert s["spacing"] == pytest.approx(0.08) and s["rest"] == pytest.approx(0.05)
     assert s["post"] == 0.0  # no optimizer step announced: the whole rest is before it
+
+
+def test_a_loop_that_waits_at_every_micro_batch_is_measured_by_its_own_work() -> None:
+    """Lightning broadcasts from rank 0 before every batch: a healthy replica waits there for
+    a slowed one at every micro-batch. With the ends of the micro-batches' own work stamped,
+    its time per call is that work (0.05 s), not the gap between starts (0.2 s); the last
+    micro-batch's (its backward holds the reduction) is left out. Without the ends: the gap."""
+    for stamped, want in ((True, 0.05), (False, 0.2)):
+        clock = Clock()
+        profile = StepProfile(window=8, clock=clock)
+        profile.boundary(clock.t)
+        for _ in range(5):
+            for i in range(4):
+                profile.micro_batch()
+                clock.t += 0.05 if i < 3 else 0.3  # the last: its backward waits to reduce
+                if stamped:
+                    profile.micro_batch_end()
+                clock.t += 0.15 if i < 3 else 0.0  # the next batch's broadcast waits
+            profile.boundary(clock.t)
+        s = profile.summary()
+        assert s is not None and s["spacing"] == pytest.approx(want), (stamped, s)

@@ -356,6 +356,12 @@ class Session:
         O(1), it only stamps the time (:class:`~failslow.runtime.step_profile.StepProfile`)."""
         self.profile.micro_batch()
 
+    def micro_batch_end(self) -> None:
+        """The adapter's micro-batch finished its own work (its backward), before any wait for
+        other ranks: O(1) (:meth:`~failslow.runtime.step_profile.StepProfile.micro_batch_end`,
+        for loops that meet the other ranks at every micro-batch)."""
+        self.profile.micro_batch_end()
+
     def _stop_for_update(self, plan: StopForUpdate, step: int) -> None:
         """Commit a snapshot of this step on every rank, then exit for the node agent to
         restart this process in place with the update (byterobust 6.1)."""

@@ -11,7 +11,12 @@ rest is 40-70% of a step on some jobs. So each rank measures both, in its own lo
   call it before each training forward, Megatron once per ``forward_step_func`` call);
 - within a step, micro-batches of a DP replica run without waiting for other replicas (the
   gradient reduction is at the step's last micro-batch), so the spacing of their starts is the
-  replica's time per call (on a pipeline stage, the 1F1B period: its slowest stage's);
+  replica's time per call (on a pipeline stage, the 1F1B period: its slowest stage's). A loop
+  that meets the other ranks at every micro-batch (PyTorch Lightning broadcasts a flag from
+  rank 0 before each batch) puts their waits into that spacing - every replica would look as
+  slow as the slowest; there the adapter also says where each micro-batch's own work ends
+  (:meth:`StepProfile.micro_batch_end`, after its backward) and the time per call is the mean
+  of the step's micro-batches but the last (whose backward holds the gradient reduction);
 - the rest is split at the optimizer step (:meth:`StepProfile.optimizer_step`; the adapters'
   optimizer guard calls it): ``rest`` is the part before it less ``calls * spacing`` (the last
   micro-batch's backward, the gradient reduction), ``post`` the part after it (the optimizer,
@@ -59,6 +64,8 @@ class StepProfile:
         self._clock = clock
         self._low_quantile = low_quantile
         self._starts: list[float] = []
+        self._work: list[float] = []
+        """Own work of this step's micro-batches, where the adapter stamps their ends."""
         self._optimizer: float | None = None
         self._boundary: float | None = None
         self._steps: collections.deque[tuple[int, float, float, float, float]] = collections.deque(
@@ -75,6 +82,12 @@ class StepProfile:
         """A training micro-batch (one forward call of it) starts now."""
         self._starts.append(self._clock())
 
+    def micro_batch_end(self) -> None:
+        """The current micro-batch's own work (its forward and backward) ended now, before any
+        wait for other ranks at the next micro-batch."""
+        if len(self._work) < len(self._starts):
+            self._work.append(self._clock() - self._starts[-1])
+
     def optimizer_step(self) -> None:
         """The optimizer step starts now (after the gradient reduction)."""
         self._optimizer = self._clock()
@@ -83,12 +96,15 @@ class StepProfile:
         """A step boundary: the step since the last one ended at ``end``; the next starts at
         ``start`` (default ``end``; later when a validation pause parked the rank between)."""
         starts, self._starts = self._starts, []
+        work, self._work = self._work[: len(starts) - 1], []
         self.last_calls = len(starts)
         optimizer, self._optimizer = self._optimizer, None
         last, self._boundary = self._boundary, end if start is None else start
         if last is None or not starts:
             return
-        if len(starts) >= 2:  # the mean gap (a throttled rank's gaps are bimodal)
+        if work and len(work) == len(starts) - 1:  # own work, waits left out (see above)
+            self._spacing = sum(work) / len(work)
+        elif len(starts) >= 2:  # the mean gap (a throttled rank's gaps are bimodal)
             self._spacing = (starts[-1] - starts[0]) / (len(starts) - 1)
         if self._spacing is None:
             return

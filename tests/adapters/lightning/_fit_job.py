@@ -8,7 +8,8 @@ over its batch; and plain and with plans (``loss_reduction="sum"``) for one whos
 over its batch (over 4: the same as the mean but in the epoch's short last batch). Each rank writes
 JSON: its parameters after each run, what the session reported of each plan, the samples its
 re-cut loader handed out per step and the capabilities. Last, runs whose plans cannot take effect
-report their reasons (manual optimization, ``limit_train_batches`` inside a step)."""
+report their reasons (manual optimization, ``limit_train_batches`` inside a step, an accumulation
+scheduled to change)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 
 import failslow.lightning
 from failslow.conformance.scenarios import PlanResults
@@ -99,11 +101,13 @@ def fit(mode: str) -> dict[str, Any]:
         )
         schedule = Schedule(ours, plans=mode in ("plans", "sum"))
         callbacks = [ours, schedule]
+    extra = [GradientAccumulationScheduler({0: 4, 2: 2})] if mode == "scheduled" else []
+    own_count = mode in ("manual", "scheduled")  # Lightning's accumulation must be 1 there
     trainer = Trainer(
-        accelerator="cpu", devices=4, strategy="ddp", max_steps=4 if mode == "manual" else STEPS,
-        accumulate_grad_batches=1 if mode == "manual" else 4, logger=False,
+        accelerator="cpu", devices=4, strategy="ddp", max_steps=4 if own_count else STEPS,
+        accumulate_grad_batches=1 if own_count else 4, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_train_batches=6 if mode == "limited" else None, callbacks=callbacks,
+        limit_train_batches=6 if mode == "limited" else None, callbacks=callbacks + extra,
     )  # fmt: skip
     trainer.fit(module, train_dataloaders=data())
     seen: dict[str, Any] = {
@@ -119,7 +123,7 @@ def fit(mode: str) -> dict[str, Any]:
 
 def main() -> None:
     out = Path(sys.argv[1])
-    modes = ("plain", "attached", "plans", "plain sum", "sum", "manual", "limited")
+    modes = ("plain", "attached", "plans", "plain sum", "sum", "manual", "limited", "scheduled")
     result = {mode: fit(mode) for mode in modes}
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

@@ -9,7 +9,8 @@ plans, within 1e-6 relative of the plain run - the same samples of every step, e
 (a mean over its batch) weighted by its samples over the batch size, summed in other groupings
 (fp32 rounding; the conformance suite's bound). The same for a loss that is a sum over its batch
 (``loss_reduction="sum"``: nothing weighted). Where a plan cannot take effect (manual
-optimization, ``limit_train_batches`` inside a step) the capability says why."""
+optimization, ``limit_train_batches`` inside a step, an accumulation scheduled to change) the
+capability says why."""
 
 from __future__ import annotations
 
@@ -78,3 +79,5 @@ def test_lightning_runs_s2_by_size_and_trains_the_same_model(tmp_path: Path) -> 
         assert reason == "the LightningModule steps its optimizers itself (manual optimization)"
         reason = seen["limited"]["capabilities"]["microbatch_plans"]
         assert reason.startswith("limit_train_batches ends each epoch after 6 of its 38"), reason
+        reason = seen["scheduled"]["capabilities"]["microbatch_plans"]
+        assert reason.startswith("a GradientAccumulationScheduler changes"), reason

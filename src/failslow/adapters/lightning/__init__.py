@@ -61,6 +61,10 @@ class FailslowCallback(Callback):  # type: ignore[misc]
         if self._open:
             self.adapter.before_batch()  # type: ignore[union-attr]
 
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self._open:
+            self.adapter.after_backward()  # type: ignore[union-attr]
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.close()
 

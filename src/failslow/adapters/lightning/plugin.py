@@ -12,7 +12,9 @@ FSDPAdapter`: DDP, the topology, the optimizer-step count) with three translatio
 - **the step**: Lightning's ``on_train_batch_start`` before every training batch is where the
   step boundary passes (before a step's first batch: plans due now apply) and where the
   micro-batch is told to the session (DDP's gradient sync on the step's last, as Lightning's
-  own ``no_sync`` has it);
+  own ``no_sync`` has it); ``on_after_backward`` tells where its own work ended (Lightning
+  broadcasts a flag from rank 0 before every batch, so every rank waits for the slowest at
+  every batch: the step profile measures the time per micro-batch without those waits);
 - **the data**: the training loader Lightning built (its ``DistributedSampler`` under a
   ``BatchSampler``) keeps its sampler, order and batches; its batch sampler is re-cut by size
   (:func:`~failslow.adapters.common.own_loader.recut_by_size`): under a plan replica ``r``'s
@@ -25,10 +27,11 @@ FSDPAdapter`: DDP, the topology, the optimizer-step count) with three translatio
   is multiplied: attached without a plan, the job trains bitwise what it trains without
   failslow.
 
-Where a plan cannot take effect - another strategy, manual optimization, a loader that is
-not a sampler's (an iterable dataset), several training loaders, loaders reloaded every few
-epochs, ``limit_train_batches`` cutting epochs inside a step, a run resumed from a Lightning
-checkpoint - micro-batch plans are declared unsupported with the reason. Snapshots too:
+Where a plan cannot take effect - another strategy, manual optimization, an accumulation that
+changes between epochs, a loader that is not a sampler's (an iterable dataset), several training
+loaders, loaders reloaded every few epochs, ``limit_train_batches`` cutting epochs inside a
+step, a run resumed from a Lightning checkpoint inside an epoch - micro-batch plans are declared
+unsupported with the reason. Snapshots too:
 Lightning keeps its loops' progress, the LR schedule and the data position itself and resumes
 from its own checkpoints.
 """
@@ -71,6 +74,8 @@ def plans_reason(trainer: Any, pl_module: Any) -> str:
     """Why micro-batch plans cannot take effect in ``trainer``'s loop ("" where they can)."""
     if not pl_module.automatic_optimization:
         return "the LightningModule steps its optimizers itself (manual optimization)"
+    if any(type(c).__name__ == "GradientAccumulationScheduler" for c in trainer.callbacks):
+        return "a GradientAccumulationScheduler changes accumulate_grad_batches between epochs"
     if trainer.reload_dataloaders_every_n_epochs:
         return "the Trainer reloads its training loader every few epochs"
     loaders = trainer.fit_loop._combined_loader.flattened
@@ -168,6 +173,13 @@ class LightningAdapter(FSDPAdapter):
             if len(self._weighted) > 16:
                 del self._weighted[min(self._weighted)]
         self.set_boundary(last)
+
+    def after_backward(self) -> None:
+        """A training batch's backward ended (``on_after_backward``): its own work, before the
+        next batch's broadcast from rank 0 - Lightning meets every rank at every batch, so the
+        spacing of the batches' starts would hold the wait for the slowest."""
+        if self.session is not None:
+            self.session.micro_batch_end()
 
     @hookimpl
     def failslow_capabilities(self) -> Capabilities:
