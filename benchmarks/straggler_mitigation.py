@@ -5,7 +5,7 @@ Usage::
     python benchmarks/straggler_mitigation.py [--framework deepspeed|megatron|accelerate|...]
         [--steps 200]
         [--slow-start 60] [--repeat 1] [--loop user|train_batch] [--hog N]
-        [--micro-batch-size N] [--width N] [--loader failslow|own|prepared]
+        [--micro-batch-size N] [--width N] [--loader failslow|own|prepared] [--zero 1|2]
 
 ``--framework deepspeed`` (default) runs ``failslow demo --framework deepspeed``'s job: 4 ranks,
 ZeRO-1, CPU/gloo, 4 micro-batches of 128 per replica per step, trained by the loop DeepSpeed's
@@ -20,7 +20,11 @@ MLP as FSDP2 over 4 ranks (``unshard_once``) under ``accelerate launch``, in Acc
 ``accumulate`` loop over the job's own prepared DataLoader, re-cut per plan (rank 0 writes the
 full parameters). ``--framework transformers`` runs
 ``failslow demo --framework transformers``'s: a small GPT-2 trained by ``Trainer.train()``
-(DDP, gradient accumulation 4, per-device batch 8) under ``accelerate launch``, S2 by size.
+(DDP, gradient accumulation 4, per-device batch 8) under ``accelerate launch``, S2 by size
+(``--zero 1``/``2``: on the Trainer's DeepSpeed path, failslow from the config's block).
+``--framework lightning`` runs ``failslow demo --framework lightning``'s: the DeepSpeed job's
+MLP trained by Lightning's ``Trainer.fit()`` (strategy ddp, ``accumulate_grad_batches=4``),
+S2 by size over the loader Lightning built.
 ``--framework fsdp`` runs the HSDP 2 x 2 job. Rank 2 is
 SIGSTOP/SIGCONT-cycled from outside (75% stopped, ~4x slower) from ``--slow-start`` to the end.
 Both runs train on the same data; the unmitigated run has no control plane, the failslow run
@@ -111,6 +115,7 @@ def one_pair(
     micro_batch_size: int | None = None,
     width: int | None = None,
     loader: str | None = None,
+    zero: int | None = None,
 ) -> dict[str, Any]:
     runs = {}
     for name, mitigate in (("unmitigated", False), ("failslow", True)):
@@ -128,6 +133,7 @@ def one_pair(
                 micro_batch_size=micro_batch_size,
                 width=width,
                 loader=loader,
+                zero=zero,
             )
         )
         runs[name] = (summary, step_times_of(out, 4))
@@ -142,7 +148,8 @@ def one_pair(
     window_u = float(np.mean(u_times[start:]))
     window_f = float(np.mean(f_times[start:]))
     rel = 0.0
-    files = ["parameters.npz"] if framework in ("deepspeed", "accelerate", "transformers") else [
+    whole = ("deepspeed", "accelerate", "transformers", "lightning")  # rank 0 writes them all
+    files = ["parameters.npz"] if framework in whole else [
         f"parameters-rank{r}.npz" for r in range(4)
     ]  # fmt: skip
     for name in files:
@@ -181,13 +188,17 @@ def main() -> None:
     parser.add_argument(
         "--loader", help="megatron: failslow (fs.data_iterator) or own (the loop's own iterator)"
     )
+    parser.add_argument(
+        "--zero", type=int, choices=(1, 2), help="transformers: the Trainer's DeepSpeed path"
+    )
     args = parser.parse_args()
     console = Console(width=230)
     job = JOBS[args.framework][1]
     loop = f", loop: {args.loop}" if args.framework == "deepspeed" else ""
     hogs = f", {args.hog} busy loops beside" if args.hog else ""
     shape = "".join(f", {k} {v}" for k, v in (("micro-batch size", args.micro_batch_size),
-                                              ("width", args.width), ("loader", args.loader))
+                                              ("width", args.width), ("loader", args.loader),
+                                              ("ZeRO stage", args.zero))
                     if v)  # fmt: skip
     table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}{hogs}{shape}")
     for col in (
@@ -210,7 +221,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="failslow-dsbench-") as tmp, hog(args.hog):
             console.print(f"run {i + 1}/{args.repeat}: unmitigated, then failslow ...")
             r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop, args.framework,
-                         args.micro_batch_size, args.width, args.loader)  # fmt: skip
+                         args.micro_batch_size, args.width, args.loader, args.zero)  # fmt: skip
         table.add_row(
             str(i + 1),
             f"{r['healthy_s']:.3f} s",

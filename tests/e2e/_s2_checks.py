@@ -30,15 +30,19 @@ def _options(framework: str, out: Path, **kw: object) -> MitigationDemoOptions:
     )
 
 
-def a_straggler_is_mitigated(framework: str, tmp_path: Path) -> None:
+def a_straggler_is_mitigated(framework: str, tmp_path: Path, **job: object) -> None:
     """``framework``'s demo job with rank 2 throttled from step 50 until its plan has been in
     effect 20 steps (step 100 at the earliest), run until the revert has been in effect 20
-    steps; then the same job for as many steps with no fault and no control plane. Checked:
+    steps; then the same job for as many steps with no fault and no control plane (``job``: more
+    of the job's options, both runs). Checked:
     :func:`check_s2_climbed_and_came_back` and :func:`check_same_model` (1e-6)."""
-    summary = run_mitigation_demo(_options(framework, tmp_path / "mitigated", until_mitigated=20))
-    reference = _options(
-        framework, tmp_path / "reference", mitigate=False, inject=False, steps=summary["steps_run"]
+    summary = run_mitigation_demo(
+        _options(framework, tmp_path / "mitigated", until_mitigated=20, **job)
     )
+    reference = _options(
+        framework, tmp_path / "reference", mitigate=False, inject=False,
+        steps=summary["steps_run"], **job,
+    )  # fmt: skip
     run_mitigation_demo(reference)
     check_s2_climbed_and_came_back(
         summary, out=tmp_path / "mitigated", start=START, end=END, slow=SLOW

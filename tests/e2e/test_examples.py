@@ -131,3 +131,10 @@ def test_the_trainer_example_under_torchrun(tmp_path: Path) -> None:
     pytest.importorskip("transformers", reason="needs the transformers extra")
     stdout = _run(tmp_path, TORCHRUN, "trainer_train.py", "--out", str(tmp_path / "out"))
     assert "step 10: loss" in stdout, stdout
+
+
+def test_the_lightning_example_under_torchrun(tmp_path: Path) -> None:
+    """The Lightning example: ``failslow run --controller 4 -- torchrun ...``, unmodified."""
+    pytest.importorskip("lightning", reason="needs the lightning extra")
+    stdout = _run(tmp_path, TORCHRUN, "lightning_train.py", steps=30)
+    assert "step 30: loss" in stdout, stdout

@@ -32,3 +32,13 @@ def test_a_trainer_straggler_is_mitigated_by_size_and_the_model_is_unchanged(
     tmp_path: Path,
 ) -> None:
     a_straggler_is_mitigated("transformers", tmp_path)
+
+
+def test_a_trainer_straggler_on_deepspeed_zero1_is_mitigated_by_size(tmp_path: Path) -> None:
+    """The same job on the Trainer's DeepSpeed path, ZeRO stage 1 (``TrainingArguments(
+    deepspeed=...)``), failslow enabled as a DeepSpeed user would: its settings in the DeepSpeed
+    config's ``"failslow"`` block and ``callbacks=[FailslowCallback()]``. Accelerate's engine
+    wrapper sets DeepSpeed's accumulation boundary itself, so only the size form can take
+    effect; the plan must be verified in effect (what the ranks ran), not just applied."""
+    pytest.importorskip("deepspeed", reason="needs the deepspeed extra")
+    a_straggler_is_mitigated("transformers", tmp_path, zero=1)

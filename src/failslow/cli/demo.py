@@ -14,6 +14,7 @@ DEMO_DEFAULTS = {
     "accelerate": (260, 60, 180, 0.75),
     "fsdp": (260, 60, 180, 0.75),
     "transformers": (260, 60, 180, 0.75),
+    "lightning": (260, 60, 180, 0.75),
 }
 
 
@@ -93,7 +94,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return 0 if summary["parameters"].get("equal", True) else 1
     if args.fault != "compute" and args.framework == "torch":
         raise SystemExit("failslow demo: --fault link needs --framework megatron or fsdp")
-    if args.framework in ("deepspeed", "megatron", "accelerate", "fsdp", "transformers"):
+    if args.framework != "torch":  # the mitigation demos
         from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
         run_mitigation_demo(
@@ -109,6 +110,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 live=not args.no_live,
                 loop=args.loop,
                 loader=args.loader,
+                zero=args.zero,
                 fault=args.fault,
                 link_rate=args.link_rate,
                 failslow={"planner": {"strategies": strategies}} if strategies else {},
@@ -165,9 +167,10 @@ def register(sub: Any) -> None:
         choices=sorted(DEMO_DEFAULTS),
         default="torch",
         help="torch: detection on a DDP job; deepspeed / megatron / accelerate / fsdp / "
-        "transformers: detection, diagnosis and automatic S2 mitigation of a DeepSpeed ZeRO-1 "
-        "job / a Megatron-core GPT (PP2 x DP2) / an FSDP2 job under accelerate launch / FSDP2 "
-        "HSDP 2 x 2 / a Hugging Face Trainer GPT-2 (S2 by size), with before/after throughput",
+        "transformers / lightning: detection, diagnosis and automatic S2 mitigation of a "
+        "DeepSpeed ZeRO-1 job / a Megatron-core GPT (PP2 x DP2) / an FSDP2 job under accelerate "
+        "launch / FSDP2 HSDP 2 x 2 / a Hugging Face Trainer GPT-2 (S2 by size) / a Lightning "
+        "Trainer.fit() (DDP, S2 by size), with before/after throughput",
     )
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument(
@@ -239,5 +242,12 @@ def register(sub: Any) -> None:
         help="where the ranks read their data - megatron: failslow (fs.data_iterator, default) "
         "or own (the loop's own Megatron-LM iterator); accelerate: prepared (default) or "
         "failslow (fs.loader)",
+    )
+    p.add_argument(
+        "--zero",
+        type=int,
+        choices=(1, 2),
+        help="transformers: the Trainer's DeepSpeed path at this ZeRO stage (failslow enabled by "
+        'the DeepSpeed config\'s "failslow" block and FailslowCallback()); default: DDP',
     )
     p.set_defaults(func=_cmd_demo)

@@ -16,7 +16,8 @@ result is a throughput table (healthy, slowed, mitigated, after), ``steps.csv`` 
 tells its PID for the throttle. ``--framework transformers`` is a Hugging Face Trainer job under
 ``accelerate launch`` (a GPT-2, DDP; :mod:`failslow.demo.transformers_worker`): S2 takes effect
 inside ``trainer.train()`` by size - every replica runs its accumulation's micro-batches, the
-slow one's hold fewer samples.
+slow one's hold fewer samples. ``--framework lightning`` is a PyTorch Lightning ``Trainer.fit()``
+(the MLP, strategy ``ddp``; :mod:`failslow.demo.lightning_worker`), S2 by size the same way.
 With ``--fault link`` (Megatron, root) every rank runs in its own network namespace and host
 (:mod:`failslow.demo.netns`; the launcher's stores are reached over the bridge) and the fault is
 the link between ranks 0 and 1 shaped with tc (:class:`ShapedLink`): validation names the link,
@@ -59,11 +60,15 @@ JOBS = {
     "accelerate": ("failslow.demo.accelerate_worker", "Accelerate FSDP2 (accelerate launch)"),
     "fsdp": ("failslow.demo.fsdp_worker", "FSDP2 HSDP, 2 replicas x 2 shards"),
     "transformers": ("failslow.demo.transformers_worker", "Hugging Face Trainer, GPT-2 (DDP)"),
+    "lightning": ("failslow.demo.lightning_worker", "PyTorch Lightning Trainer, MLP (DDP)"),
 }
 """Framework -> (the rank's module, the job's name in the live view and the summary)."""
 LAUNCHED = ("accelerate", "transformers")
 """Frameworks whose ranks ``accelerate launch`` starts (one process; ranks write their PIDs)."""
-PRELOADS = {"deepspeed": ("deepspeed",), "megatron": ("megatron.core",), "fsdp": ()}
+PRELOADS = {
+    "deepspeed": ("deepspeed",), "megatron": ("megatron.core",), "fsdp": (),
+    "lightning": ("lightning.pytorch",),
+}  # fmt: skip
 """What the fork server of a job the demo starts itself imports, beside torch (as
 ``failslow run --preload``): its ranks are forked from it, the imports paid once."""
 
@@ -94,7 +99,11 @@ class MitigationDemoOptions:
     it (a slower processor, not an absent one: a GPU whose kernels run slower still moves its
     NCCL traffic)."""
     micro_batch_size: int | None = None
-    """Samples per micro-batch (default: DeepSpeed 128, Megatron 8 sequences of 64 tokens)."""
+    """Samples per micro-batch (default: DeepSpeed 128, Megatron 8 sequences of 64 tokens,
+    Lightning 256: its step has a fixed part of ~0.09 s on 2 shared cores - four batches' loop
+    overhead and broadcast, the all-reduce, the optimizer - which a throttled rank runs 4x
+    slower whatever its share; at 128 that part is half a healthy step and S2 removed 39-54% of
+    the slowdown, at 256 70%; benchmarks/README.md)."""
     width: int | None = None
     """DeepSpeed: the MLP's width (256); Megatron: the GPT's hidden size (128). Compute per
     micro-batch grows with micro_batch_size, the gradient all-reduce with width^2 (defaults:
@@ -115,6 +124,10 @@ class MitigationDemoOptions:
     """Where the ranks read their data: Megatron ``failslow`` (``fs.data_iterator``, the
     default) or ``own`` (the loop's own Megatron-LM iterator, re-cut per plan); Accelerate
     ``prepared`` (the default) or ``failslow`` (``fs.loader``)."""
+    zero: int | None = None
+    """The Trainer job only: run the Trainer's DeepSpeed path at this ZeRO stage (1 or 2),
+    failslow enabled by the DeepSpeed config's ``"failslow"`` block and
+    ``FailslowCallback()``; default: DDP, ``failslow.transformers.attach``."""
     until_mitigated: int | None = None
     """Robust to a loaded machine (tests, benchmarks): the slowdown lasts at least until this
     many steps after the first plan took effect (``slow_end`` is then the earliest release),
@@ -129,8 +142,11 @@ class MitigationDemoOptions:
             )
         megatron, fsdp = self.framework == "megatron", self.framework == "fsdp"
         trainer = self.framework == "transformers"
-        if self.micro_batch_size is None:
-            self.micro_batch_size = 8 if megatron or trainer else 64 if fsdp else 128
+        if self.micro_batch_size is None:  # Lightning: see MitigationDemoOptions
+            lightning = self.framework == "lightning"
+            self.micro_batch_size = (
+                8 if megatron or trainer else 64 if fsdp else 256 if lightning else 128
+            )
         if self.width is None:
             self.width = 128 if megatron or fsdp or trainer else 256
         if self.link_rate is None:
@@ -151,6 +167,11 @@ class MitigationDemoOptions:
             raise FailslowError(
                 f"demo: --fault link shapes a link between network namespaces, which needs "
                 f"root (euid is {os.geteuid()})"
+            )
+        if self.zero is not None and (not trainer or self.zero not in (1, 2)):
+            raise FailslowError(
+                f"demo: --zero {self.zero}: the Trainer job (--framework transformers) runs "
+                "DeepSpeed's ZeRO stage 1 or 2"
             )
         if self.loop not in ("user", "train_batch"):
             raise FailslowError(f"demo: --loop must be user or train_batch, got {self.loop!r}")
@@ -475,6 +496,8 @@ def _job_env(
     )
     if opts.loader is not None:
         env["FAILSLOW_DEMO_LOADER"] = opts.loader
+    if opts.zero is not None:
+        env["FAILSLOW_DEMO_ZERO"] = str(opts.zero)
     if opts.mitigate:
         env["FAILSLOW_STORE"] = store_url
     if opts.until_mitigated is not None:

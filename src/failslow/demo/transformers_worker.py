@@ -24,9 +24,15 @@ training dynamics amplified the same rounding to 2.5e-5 over 78 steps under a pl
 random tokens the largest difference is on GPT-2's zero-initialized biases (LayerNorm and MLP),
 3.3e-7 and 4.5e-7 relative in two runs (the second beside a busy loop) - ~2x below the bound.
 
+With ``FAILSLOW_DEMO_ZERO`` (1 or 2) the Trainer runs its DeepSpeed path at that ZeRO stage
+(DeepSpeed on the CPU, gloo) and failslow is enabled as a DeepSpeed user would: the settings are
+the DeepSpeed config's ``"failslow"`` block, the one line
+``callbacks=[failslow.transformers.FailslowCallback()]``.
+
 Environment: FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per rank:
 the gradient accumulation), FAILSLOW_DEMO_MICRO_BATCH_SIZE (per-device batch),
-FAILSLOW_DEMO_WIDTH (GPT-2's embedding width), FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE.
+FAILSLOW_DEMO_WIDTH (GPT-2's embedding width), FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE,
+FAILSLOW_DEMO_ZERO.
 """
 
 from __future__ import annotations
@@ -73,6 +79,19 @@ def main() -> None:
     g = torch.Generator().manual_seed(1234)
     tokens = torch.randint(0, VOCAB, (SAMPLES, SEQUENCE), generator=g)
     data = [{"input_ids": t, "labels": t} for t in tokens]
+    settings = json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}"))
+    zero = os.environ.get("FAILSLOW_DEMO_ZERO")
+    deepspeed = None
+    if zero:  # the Trainer's DeepSpeed path; failslow's settings in the config's block
+        from failslow.demo.ds_worker import skip_shm_kernel_build
+
+        skip_shm_kernel_build()
+        deepspeed = {
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto", "zero_optimization": {"stage": int(zero)},
+            "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
+            "failslow": settings,
+        }  # fmt: skip
     args = TrainingArguments(
         output_dir=str(out / "trainer"),
         per_device_train_batch_size=int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCH_SIZE", "8")),
@@ -87,11 +106,15 @@ def main() -> None:
         use_cpu=True,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        deepspeed=deepspeed,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=data)
-    fs = failslow.transformers.attach(
-        trainer, config=json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}"))
-    )
+    if deepspeed is not None:  # the one line; settings from the DeepSpeed config's block
+        callback = failslow.transformers.FailslowCallback()
+        trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+        fs: Any = callback.registration
+    else:
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        fs = failslow.transformers.attach(trainer, config=settings)
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
     step_end: list[float] = []
 
