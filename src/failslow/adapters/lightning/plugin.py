@@ -82,7 +82,10 @@ def plans_reason(trainer: Any, pl_module: Any) -> str:
     if len(loaders) != 1:
         return f"the Trainer reads {len(loaders)} training loaders at once"
     batches, g = trainer.num_training_batches, trainer.accumulate_grad_batches
-    length = len(loaders[0]) if hasattr(loaders[0], "__len__") else None
+    try:
+        length: int | None = len(loaders[0])
+    except TypeError:  # an iterable dataset without a length
+        length = None
     if length is not None and batches < length and batches % g:
         return (
             f"limit_train_batches ends each epoch after {batches} of its {length} batches, "
@@ -125,6 +128,7 @@ class LightningAdapter(FSDPAdapter):
         self._scale = 1.0
         self._weighted: dict[int, int] = {}
         """Per re-cut step: the samples its micro-losses were weighted for (over ``B``)."""
+        self._said_broken = False
         self.size_reason = plans_reason(trainer, pl_module)
         self._start_step = self.iteration
         if not self.size_reason and trainer.fit_loop.epoch_loop.batch_progress.current.ready:
@@ -173,6 +177,10 @@ class LightningAdapter(FSDPAdapter):
             if len(self._weighted) > 16:
                 del self._weighted[min(self._weighted)]
         self.set_boundary(last)
+        if self.recut is not None and self.recut.broken and not self._said_broken:
+            self._said_broken = True  # found while reading: the controller plans from it
+            if self.session is not None:
+                self.session.capabilities_changed()
 
     def after_backward(self) -> None:
         """A training batch's backward ended (``on_after_backward``): its own work, before the
