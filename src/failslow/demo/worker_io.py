@@ -117,9 +117,16 @@ def all_ranks_see(path: str) -> bool:
 
 def write_progress(out: Path, rank: int, step_end: list[float], first: int, step: int) -> None:
     """Rank 0's recent step times, ``progress-rank<r>.json`` (the launcher's view of the job;
-    ``step_end[i]`` is when step ``first + i - 1`` ended, ``step_end[0]`` the start)."""
+    ``step_end[i]`` is when step ``first + i - 1`` ended, ``step_end[0]`` the start). Not
+    written by a replay group (``failslow.replaying()``: each group has a rank 0 of its own,
+    training steps the job already took; two of them once raced on one temporary file and one
+    crashed), and through a temporary file of this process's own."""
+    import failslow
+
+    if failslow.replaying():
+        return
     progress = out / f"progress-rank{rank}.json"
-    tmp = progress.with_suffix(".tmp")
+    tmp = progress.with_suffix(f".{os.getpid()}.tmp")
     recent = range(max(first, step - 31), step + 1)
     steps = [[s, step_end[s - first + 1] - step_end[s - first]] for s in recent]
     tmp.write_text(json.dumps({"steps": steps}))
