@@ -138,3 +138,45 @@ def test_refusals_say_why() -> None:
     split.by_size = B + 1
     recut, why = recut_by_size(_loader(1), split, start_step=0)
     assert recut is None and "batch size is 4, not the 5 samples" in why
+
+
+def test_a_live_iterator_whose_workers_fetched_ahead_is_taken_over() -> None:
+    """Lightning makes the first epoch's iterator before training starts; with workers, they
+    have fetched batches of it already (``prefetch_factor * num_workers`` = 4: step 0 and one
+    batch of step 1, under the even split). Taken over live, the rest of the epoch and the next
+    one read exactly the plan's samples from step 2 on, and the fetched batches count as read."""
+    kwargs = {"num_workers": 2}
+    want = _epochs([_loader(r, **kwargs) for r in range(D)], 2)
+    loaders = [_loader(r, **kwargs) for r in range(D)]
+    for loader in loaders:
+        loader.batch_sampler.sampler.set_epoch(0)
+    lives = [iter(loader) for loader in loaders]
+    recuts = []
+    for r, (loader, live) in enumerate(zip(loaders, lives, strict=True)):
+        split = ReplicaSplit(replica=r, replicas=D, micro_batches=G * D)
+        split.by_size = B
+        split.bind(lambda step: [(s, _plan(c)) for s, c in PLANS.items() if s <= step])
+        recut, why = recut_by_size(loader, split, start_step=0, live=live)
+        assert recut is not None, why
+        recuts.append(recut)
+    first = []  # the rest of epoch 0 from the live iterators, then epoch 1 as the loop reads it
+    while True:
+        step = [[[int(x) for x in b] for b in itertools.islice(it, G)] for it in lives]
+        if not any(step):
+            break
+        first.append(step)
+    for loader in loaders:
+        loader.batch_sampler.sampler.set_epoch(1)
+    lives = [iter(loader) for loader in loaders]
+    while True:
+        step = [[[int(x) for x in b] for b in itertools.islice(it, G)] for it in lives]
+        if not any(step):
+            break
+        first.append(step)
+    assert len(first) == len(want) == 10
+    assert first[:2] == want[:2]  # before the plan: the loop's own batches
+    for step in range(2, 10):
+        ran, ref = first[step], want[step]
+        assert [x for q in ran for b in q for x in b] == [x for q in ref for b in q for x in b]
+    assert [recuts[r].read_in(2) for r in range(D)] == [c * B for c in PLANS[2]]
+    assert recuts[0].read_in(0) == G * B  # fetched ahead by the workers, counted
