@@ -103,7 +103,7 @@ class MitigationDemoOptions:
     Lightning 256: its step has a fixed part of ~0.09 s on 2 shared cores - four batches' loop
     overhead and broadcast, the all-reduce, the optimizer - which a throttled rank runs 4x
     slower whatever its share; at 128 that part is half a healthy step and S2 removed 39-54% of
-    the slowdown, at 256 70%; benchmarks/README.md)."""
+    the slowdown, at 256 64-70%; benchmarks/README.md)."""
     width: int | None = None
     """DeepSpeed: the MLP's width (256); Megatron: the GPT's hidden size (128). Compute per
     micro-batch grows with micro_batch_size, the gradient all-reduce with width^2 (defaults:
