@@ -141,7 +141,7 @@ def main() -> None:
         norm = engine.get_global_grad_norm()  # beside the logging line (byterobust 4.1)
         failslow.report_metrics(step, loss=loss, **({} if norm is None else {"grad_norm": norm}))
         step_end.append(time.time())
-        if rank == 0 and not failslow.replaying():  # the launcher's view of the job's progress
+        if rank == 0:  # the launcher's view of the job's progress (a replay writes none)
             write_progress(out, rank, step_end, first, step)
         if every_step:
             import numpy as np

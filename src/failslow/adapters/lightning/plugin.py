@@ -42,6 +42,7 @@ from dataclasses import replace
 from typing import Any
 
 from failslow import hookimpl
+from failslow.adapters.common.data import READS_KEPT
 from failslow.adapters.common.own_loader import SizeRecut, recut_by_size
 from failslow.adapters.fsdp.plugin import FSDPAdapter
 from failslow.capabilities import Capabilities
@@ -174,7 +175,7 @@ class LightningAdapter(FSDPAdapter):
             self._weighted[self.iteration] = self._weighted.get(self.iteration, 0) + n
             if self.loss_reduction == "mean":
                 self._scale = n / self.micro_batch_size
-            if len(self._weighted) > 16:
+            if len(self._weighted) > READS_KEPT:
                 del self._weighted[min(self._weighted)]
         self.set_boundary(last)
         if self.recut is not None and self.recut.broken and not self._said_broken:
