@@ -129,6 +129,8 @@ class LightningAdapter(FSDPAdapter):
         self._scale = 1.0
         self._weighted: dict[int, int] = {}
         """Per re-cut step: the samples its micro-losses were weighted for (over ``B``)."""
+        self._pending: tuple[int, int] | None = None
+        """(step, samples) of the re-cut micro-batch about to run, until its loss is weighted."""
         self._said_broken = False
         self.size_reason = plans_reason(trainer, pl_module)
         self._start_step = self.iteration
@@ -152,7 +154,14 @@ class LightningAdapter(FSDPAdapter):
     def _wrap(self, training_step: Any) -> Any:
         def training_step_weighted(*args: Any, **kwargs: Any) -> Any:
             out = training_step(*args, **kwargs)
-            if self._scale == 1.0 or out is None:
+            pending, self._pending = self._pending, None
+            if pending is None or out is None:
+                return out
+            step, n = pending  # counted where the loss is weighted: what verification reads
+            self._weighted[step] = self._weighted.get(step, 0) + n
+            if len(self._weighted) > READS_KEPT:
+                del self._weighted[min(self._weighted)]
+            if self._scale == 1.0:
                 return out
             if isinstance(out, dict):
                 return {**out, "loss": out["loss"] * self._scale}
@@ -169,14 +178,12 @@ class LightningAdapter(FSDPAdapter):
             self.begin_step()
         last = not loop._should_accumulate()
         sizes = self.recut.cut_sizes(self.iteration) if self.recut is not None else None
-        self._scale = 1.0
+        self._scale, self._pending = 1.0, None
         if sizes is not None:
             n = sizes[at % g]
-            self._weighted[self.iteration] = self._weighted.get(self.iteration, 0) + n
+            self._pending = (self.iteration, n)
             if self.loss_reduction == "mean":
                 self._scale = n / self.micro_batch_size
-            if len(self._weighted) > READS_KEPT:
-                del self._weighted[min(self._weighted)]
         self.set_boundary(last)
         if self.recut is not None and self.recut.broken and not self._said_broken:
             self._said_broken = True  # found while reading: the controller plans from it
