@@ -20,9 +20,10 @@ REFERENCE_STEPS = 120
 """The DeepSpeed jobs compared with the reference end after fewer steps than this (by their
 stop file or their step count); one reference run of the same job without faults serves them
 all."""
-MEGATRON_REFERENCE_STEPS = 180
-"""The same for the Megatron GPT job: the fail-stop grid runs ~40 steps, the congested link's
-swap ~100, the straggler's mitigation ~150 (until 20 steps after its revert)."""
+MEGATRON_REFERENCE_STEPS = 140
+"""The same for the Megatron GPT job: the fail-stop grid runs ~40 steps, the hot update 60, the
+congested link's swap ~70-90, the straggler's mitigation ~90-120 (until 12 steps after its
+revert, ``_s2_checks``)."""
 
 
 def _reference_runs(

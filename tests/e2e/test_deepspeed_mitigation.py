@@ -4,11 +4,11 @@ A 4-rank DeepSpeed ZeRO-1 job on CPU/gloo (``failslow demo --framework deepspeed
 trained by the loop DeepSpeed's tutorials teach (``loss = loss_fn(engine(x), y);
 engine.backward(loss); engine.step()`` over the loader ``failslow.deepspeed.initialize``
 returns), runs with failslow enabled by its config block; rank 2 is SIGSTOP/SIGCONT-cycled from
-outside (75% stopped, ~4x slower) from step 50 until the plan has been in effect 20 steps (at
-step 100 at the earliest), and the job runs until the revert has been in effect 20 steps (140
-steps at least): on a loaded machine detection, validation and the periodic re-validation
-(every 8 s here) that finds the fail-slow over take longer, and the job waits for them instead of
-ending first. The control plane beside
+outside (75% stopped, ~4x slower) from step 40 until the plan has been in effect 12 steps (at
+step 70 at the earliest), and the job runs until the revert has been in effect 12 steps (90
+steps at least; ``_s2_checks.STEPS``): on a loaded machine detection, validation and the
+periodic re-validation (every 8 s here) that finds the fail-slow over take longer, and the job
+waits for them instead of ending first. The control plane beside
 it must, by itself: detect the onset, pause and validate, name rank 2, buy S2 through the
 ski-rental planner and have every rank switch to fewer micro-batches on replica 2 at one step
 boundary; after the release, find every rank healthy again and switch every rank back to the
@@ -32,13 +32,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _s2_checks import END, SLOW, START, STEPS, UNTIL
 
 from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
-
-STEPS, START, END, SLOW = 140, 50, 100, 2
 
 
 def _options(out: Path, observe: dict | None = None, **kw: object) -> MitigationDemoOptions:
@@ -64,7 +63,7 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
         _options(
             tmp_path / "mitigated",
             observe={"tensorboard_dir": str(tensorboard)},
-            until_mitigated=20,
+            until_mitigated=UNTIL,
         )
     )
     steps_run = summary["steps_run"]

@@ -4,7 +4,7 @@
 shards, ``failslow.fsdp.attach(..., model_factory=build)``), each rank in its own network
 namespace and host on one bridge. From step 30 the link between ranks 0 and 1 - the two shards
 of replica 0, whose per-layer all-gathers and reduce-scatters cross it every micro-batch - is
-shaped with tc until the swap has been in effect 20 steps. The control plane must by itself
+shaped with tc until the swap has been in effect 12 steps. The control plane must by itself
 detect, validate, name the link 0-1, buy S3 (the planner knows the job is sharded:
 shard-group traffic outweighs the replicas' one all-reduce per step) and have every rank take
 its new mesh role at one step boundary, in place.
@@ -27,7 +27,7 @@ from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS, START, WORLD = 100, 30, 4
+STEPS, START, WORLD, UNTIL = 70, 30, 4, 12
 
 
 def _options(out: Path, **kw: object) -> MitigationDemoOptions:
@@ -47,7 +47,9 @@ def test_a_congested_shard_link_is_swapped_away_and_the_model_is_unchanged(
     tmp_path: Path,
 ) -> None:
     require_network_namespaces()
-    summary = run_mitigation_demo(_options(tmp_path / "swapped", fault="link", until_mitigated=20))
+    summary = run_mitigation_demo(
+        _options(tmp_path / "swapped", fault="link", until_mitigated=UNTIL)
+    )
     run_mitigation_demo(
         _options(tmp_path / "reference", mitigate=False, inject=False, steps=summary["steps_run"])
     )

@@ -5,8 +5,8 @@ inside an unchanged ``Trainer.fit()``, with one line of failslow (issue 45).
 a mean over its batch) trained by ``Trainer(strategy="ddp", accumulate_grad_batches=4,
 callbacks=[failslow.lightning.FailslowCallback()]).fit(module, loader)`` over the user's own
 shuffled DataLoader (Lightning puts its DistributedSampler under it). Rank 2 is
-SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 50 until the plan has been in
-effect 20 steps, and the job runs until the revert has been in effect 20 steps. The control
+SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 40 until the plan has been in
+effect 12 steps, and the job runs until the revert has been in effect 12 steps. The control
 plane must by itself detect, validate, name rank 2, buy S2 - fewer of each step's samples for
 rank 2, its 4 micro-batches smaller - verified in effect on every rank at one step boundary,
 and revert to the even split after the release.

@@ -4,7 +4,7 @@
 Megatron DDP, Adam, 1F1B), each rank in its own network namespace and host on one bridge
 (:mod:`failslow.demo.netns`; gloo over the veths, the launcher's stores reached over the
 bridge). From step 30 the link between ranks 0 and 1 - stage 0 of both replicas, the link their
-gradient all-reduce crosses - is shaped with tc until the swap has been in effect 20 steps.
+gradient all-reduce crosses - is shaped with tc until the swap has been in effect 12 steps.
 The control plane must, by itself: detect the onset, pause at a step boundary and validate,
 name the link 0-1 (kind communication), buy S3 and have every rank move to the new placement at
 one step boundary, in place (greyhound 5.2: the congested link then carries no DP traffic).
@@ -33,7 +33,7 @@ pytest.importorskip(
 )
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS, START, WORLD = 100, 30, 4
+STEPS, START, WORLD, UNTIL = 70, 30, 4, 12
 
 
 def _options(out: Path, **kw: object) -> MitigationDemoOptions:
@@ -53,7 +53,9 @@ def test_a_congested_link_is_swapped_away_and_the_model_is_unchanged(
     tmp_path: Path, megatron_reference: Callable[[int], Any]
 ) -> None:
     require_network_namespaces()
-    summary = run_mitigation_demo(_options(tmp_path / "swapped", fault="link", until_mitigated=20))
+    summary = run_mitigation_demo(
+        _options(tmp_path / "swapped", fault="link", until_mitigated=UNTIL)
+    )
     steps_run = summary["steps_run"]
     reference = megatron_reference(steps_run)  # each rank's model by layout-free names, its role
     context = json.dumps({k: summary[k] for k in ("actions", "injected", "steps_run")})

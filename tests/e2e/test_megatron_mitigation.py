@@ -5,8 +5,9 @@ x DP2, Megatron DDP, Adam, 1F1B), trained by the Megatron-LM loop with
 ``failslow.megatron.attach`` and ``fs.forward_backward`` over the loop's own data iterator
 (``iter(DataLoader(..., batch_sampler=<Megatron-LM's pretraining sampler>))``: no
 ``fs.data_iterator``; failslow re-cuts it per plan); rank 2 (pipeline stage 1 of replica
-0) is SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 50 until the plan has been in
-effect 20 steps, and the job runs until the revert has been in effect 20 steps (140 at least).
+0) is SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 40 until the plan has been in
+effect 12 steps, and the job runs until the revert has been in effect 12 steps (90 at least;
+``_s2_checks.STEPS``).
 No group of this job spans every rank, so the validation pause lands at a step boundary. The
 control plane must, by itself: detect the onset, pause and validate, name rank 2, buy S2 and
 have every rank switch to fewer micro-batches on replica 0 (both of its stages) at one step
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _s2_checks import END, SLOW, START, STEPS, UNTIL
 
 from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
@@ -35,7 +37,7 @@ pytest.importorskip(
 )
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS, START, END, SLOW, WORLD = 140, 50, 100, 2, 4
+WORLD = 4
 
 
 def _options(out: Path, **kw: object) -> MitigationDemoOptions:
@@ -56,7 +58,7 @@ def _options(out: Path, **kw: object) -> MitigationDemoOptions:
 def test_a_megatron_straggler_is_mitigated_and_the_model_is_unchanged(
     tmp_path: Path, megatron_reference: Callable[[int], Any]
 ) -> None:
-    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=20))
+    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=UNTIL))
     steps_run = summary["steps_run"]
     injected_start, injected_end = summary["injected"]
     context = json.dumps({k: summary[k] for k in ("actions", "injected", "steps_run")})
