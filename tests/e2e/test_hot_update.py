@@ -10,7 +10,12 @@ resumes at that step. Then a bad update (the new version crashes at start) is su
 rolled back automatically within probation, and the job resumes again from its snapshot.
 
 The same for ``failslow.demo.megatron_worker`` (GPT, TP1 x PP2 x DP2, Megatron DDP, Adam,
-scheduler, ``failslow.megatron.attach``).
+scheduler, ``failslow.megatron.attach``), started by failslow's own launcher (``failslow run
+--nproc-per-node 4 --preload megatron.core``): its ranks, the update's and the rollback's, are
+forked from a process that imported Megatron once (``import megatron.core`` costs ~7 CPU-s per
+process; three launches of four ranks under torchrun paid it twelve times). The torchrun path
+is the DeepSpeed job's; the failslow launcher's hot update across two nodes is
+``tests/e2e/test_failstop.py``'s.
 
 Correctness: the final parameters (every rank's for Megatron) are bitwise those of the same job
 run without any update - both restarts resumed the exact state (model, optimizer state -
@@ -43,6 +48,12 @@ WORKERS = {
     "deepspeed": ("failslow.demo.ds_worker", "32", ["parameters.npz"]),
     "megatron": ("failslow.demo.megatron_worker", "8", [f"model-rank{r}.npz" for r in range(4)]),
 }
+LAUNCHERS = {
+    # framework: how ``failslow run`` starts its 4 ranks
+    "deepspeed": ["--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                  "--nproc-per-node", "4"],
+    "megatron": ["--nproc-per-node", "4", "--preload", "megatron.core", "--no-warm", "--"],
+}  # fmt: skip
 
 
 def _env(out: Path, framework: str = "deepspeed") -> dict[str, str]:
@@ -61,8 +72,7 @@ def _launch(tmp: Path, name: str, framework: str) -> tuple[subprocess.Popen[str]
         sys.executable, "-m", "failslow.cli", "run", "--controller", "4",
         "--ring-dir", str(tmp / f"{name}-rings"), "--state-dir", str(state),
         "--snapshot-dir", str(tmp / f"{name}-snapshots"),
-        "--probation", "120", "--update-poll", "0.3", "--no-shim", "--",
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+        "--probation", "120", "--update-poll", "0.3", "--no-shim", *LAUNCHERS[framework],
         "-m", WORKERS[framework][0],
     ]  # fmt: skip
     log = open(tmp / f"{name}.log", "w")

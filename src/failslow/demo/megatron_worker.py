@@ -38,12 +38,6 @@ PIPELINE_STAGES = 2
 
 def main() -> None:
 
-    import numpy as np
-
-    import failslow
-    import failslow.megatron
-    from failslow.demo import fault_plugin
-    from failslow.demo.megatron_job import GptShape, build_gpt, pretraining_iterator, train_step
     from failslow.demo.worker_io import (
         all_ranks_see,
         announce_start,
@@ -54,7 +48,14 @@ def main() -> None:
         write_progress,
     )
 
-    env = worker_env()
+    env = worker_env()  # a bad update that crashes at start does so before Megatron's imports
+    import numpy as np
+
+    import failslow
+    import failslow.megatron
+    from failslow.demo import fault_plugin
+    from failslow.demo.megatron_job import GptShape, build_gpt, pretraining_iterator, train_step
+
     rank, world, steps, per_replica, out = env.rank, env.world, env.steps, env.per_replica, env.out
     join_world(rank, world)
     hidden = int(os.environ.get("FAILSLOW_DEMO_WIDTH", "128"))
