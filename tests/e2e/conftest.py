@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from failslow.demo.rank_launch import COMPARED
+from failslow.demo.rank_launch import REFERENCE
 from failslow.demo.worker_io import launch_env
 
 REFERENCE_STEPS = 120
@@ -31,7 +31,7 @@ def _reference_runs(
     micro_batch_size: str, minimum: int, load: Callable[[Path, int], Any],
 ) -> Callable[[int], Any]:  # fmt: skip
     """``steps -> load(out, steps)`` over runs of the demo job ``module`` (4 ranks, the
-    :data:`COMPARED` settings) without faults that save the model after every step
+    :data:`REFERENCE` settings: no snapshots) without faults that save the model after every step
     (``$FAILSLOW_DEMO_SAVE_EVERY_STEP``): one run, started by the first test that asks, of at
     least ``minimum`` steps; a longer job gets a longer run. Each run's last step is checked
     to be the job's final model (``load`` raises, or returns what the test compares)."""
@@ -46,7 +46,7 @@ def _reference_runs(
         out = tmp / "out"
         out.mkdir()
         env = launch_env(
-            out, n, FAILSLOW_DEMO_CONFIG=json.dumps(COMPARED),
+            out, n, FAILSLOW_DEMO_CONFIG=json.dumps(REFERENCE),
             FAILSLOW_DEMO_MICRO_BATCH_SIZE=micro_batch_size, FAILSLOW_DEMO_SAVE_EVERY_STEP="1",
         )  # fmt: skip
         command = [
