@@ -9,7 +9,10 @@ Runs ``./dev test`` (the README's test command; pytest arguments after ``--``, e
 files) with a pytest plugin that logs every test's start and end, while a thread samples
 ``/proc/stat`` every 2 s. Prints the slowest tests with the share of the machine's CPU that was
 idle during each (a test at a few percent idle is CPU-bound: only less work makes it faster;
-one at 50% or more waits - on a throttled rank, a timeout, a poll), and the suite's total.
+one at 50% or more waits - on a throttled rank, a timeout, a poll), and the suite's total,
+then the same per group: the tests marked ``multiprocess`` (a spawned world) and the rest - the
+idle core-seconds under the rest are what running them beside the others could take up.
+``--log PATH`` keeps every test's row (seconds, idle share, multiprocess, test id) as TSV.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def pytest_runtest_logstart(nodeid, location):
     _F.write(f"start\\t{time.time():.3f}\\t{nodeid}\\n")
 def pytest_runtest_logfinish(nodeid, location):
     _F.write(f"end\\t{time.time():.3f}\\t{nodeid}\\n")
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("multiprocess") is not None:
+        _F.write(f"multiprocess\\t0\\t{item.nodeid}\\n")
 """
 
 
@@ -61,6 +67,7 @@ def idle_share(samples: list[tuple[float, float, float]], start: float, end: flo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--log", type=Path, help="write every test's row here (TSV)")
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="failslow-suite-") as tmp:
@@ -82,9 +89,12 @@ def main() -> int:
         wall = time.time() - started
         begun: dict[str, float] = {}
         rows = []
+        spawned: set[str] = set()
         for line in log.read_text().splitlines() if log.is_file() else []:
             kind, at, nodeid = line.split("\t", 2)
-            if kind == "start":
+            if kind == "multiprocess":
+                spawned.add(nodeid)
+            elif kind == "start":
                 begun[nodeid] = float(at)
             elif nodeid in begun:
                 start = begun.pop(nodeid)
@@ -103,6 +113,19 @@ def main() -> int:
         f"pytest exit {rc}; {wall:.0f} s wall, tests {sum(r[0] for r in rows):.0f} s; the CPU was "
         f"{suite_idle:.0%} idle over the run ({os.cpu_count()} CPUs)"
     )
+    cpus = os.cpu_count() or 1
+    groups = Table(title="by group (idle core-seconds: seconds x CPUs x idle share)")
+    for column in ("group", "tests", "seconds", "idle core-s"):
+        groups.add_column(column, justify="left" if column == "group" else "right")
+    for name, marked in (("multiprocess", True), ("single-process", False)):
+        mine = [r for r in rows if (r[1] in spawned) == marked]
+        idle_s = sum(s * cpus * i for s, _, i in mine if i == i)  # nan: too short to sample
+        groups.add_row(name, str(len(mine)), f"{sum(r[0] for r in mine):.0f}", f"{idle_s:.0f}")
+    console.print(groups)
+    if args.log is not None:
+        args.log.write_text("".join(
+            f"{s:.3f}\t{i:.3f}\t{int(n in spawned)}\t{n}\n" for s, n, i in rows
+        ))  # fmt: skip
     return rc
 
 
