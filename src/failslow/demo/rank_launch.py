@@ -33,7 +33,7 @@ COMPARED = {**SETTINGS, "planner": {"strategies": []}}
 no mitigation strategy. The control plane still detects and validates, but on shared cores it
 can read noise as a straggler (a GEMM 1.5-2.3x its peers' under load), and a micro-batch plan in
 one run and not the other changes the order of the gradient sums."""
-REFERENCE = {"planner": {"strategies": []}}
+REFERENCE: dict[str, Any] = {"planner": {"strategies": []}}
 """The settings of the run a :data:`COMPARED` run is checked against: the same job without
 snapshots. Snapshots change nothing (invariant 4: the conformance suite checks it for every
 adapter), and each comparison checks it again; an every-step snapshot and its backup cost the
