@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from failslow.demo.mitigation import MitigationDemoOptions, Run, _end_due
+from failslow.demo.mitigation import MitigationDemoOptions, Run, _end_due, _release_due
 
 
-def _action(action: str, step: int, committed: bool = True) -> dict[str, Any]:
-    return {"action": action, "apply_step": step, "committed": committed}
+def _action(
+    action: str, step: int, committed: bool = True, reason: str = "fail-slow relieved"
+) -> dict[str, Any]:
+    return {"action": action, "apply_step": step, "committed": committed, "reason": reason}
 
 
 def _run(step: int, actions: list[dict[str, Any]]) -> Run:
@@ -38,3 +40,19 @@ def test_a_split_in_effect_or_none_bought_keeps_the_run_going() -> None:
     refused = [_action("apply", 60, committed=False)]
     assert not _end_due(_run(400, refused), None)
     assert _end_due(_run(1495, in_effect), None)  # max_steps bounds it
+
+
+def test_the_release_waits_for_a_plan_in_effect_not_for_a_revert_that_claims_relief() -> None:
+    """The throttle ends at ``slow_end`` once the first plan has been in effect
+    ``until_mitigated`` steps - unless the split was reverted as "relieved" while the rank was
+    still throttled (a re-validation under a CPU hog): then not before the controller planned
+    again. A revert that did not pay is the closed loop's verdict and releases."""
+    plan = [_action("apply", 60, reason="expected saving 40 s")]
+    assert not _release_due(_run(99, plan)) and _release_due(_run(100, plan))
+    assert not _release_due(_run(100, [_action("apply", 85, reason="expected saving 40 s")]))
+    relieved = [*plan, _action("revert", 99)]
+    assert not _release_due(_run(120, relieved))
+    assert _release_due(_run(130, [*relieved, _action("apply", 110, reason="again")]))
+    short = [*plan, _action("revert", 99, reason="did not pay: measured 0.3 s")]
+    assert _release_due(_run(100, short))
+    assert _release_due(_run(750, relieved))  # max_steps / 2 bounds the wait

@@ -369,14 +369,27 @@ def _applied(run: Run, action: str) -> list[int]:
 
 def _release_due(run: Run) -> bool:
     """End the slowdown: at ``slow_end``; with ``until_mitigated``, not before the first plan
-    has been in effect that many steps (at the latest at ``max_steps / 2``)."""
+    has been in effect that many steps, nor while the even split is back for any reason but
+    the closed loop's "did not pay" - the controller must find the slowdown again and plan
+    anew first (at the latest at ``max_steps / 2``). Seen under a 1-core CPU hog: a
+    re-validation found the throttled rank healthy (its short GEMM fit in its running quarter)
+    and reverted "relieved" one step before the release, and the run ended with that revert as
+    its walk back."""
     opts = run.options
     if opts.slow_end is None or run.step < opts.slow_end:
         return False
     if opts.until_mitigated is None or run.step >= opts.max_steps // 2:
         return True
     applied = _applied(run, "apply")
-    return bool(applied) and run.step >= applied[0] + opts.until_mitigated
+    if not applied or run.step < applied[0] + opts.until_mitigated:
+        return False
+    splits = _splits(run)
+    if not splits:
+        return False
+    last = splits[-1]
+    return last["action"] in ("apply", "replan") or str(last.get("reason") or "").startswith(
+        "did not pay"
+    )
 
 
 def _end_due(run: Run, fault: Any) -> bool:
@@ -397,17 +410,23 @@ def _end_due(run: Run, fault: Any) -> bool:
         return released is not None and run.step >= released + opts.until_mitigated
     if released is None:
         return False
-    splits = sorted(
-        (a["apply_step"], a["action"]) for a in run.actions
-        if a["committed"] and a["apply_step"]
-        and a["action"] in ("apply", "replan", "revert", "rollback")
-    )  # fmt: skip
-    if not splits or splits[-1][1] in ("apply", "replan"):
+    splits = _splits(run)
+    if not splits or splits[-1]["action"] in ("apply", "replan"):
         return False  # a split in effect (or none bought yet): its walk back is awaited
     # the even split again: reverted after the release (the walk back), or before it when the
     # closed loop measured the plan short of its promise (a loaded machine) - either way the
     # job ends that many steps after both the release and the revert
-    return run.step >= max(released, splits[-1][0]) + opts.until_mitigated
+    return run.step >= max(released, splits[-1]["apply_step"]) + opts.until_mitigated
+
+
+def _splits(run: Run) -> list[dict[str, Any]]:
+    """The committed actions that changed the split, by the step they took effect."""
+    return sorted(
+        (a for a in run.actions
+         if a["committed"] and a["apply_step"]
+         and a["action"] in ("apply", "replan", "revert", "rollback")),
+        key=lambda a: a["apply_step"],
+    )  # fmt: skip
 
 
 def _spawn(
