@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _netns import require_network_namespaces
+from _s2_checks import UNTIL
 
 from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS, START, WORLD, UNTIL = 70, 30, 4, 12
+STEPS, START, WORLD = 70, 30, 4
 
 
 def _options(out: Path, **kw: object) -> MitigationDemoOptions:
