@@ -3,6 +3,7 @@
  * difference. Enough to check which calls get device times and when their end events are
  * recorded (tests/nccl_hook/test_shim.py); the real runtime is checked on a GPU
  * (tests/gpu, benchmarks/gpu). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -11,6 +12,13 @@ typedef struct {
 } event;
 
 #define API __attribute__((visibility("default")))
+
+static long g_created; /* events created, said at exit when STUB_CUDART_COUNT is set */
+
+__attribute__((destructor)) static void say_created(void) {
+  if (getenv("STUB_CUDART_COUNT")) fprintf(stderr, "cudart stub: %ld events created\n",
+                                           __atomic_load_n(&g_created, __ATOMIC_RELAXED));
+}
 
 static long long now_ns(void) {
   struct timespec ts;
@@ -24,12 +32,13 @@ API int cudaEventCreateWithFlags(void **ev, unsigned flags) {
   if (!e) return 2; /* cudaErrorMemoryAllocation */
   e->ns = -1;
   *ev = e;
+  __atomic_fetch_add(&g_created, 1, __ATOMIC_RELAXED);
   return 0;
 }
 
 API int cudaEventRecord(void *ev, void *stream) {
   (void)stream;
-  ((event *)ev)->ns = now_ns();
+  ((event *)ev)->ns = now_ns(); /* a reused event records again */
   return 0;
 }
 

@@ -22,7 +22,13 @@
  * ncclGroupEnd records each queued call's end event once NCCL has launched the group. A
  * group's calls share one launch, so each such record spans its stream's part of the group. A
  * group that failed or did not finish launching (ncclInProgress, non-blocking communicators)
- * keeps enqueue times. */
+ * keeps enqueue times.
+ *
+ * Events are reused: a completed call's two events go back to a free list (at most POOL_MAX)
+ * and the next calls record on them, so a call creates no event once the job runs (creating
+ * two per call cost ~10 us on an H200, benchmarks/gpu row 3). The harvester takes the pending
+ * calls out under the lock and queries them outside it: the training thread never waits for
+ * cudaEventQuery. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -65,6 +71,33 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pending g_pending[PENDING_MAX];
 static int g_npending;
 static int g_harvester_started;
+
+#define POOL_MAX 1024
+static pthread_mutex_t g_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *g_free[POOL_MAX];
+static int g_nfree;
+
+/* A timing event: a free one if any, else a new one. 0 or the CUDA error. */
+static int ev_get(void **ev) {
+  pthread_mutex_lock(&g_pool_lock);
+  void *e = g_nfree > 0 ? g_free[--g_nfree] : NULL;
+  pthread_mutex_unlock(&g_pool_lock);
+  if (e) {
+    *ev = e;
+    return CUDA_SUCCESS;
+  }
+  return cu.create(ev, 0 /* cudaEventDefault: timing on */);
+}
+
+/* Back to the free list; destroyed when the list is full. */
+static void ev_put(void *ev) {
+  if (!ev) return;
+  pthread_mutex_lock(&g_pool_lock);
+  int kept = g_nfree < POOL_MAX;
+  if (kept) g_free[g_nfree++] = ev;
+  pthread_mutex_unlock(&g_pool_lock);
+  if (!kept) cu.destroy(ev);
+}
 
 static void *find_cudart(void) {
   const char *forced = getenv("FAILSLOW_CUDART_LIB");
@@ -131,30 +164,38 @@ void *fls_device_begin(void *stream) {
   }
   if (capturing != 0) return NULL; /* a CUDA graph being captured: no events in it */
   void *ev = NULL;
-  if ((err = cu.create(&ev, 0 /* cudaEventDefault: timing on */)) != CUDA_SUCCESS) {
+  if ((err = ev_get(&ev)) != CUDA_SUCCESS) {
     note_failure("cudaEventCreateWithFlags", err);
     return NULL;
   }
   if ((err = cu.record(ev, stream)) != CUDA_SUCCESS) {
     note_failure("cudaEventRecord", err);
-    cu.destroy(ev);
+    cu.destroy(ev); /* not back to the pool: an event that failed to record may be bad */
     return NULL;
   }
   return ev;
 }
 
-void fls_device_drop(void *ev0) {
-  if (ev0) cu.destroy(ev0);
-}
+void fls_device_drop(void *ev0) { ev_put(ev0); }
+
+/* The harvester's own list: calls taken from g_pending whose end event has not completed. */
+static pending h_work[PENDING_MAX];
+static int h_nwork;
 
 static void harvest_once(void) {
   pthread_mutex_lock(&g_lock);
+  int room = PENDING_MAX - h_nwork, moved = g_npending < room ? g_npending : room;
+  memcpy(&h_work[h_nwork], g_pending, (size_t)moved * sizeof *g_pending);
+  h_nwork += moved;
+  g_npending -= moved;
+  memmove(g_pending, &g_pending[moved], (size_t)g_npending * sizeof *g_pending);
+  pthread_mutex_unlock(&g_lock);
   int kept = 0;
-  for (int i = 0; i < g_npending; i++) {
-    pending *p = &g_pending[i];
+  for (int i = 0; i < h_nwork; i++) {
+    pending *p = &h_work[i];
     int q = cu.query(p->ev1);
     if (q == CUDA_NOT_READY) {
-      g_pending[kept++] = *p;
+      h_work[kept++] = *p;
       continue;
     }
     float ms = 0.0f;
@@ -167,11 +208,10 @@ static void harvest_once(void) {
       fls_emit(p->t_start, p->t_end_host, p->nbytes, p->group_key, p->call_index, p->op,
                p->dtype, p->flags | FLS_FL_END_IS_ENQUEUE, p->peer);
     }
-    cu.destroy(p->ev0);
-    cu.destroy(p->ev1);
+    ev_put(p->ev0);
+    ev_put(p->ev1);
   }
-  g_npending = kept;
-  pthread_mutex_unlock(&g_lock);
+  h_nwork = kept;
 }
 
 static void *harvester(void *arg) {
@@ -189,7 +229,7 @@ int fls_device_end(void *ev0, void *stream, int64_t t_start, int64_t t_end_host,
                    int flags, int32_t peer) {
   void *ev1 = NULL;
   int err;
-  if ((err = cu.create(&ev1, 0)) != CUDA_SUCCESS) {
+  if ((err = ev_get(&ev1)) != CUDA_SUCCESS) {
     note_failure("cudaEventCreateWithFlags", err);
     goto host;
   }
@@ -201,7 +241,7 @@ int fls_device_end(void *ev0, void *stream, int64_t t_start, int64_t t_end_host,
   pthread_mutex_lock(&g_lock);
   if (g_npending == PENDING_MAX) {
     pthread_mutex_unlock(&g_lock);
-    cu.destroy(ev1);
+    ev_put(ev1);
     goto host;
   }
   g_pending[g_npending++] = (pending){ev0, ev1, t_start, t_end_host, nbytes, group_key,
@@ -217,7 +257,7 @@ int fls_device_end(void *ev0, void *stream, int64_t t_start, int64_t t_end_host,
   pthread_mutex_unlock(&g_lock);
   return 1;
 host:
-  cu.destroy(ev0);
+  ev_put(ev0);
   return 0;
 }
 
@@ -240,7 +280,7 @@ int fls_device_defer(void *ev0, void *stream, int64_t t_start, int64_t t_end_hos
                      uint64_t nbytes, uint64_t group_key, uint64_t call_index, int op,
                      int dtype, int flags, int32_t peer) {
   if (t_ngrouped == GROUPED_MAX) {
-    cu.destroy(ev0);
+    ev_put(ev0);
     return 0;
   }
   t_grouped[t_ngrouped++] = (grouped){ev0,        stream, t_start, t_end_host, nbytes, group_key,
@@ -255,7 +295,7 @@ void fls_device_group_end(int launched) {
                                    g->group_key, g->call_index, g->op, g->dtype, g->flags,
                                    g->peer))
       continue;
-    if (!launched) cu.destroy(g->ev0); /* fls_device_end frees it when it returns 0 */
+    if (!launched) ev_put(g->ev0); /* fls_device_end frees it when it returns 0 */
     fls_emit(g->t_start, g->t_end_host, g->nbytes, g->group_key, g->call_index, g->op, g->dtype,
              g->flags | FLS_FL_END_IS_ENQUEUE, g->peer);
   }
