@@ -25,7 +25,8 @@ data-parallel job has no group spanning all ranks - stops at the same cut of the
 If the controller dies, the trap's own timeout releases the rank; if the store is gone, the
 :class:`~failslow.core.control.resilient.ResilientStore` answers None and nothing is armed.
 Tasks: ``{"kind": "gemm", ...}`` (:func:`failslow.core.localize.validation.gemm.gemm_seconds`; with
-``"serial": true`` the ranks take turns, for CPU ranks that share cores - GPUs measure at once) and
+``"serial": true`` the ranks take turns, for CPU ranks that share cores - GPUs measure at once;
+``"confirm": x``: time again before blaming a rank above x its peers' median) and
 ``{"kind": "links", "passes": [[[src, dst], ...], ...], "nbytes": n, "repetitions": r,
 "confirm": x}`` (:func:`failslow.core.localize.validation.links.measure_links`; ``confirm``:
 time the passes again when a link is above x the median link).
@@ -51,22 +52,7 @@ def run_task(task: Mapping[str, Any]) -> Any:
     """Execute one validation task on this rank; returns a JSON-serialisable result."""
     kind = task.get("kind")
     if kind == "gemm":
-        from failslow.core.localize.validation.gemm import gemm_seconds
-
-        options = {k: v for k, v in task.items() if k in ("size", "dtypes", "repetitions")}
-        if "dtypes" in options:
-            options["dtypes"] = tuple(options["dtypes"])
-        if not task.get("serial"):
-            return gemm_seconds(**options)
-        # Ranks that share CPU cores would measure each other: take turns (barrier between)
-        import torch.distributed as dist
-
-        result: dict[str, float] = {}
-        for turn in range(dist.get_world_size()):
-            if turn == dist.get_rank():
-                result = gemm_seconds(**options)
-            dist.barrier()
-        return result
+        return _gemm(task)
     if kind == "links":
         from failslow.core.localize.validation.links import measure_links
 
@@ -80,6 +66,51 @@ def run_task(task: Mapping[str, Any]) -> Any:
         )
         return [[a, b, seconds] for (a, b), seconds in measured.items()]
     raise ValueError(f"unknown validation task kind {kind!r}")
+
+
+def _gemm(task: Mapping[str, Any]) -> dict[str, float]:
+    """The GEMM task: this rank's fastest run per dtype; with ``confirm``, repeat before blame.
+
+    ``"serial": true``: the ranks take turns (CPU ranks that share cores would measure each
+    other). ``"confirm": x``: the ranks exchange their times and, when any rank is above x its
+    peers' median (the controller's rule), every rank times the GEMM again and keeps the
+    fastest of both timings (issue 49): a preemption that hit one timing rarely hits the next,
+    a sustained slowdown slows both. Every rank decides from the same gathered times.
+    """
+    from failslow.core.localize.validation.gemm import gemm_seconds, slow_ranks
+
+    options = {k: v for k, v in task.items() if k in ("size", "dtypes", "repetitions")}
+    if "dtypes" in options:
+        options["dtypes"] = tuple(options["dtypes"])
+
+    def measure() -> dict[str, float]:
+        if not task.get("serial"):
+            return gemm_seconds(**options)
+        import torch.distributed as dist
+
+        result: dict[str, float] = {}
+        for turn in range(dist.get_world_size()):
+            if turn == dist.get_rank():
+                result = gemm_seconds(**options)
+            dist.barrier()
+        return result
+
+    result = measure()
+    if not task.get("confirm"):
+        return result
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return result
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, result)
+    per_rank = {r: max(times.values()) for r, times in enumerate(everyone) if times}
+    named = slow_ranks(per_rank, threshold=float(task["confirm"]))
+    if not named:
+        return result
+    log.info("failslow agent: GEMM names rank(s) %s; timing again before blame", sorted(named))
+    again = measure()
+    return {name: min(seconds, again[name]) for name, seconds in result.items()}
 
 
 RATE_WINDOW_S = 0.5

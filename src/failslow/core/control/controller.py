@@ -311,7 +311,7 @@ class Controller:
 
         passes = communicator_passes(link_groups(self._suspects, self._world()))
         tasks = [
-            self.validation.gemm_task(),
+            self.validation.gemm_task(self.detection.threshold),
             {
                 "kind": "links",
                 "passes": [[list(link) for link in one] for one in passes],

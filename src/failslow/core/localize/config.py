@@ -32,6 +32,10 @@ class ValidationConfig:
     gemm_repetitions: int = 3
     gemm_serial: bool = False
     """Ranks take turns (for CPU ranks that share cores; GPUs measure at once)."""
+    gemm_confirm: bool = True
+    """Repeat before blame: when the GEMM names a rank slow (the detection threshold), every
+    rank times it again and keeps the fastest of both (issue 49: preemption on a busy machine
+    named healthy ranks; a sustained slowdown slows both timings)."""
     link_mb: int = 16
     """Bytes per O(1) ring/tree link test, in MiB."""
     link_repetitions: int = 3
@@ -49,13 +53,17 @@ class ValidationConfig:
     """While a mitigation is in effect, re-validate this often to see the fail-slow end (and at
     once on a relief: a plan that hides the slowdown also hides its end from detection)."""
 
-    def gemm_task(self) -> dict[str, object]:
-        """The GEMM validation task every rank runs (:func:`failslow.runtime.agent.run_task`)."""
+    def gemm_task(self, threshold: float | None = None) -> dict[str, object]:
+        """The GEMM validation task every rank runs (:func:`failslow.runtime.agent.run_task`);
+        ``threshold``: the slowdown that names a rank (confirmed by a second timing when
+        :attr:`gemm_confirm`)."""
         task: dict[str, object] = {
             "kind": "gemm",
             "repetitions": self.gemm_repetitions,
             "serial": self.gemm_serial,
         }
+        if self.gemm_confirm and threshold is not None:
+            task["confirm"] = threshold
         if self.gemm_size:
             task["size"] = self.gemm_size
         if self.gemm_dtypes:
