@@ -182,8 +182,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--threshold",
         type=float,
-        default=1.1,
-        help="embedded controller: slow when > this x the peers' median (default 1.1)",
+        default=None,
+        help="embedded controller: slow when > this x the peers' median (default: "
+        "detection.threshold, FAILSLOW__DETECTION__THRESHOLD, else 1.1)",
     )
     p.add_argument(
         "--metrics-port",

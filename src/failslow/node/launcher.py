@@ -90,8 +90,9 @@ class RunOptions:
     job_token: str | None = None
     """The job's shared secret for pause requests and plans (generated when this launcher
     hosts the controller and none is given)."""
-    threshold: float = 1.1
-    """The embedded controller's slow threshold (x the peers' median; greyhound 4.3: 1.1)."""
+    threshold: float | None = None
+    """The embedded controller's slow threshold (x the peers' median); None: the job's config
+    (``detection.threshold``: ``FAILSLOW__DETECTION__THRESHOLD``, else greyhound 4.3's 1.1)."""
     state_dir: Path | None = None
     """Where the update history lives (default: the ring directory)."""
     snapshot_dir: Path | None = None
@@ -727,7 +728,9 @@ def _job_control(
     if world_size:
         options.agent.world_size = world_size
     log_dir = launch.ring_dir / "diagnoses"
-    overrides = {"detection.threshold": options.threshold, "job_token": token}
+    overrides: dict[str, Any] = {"job_token": token}
+    if options.threshold is not None:  # else the environment's setting, or the default
+        overrides["detection.threshold"] = options.threshold
     observers = []
     if metrics is not None and world_size:
         from failslow.observe.metrics import ControlMetrics
