@@ -1,6 +1,12 @@
 """The checks an end-to-end S2 test makes of a mitigation demo run (launcher-started ranks,
 one compute straggler, ``until_mitigated``) against the same job's fault-free reference run,
-and the run pair itself (:func:`a_straggler_is_mitigated`)."""
+and the run pair itself (:func:`a_straggler_is_mitigated`).
+
+The mitigated run is started as users start a job (:data:`LAUNCHER`): ``failslow run
+--controller 4 -- torchrun --standalone --nproc-per-node 4 -m <worker>`` (the Accelerate and
+Trainer jobs: ``-- accelerate launch ...``), the controller and mitigator in that launcher and
+seen only through its journal; the reference needs no control plane and runs under the demo's
+own launcher."""
 
 from __future__ import annotations
 
@@ -20,6 +26,17 @@ earliest). A loaded machine's slower detection, validation and re-validation onl
 UNTIL = 12
 """Steps a plan is in effect before the release (its outcome is measured over steps 2-6 after
 its apply step, :mod:`failslow.core.control.closed_loop`), and the even split after its revert."""
+LAUNCHER = "failslow-run"
+"""The mitigated runs' launcher (:attr:`MitigationDemoOptions.launcher`)."""
+
+
+def rank_record(out: Path, rank: int) -> dict[str, Any]:
+    """A rank's ``steps-rank<r>.json`` (under ``failslow run`` named after its launch,
+    ``steps-rank<r>-<n>.json``: the rank's only one)."""
+    path = out / f"steps-rank{rank}.json"
+    if not path.exists():
+        (path,) = out.glob(f"steps-rank{rank}-*.json")
+    return json.loads(path.read_text())
 
 
 def _options(framework: str, out: Path, **kw: object) -> MitigationDemoOptions:
@@ -42,7 +59,7 @@ def a_straggler_is_mitigated(framework: str, tmp_path: Path, **job: object) -> N
     both runs). Checked: :func:`check_s2_climbed_and_came_back` and :func:`check_same_model`
     (1e-6)."""
     summary = run_mitigation_demo(
-        _options(framework, tmp_path / "mitigated", until_mitigated=UNTIL, **job)
+        _options(framework, tmp_path / "mitigated", until_mitigated=UNTIL, launcher=LAUNCHER, **job)
     )
     reference = _options(
         framework, tmp_path / "reference", mitigate=False, inject=False,
@@ -88,7 +105,7 @@ def check_s2_climbed_and_came_back(
         assert first["outcome"]["verdict"] == "short", first
     else:
         assert end <= injected_end <= back["apply_step"], (injected_end, back)
-    records = [json.loads((out / f"steps-rank{r}.json").read_text()) for r in range(4)]
+    records = [rank_record(out, r) for r in range(4)]
     assert len({tuple(tuple(a) for a in rec["applied"]) for rec in records}) == 1
     assert all(rec["counts"] == [4, 4, 4, 4] for rec in records)
     return first

@@ -8,11 +8,12 @@ outside (75% stopped, ~4x slower) from step 40 until the plan has been in effect
 step 70 at the earliest), and the job runs until the revert has been in effect 12 steps (90
 steps at least; ``_s2_checks.STEPS``): on a loaded machine detection, validation and the
 periodic re-validation (every 8 s here) that finds the fail-slow over take longer, and the job
-waits for them instead of ending first. The control plane beside
-it must, by itself: detect the onset, pause and validate, name rank 2, buy S2 through the
-ski-rental planner and have every rank switch to fewer micro-batches on replica 2 at one step
-boundary; after the release, find every rank healthy again and switch every rank back to the
-even split.
+waits for them instead of ending first. The job runs as users start it, ``failslow run
+--controller 4 -- torchrun --standalone --nproc-per-node 4 -m failslow.demo.ds_worker``; the
+control plane in that launcher must, by itself: detect the onset, pause and validate, name rank
+2, buy S2 through the ski-rental planner and have every rank switch to fewer micro-batches on
+replica 2 at one step boundary; after the release, find every rank healthy again and switch
+every rank back to the even split.
 
 Observability rides along (issue 20): the mitigated run has the TensorBoard notifier on (one
 setting in the failslow block), whose event files must hold rank 0's step times and the
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _s2_checks import END, SLOW, START, STEPS, UNTIL
+from _s2_checks import END, LAUNCHER, SLOW, START, STEPS, UNTIL, rank_record
 
 from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
@@ -64,6 +65,7 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
             tmp_path / "mitigated",
             observe={"tensorboard_dir": str(tensorboard)},
             until_mitigated=UNTIL,
+            launcher=LAUNCHER,
         )
     )
     steps_run = summary["steps_run"]
@@ -93,9 +95,7 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
     assert reverts[-1]["effect"] == "in effect", reverts[-1]
     assert END <= injected_end <= reverts[-1]["apply_step"] < steps_run
     # every rank switched at the same steps, and ends on the even split
-    records = [
-        json.loads((tmp_path / "mitigated" / f"steps-rank{r}.json").read_text()) for r in range(4)
-    ]
+    records = [rank_record(tmp_path / "mitigated", r) for r in range(4)]
     switched = {tuple(tuple(a) for a in rec["applied"]) for rec in records}
     assert len(switched) == 1
     steps = [a[1] for a in records[0]["applied"] if a[1] is not None]

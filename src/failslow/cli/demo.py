@@ -111,6 +111,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 loop=args.loop,
                 loader=args.loader,
                 zero=args.zero,
+                launcher=args.launcher,
                 fault=args.fault,
                 link_rate=args.link_rate,
                 failslow={"planner": {"strategies": strategies}} if strategies else {},
@@ -249,5 +250,13 @@ def register(sub: Any) -> None:
         choices=(1, 2),
         help="transformers: the Trainer's DeepSpeed path at this ZeRO stage (failslow enabled by "
         'the DeepSpeed config\'s "failslow" block and FailslowCallback()); default: DDP',
+    )
+    p.add_argument(
+        "--launcher",
+        choices=("demo", "failslow-run"),
+        default="demo",
+        help="demo: the demo starts the ranks and runs the control plane itself (default); "
+        "failslow-run: the job runs as users start it, failslow run --controller N -- torchrun "
+        "... (accelerate launch for accelerate/transformers), the controller in that launcher",
     )
     p.set_defaults(func=_cmd_demo)

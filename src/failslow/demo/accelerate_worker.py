@@ -69,7 +69,6 @@ def main() -> None:
 
     env = worker_env()
     rank, steps, per_replica, out = env.rank, env.steps, env.per_replica, env.out
-    (out / f"pid-rank{rank}").write_text(str(os.getpid()))
     sharding = os.environ.get("FAILSLOW_DEMO_SHARDING", "fsdp2")
     accelerator = make_accelerator(sharding, per_replica)
     micro_batch_size = int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCH_SIZE", "128"))

@@ -48,7 +48,6 @@ def main() -> None:
 
     env = worker_env()
     rank, steps, out = env.rank, env.steps, env.out
-    (out / f"pid-rank{rank}").write_text(str(os.getpid()))
     os.environ.setdefault("LOCAL_RANK", str(rank))  # one node: Lightning's process is this one
     join_world(rank, env.world)
     width = int(os.environ.get("FAILSLOW_DEMO_WIDTH", "256"))

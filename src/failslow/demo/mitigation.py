@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from failslow import envvars
+from failslow.demo.journal_follow import JournalFollower
 from failslow.demo.run_dir import new_run_dir
 from failslow.demo.worker_io import launch_env
 from failslow.errors import FailslowError
@@ -134,6 +135,12 @@ class MitigationDemoOptions:
     and the job runs until this many steps after the last revert took effect (``steps`` is
     then the earliest end); ``max_steps`` bounds both."""
     max_steps: int = 1500
+    launcher: str = "demo"
+    """``demo``: the ranks started by this process (forked from one import, or under ``accelerate
+    launch``) and the control plane in it; ``failslow-run``: the job started as users start it,
+    ``failslow run --controller N -- torchrun --standalone --nproc-per-node N -m <worker>`` (the
+    Accelerate and Trainer jobs: ``-- accelerate launch ...``), the controller and mitigator in
+    that launcher, followed through its journal (:mod:`failslow.demo.journal_follow`)."""
 
     def validate(self) -> None:
         if self.framework not in JOBS:
@@ -180,6 +187,15 @@ class MitigationDemoOptions:
             raise FailslowError(
                 f"demo: --loader {self.loader} is not one of --framework {self.framework}'s: "
                 f"{list(loaders.get(self.framework, ())) or 'none'}"
+            )
+        if self.launcher not in ("demo", "failslow-run"):
+            raise FailslowError(
+                f"demo: --launcher must be demo or failslow-run, got {self.launcher!r}"
+            )
+        if self.launcher == "failslow-run" and self.fault == "link":
+            raise FailslowError(
+                "demo: --fault link starts every rank in a network namespace of its own: "
+                "--launcher demo only"
             )
         if self.world_size < 2 or not 0 <= self.slow_rank < self.world_size:
             raise FailslowError(
@@ -257,6 +273,7 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
     import torch.distributed as dist
 
     from failslow.config import load_config
+    from failslow.core.control.journal import JOURNAL
     from failslow.demo.mitigation_report import live_view, summarize
     from failslow.node.control import JobControl, host_store
 
@@ -270,8 +287,10 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
     )
     control = host_store()
-    plane = None
-    if opts.mitigate:
+    plane: Any = None
+    if opts.mitigate and opts.launcher == "failslow-run":
+        plane = JournalFollower(ring_dir / "diagnoses" / JOURNAL)  # the launcher's journal
+    elif opts.mitigate:
         plane = JobControl(
             control, config, world_size=opts.world_size, ring_dir=ring_dir, log_dir=out
         )
@@ -280,7 +299,7 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
     fault: Any = None
     started = time.monotonic()
     try:
-        if plane is not None:
+        if isinstance(plane, JobControl):
             plane.start()
         with live_view(run, enabled=opts.live) as refresh:
             while any(p.poll() is None for p in procs):
@@ -312,7 +331,7 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
     finally:
         if fault is not None:
             fault.stop()
-        if plane is not None:
+        if isinstance(plane, JobControl):
             plane.stop()
         for p in procs:
             if p.poll() is None:
@@ -325,6 +344,8 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
             server.close()
         control.close()
         del rendezvous
+        if (ring_dir / "diagnoses").is_dir():  # failslow run's journal and diagnoses
+            shutil.copytree(ring_dir / "diagnoses", out, dirs_exist_ok=True)
         shutil.rmtree(ring_dir, ignore_errors=True)
     if any(p.returncode != 0 for p in procs):
         raise FailslowError(f"demo: a rank failed; see {out}/{_logs(opts)}")
@@ -332,12 +353,13 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
 
 
 def _logs(opts: MitigationDemoOptions) -> str:
-    return "launch.log" if opts.framework in LAUNCHED else "rank-<r>.log"
+    launched = opts.framework in LAUNCHED or opts.launcher == "failslow-run"
+    return "launch.log" if launched else "rank-<r>.log"
 
 
 def _rank_pid(opts: MitigationDemoOptions, procs: list[Any], out: Path) -> int:
-    """The slow rank's PID: its process, or under ``accelerate launch`` the PID it wrote."""
-    if opts.framework not in LAUNCHED:
+    """The slow rank's PID: its process, or under a launcher the PID it wrote."""
+    if opts.framework not in LAUNCHED and opts.launcher == "demo":
         return int(procs[opts.slow_rank].pid)
     return int((out / f"pid-rank{opts.slow_rank}").read_text())
 
@@ -442,6 +464,8 @@ def _spawn(
     else forked from a fork server that imported the framework once (Linux), as ``failslow run
     --nproc-per-node`` starts ranks - the same processes, environment and output, the imports
     paid once instead of once per rank."""
+    if opts.launcher == "failslow-run":
+        return [_failslow_run(opts, settings, ring_dir, out)], None
     if opts.framework in LAUNCHED:
         return [_accelerate_launch(opts, settings, ring_dir, out, store_url)], None
     procs: list[Any] = []
@@ -524,6 +548,17 @@ def _job_env(
     return env
 
 
+def _accelerate_argv(opts: MitigationDemoOptions) -> list[str]:
+    """``accelerate launch`` of the Accelerate or Trainer job: one process that starts every rank
+    (torchrun's c10d rendezvous on a free port)."""
+    return [
+        sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
+        "--multi_gpu", "--num_processes", str(opts.world_size), "--num_machines", "1",
+        "--rdzv_backend", "c10d", "--main_process_ip", "127.0.0.1", "--main_process_port", "0",
+        "-m", JOBS[opts.framework][0],
+    ]  # fmt: skip
+
+
 def _accelerate_launch(
     opts: MitigationDemoOptions,
     settings: dict[str, Any],
@@ -531,17 +566,55 @@ def _accelerate_launch(
     out: Path,
     store_url: str,
 ) -> subprocess.Popen[bytes]:
-    """``accelerate launch`` of the Accelerate or Trainer job: one process that starts every rank
-    (torchrun's c10d rendezvous on a free port), all output in ``launch.log``."""
+    """:func:`_accelerate_argv` with the demo's control plane; all output in ``launch.log``."""
     env = _job_env(opts, settings, ring_dir, out, store_url)
+    with open(out / "launch.log", "wb") as log:
+        return subprocess.Popen(
+            _accelerate_argv(opts), env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+def _failslow_run(
+    opts: MitigationDemoOptions, settings: dict[str, Any], ring_dir: Path, out: Path
+) -> subprocess.Popen[bytes]:
+    """The job as users start it: ``failslow run --controller N -- torchrun --standalone
+    --nproc-per-node N -m <worker>`` (``-- accelerate launch ...`` for the jobs that launcher
+    starts). The launcher's controller takes the demo's settings from the environment
+    (``FAILSLOW__SECTION__KEY``, what a user would set), the ranks from their framework's config
+    as well; its journal and diagnoses go to ``<ring_dir>/diagnoses``. All output in
+    ``launch.log``."""
+    env = _job_env(opts, settings, ring_dir, out, "")
+    env.pop(envvars.STORE, None)  # failslow run hosts the store and tells the ranks
+    env.update(_settings_env(settings))
+    if opts.framework in LAUNCHED:
+        job = _accelerate_argv(opts)
+    else:
+        job = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(opts.world_size), "-m", JOBS[opts.framework][0],
+        ]  # fmt: skip
     argv = [
-        sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
-        "--multi_gpu", "--num_processes", str(opts.world_size), "--num_machines", "1",
-        "--rdzv_backend", "c10d", "--main_process_ip", "127.0.0.1", "--main_process_port", "0",
-        "-m", JOBS[opts.framework][0],
+        sys.executable, "-m", "failslow.cli", "run", "--controller", str(opts.world_size),
+        "--ring-dir", str(ring_dir), "--", *job,
     ]  # fmt: skip
     with open(out / "launch.log", "wb") as log:
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _settings_env(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``settings`` as ``FAILSLOW__SECTION__KEY`` variables (lists as JSON)."""
+    found: dict[str, str] = {}
+    for key, value in settings.items():
+        name = f"{prefix}__{key.upper()}" if prefix else f"{envvars.CONFIG_PREFIX}{key.upper()}"
+        if isinstance(value, dict):
+            found.update(_settings_env(value, name))
+        elif isinstance(value, list | tuple):
+            found[name] = json.dumps(list(value))
+        elif isinstance(value, bool):
+            found[name] = "true" if value else "false"
+        else:
+            found[name] = str(value)
+    return found
 
 
 def _observe(run: Run, out: Path, plane: Any) -> None:
@@ -553,7 +626,11 @@ def _observe(run: Run, out: Path, plane: Any) -> None:
     for step, seconds in record.get("steps", []):
         run.step_times[int(step)] = float(seconds)
         run.step = max(run.step, int(step) + 1)
-    if plane is not None:
+    if isinstance(plane, JournalFollower):
+        plane.poll()
+        run.controller_state, run.diagnoses = plane.state, list(plane.diagnoses)
+        run.actions, run.unavailable = [dict(a) for a in plane.actions], dict(plane.unavailable)
+    elif plane is not None:
         run.controller_state = plane.controller.state.value
         run.diagnoses = [d.to_json() for d in plane.controller.diagnoses]
         run.actions = [

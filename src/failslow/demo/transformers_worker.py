@@ -67,7 +67,6 @@ def main() -> None:
 
     env = worker_env()
     rank, steps, out = env.rank, env.steps, env.out
-    (out / f"pid-rank{rank}").write_text(str(os.getpid()))
     width = int(os.environ.get("FAILSLOW_DEMO_WIDTH", "128"))
     torch.manual_seed(0)
     model = GPT2LMHeadModel(

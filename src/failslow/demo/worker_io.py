@@ -26,19 +26,23 @@ class WorkerEnv:
 def worker_env() -> WorkerEnv:
     """Read RANK, WORLD_SIZE, FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_MICRO_BATCHES (per replica) and
     FAILSLOW_DEMO_OUT; with FAILSLOW_DEMO_CRASH_AT_START, end at once (a bad update in the
-    hot-update tests). One torch thread per rank (the ranks share the machine's cores)."""
+    hot-update tests). One torch thread per rank (the ranks share the machine's cores). Writes
+    the rank's PID (``pid-rank<r>`` in the output directory): the demo slows a rank from outside,
+    and under a launcher (torchrun, ``accelerate launch``) only the rank knows its process."""
     import torch
 
     if os.environ.get("FAILSLOW_DEMO_CRASH_AT_START"):
         raise SystemExit(f"rank {os.environ.get('RANK')}: crashing at start as configured")
     torch.set_num_threads(1)
-    return WorkerEnv(
+    env = WorkerEnv(
         rank=int(os.environ["RANK"]),
         world=int(os.environ["WORLD_SIZE"]),
         steps=int(os.environ.get("FAILSLOW_DEMO_STEPS", "200")),
         per_replica=int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCHES", "4")),
         out=Path(os.environ["FAILSLOW_DEMO_OUT"]),
     )
+    (env.out / f"pid-rank{env.rank}").write_text(str(os.getpid()))
+    return env
 
 
 def launch_env(out: Path, steps: int, **extra: str) -> dict[str, str]:
