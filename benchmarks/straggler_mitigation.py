@@ -6,6 +6,7 @@ Usage::
         [--steps 200]
         [--slow-start 60] [--repeat 1] [--loop user|train_batch] [--hog N]
         [--micro-batch-size N] [--width N] [--loader failslow|own|prepared] [--zero 1|2]
+        [--launcher demo|failslow-run]
 
 ``--framework deepspeed`` (default) runs ``failslow demo --framework deepspeed``'s job: 4 ranks,
 ZeRO-1, CPU/gloo, 4 micro-batches of 128 per replica per step, trained by the loop DeepSpeed's
@@ -40,6 +41,11 @@ The closed loop (issue 44): every action of the failslow run with what became of
 or not (what the ranks reported running), and the controller's verdict a few steps later (its
 measured step time against its prediction: pays, or short - re-planned or reverted) - and
 whether any plan was left in place without effect (the last column must say "none").
+``--launcher failslow-run``: both runs started as users start a job - the unmitigated one by
+plain ``torchrun --standalone --nproc-per-node 4 -m <worker>``, the failslow one by ``failslow
+run --controller 4 -- torchrun ...`` (capture, controller and mitigator in that launcher);
+default ``demo``: the demo's own launcher and in-process control plane (the records before
+2026-11-30).
 ``--hog N`` runs N busy loops beside both runs (a CPU-saturated machine: moving micro-batches
 between ranks that share its cores cannot help, and the run must find that out by itself).
 """
@@ -116,6 +122,7 @@ def one_pair(
     width: int | None = None,
     loader: str | None = None,
     zero: int | None = None,
+    launcher: str = "demo",
 ) -> dict[str, Any]:
     runs = {}
     for name, mitigate in (("unmitigated", False), ("failslow", True)):
@@ -134,6 +141,7 @@ def one_pair(
                 width=width,
                 loader=loader,
                 zero=zero,
+                launcher=launcher,
             )
         )
         runs[name] = (summary, step_times_of(out, 4))
@@ -191,6 +199,12 @@ def main() -> None:
     parser.add_argument(
         "--zero", type=int, choices=(1, 2), help="transformers: the Trainer's DeepSpeed path"
     )
+    parser.add_argument(
+        "--launcher",
+        choices=("demo", "failslow-run"),
+        default="demo",
+        help="failslow-run: plain torchrun vs failslow run --controller 4 -- torchrun",
+    )
     args = parser.parse_args()
     console = Console(width=230)
     job = JOBS[args.framework][1]
@@ -198,7 +212,8 @@ def main() -> None:
     hogs = f", {args.hog} busy loops beside" if args.hog else ""
     shape = "".join(f", {k} {v}" for k, v in (("micro-batch size", args.micro_batch_size),
                                               ("width", args.width), ("loader", args.loader),
-                                              ("ZeRO stage", args.zero))
+                                              ("ZeRO stage", args.zero),
+                                              ("launcher", args.launcher))
                     if v)  # fmt: skip
     table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}{hogs}{shape}")
     for col in (
@@ -221,7 +236,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="failslow-dsbench-") as tmp, hog(args.hog):
             console.print(f"run {i + 1}/{args.repeat}: unmitigated, then failslow ...")
             r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop, args.framework,
-                         args.micro_batch_size, args.width, args.loader, args.zero)  # fmt: skip
+                         args.micro_batch_size, args.width, args.loader, args.zero,
+                         args.launcher)  # fmt: skip
         table.add_row(
             str(i + 1),
             f"{r['healthy_s']:.3f} s",

@@ -3,10 +3,9 @@ one compute straggler, ``until_mitigated``) against the same job's fault-free re
 and the run pair itself (:func:`a_straggler_is_mitigated`).
 
 The mitigated run is started as users start a job (:data:`LAUNCHER`): ``failslow run
---controller 4 -- torchrun --standalone --nproc-per-node 4 -m <worker>`` (the Accelerate and
-Trainer jobs: ``-- accelerate launch ...``), the controller and mitigator in that launcher and
-seen only through its journal; the reference needs no control plane and runs under the demo's
-own launcher."""
+--controller 4 -- torchrun --standalone --nproc-per-node 4 -m <worker>``, the controller and
+mitigator in that launcher and seen only through its journal; the reference needs no control
+plane and runs under the demo's own launcher."""
 
 from __future__ import annotations
 

@@ -1,15 +1,17 @@
-"""End to end under ``accelerate launch``: a Hugging Face Trainer job's straggler found,
-diagnosed and mitigated (S2 by size) inside an unchanged ``trainer.train()``, with one line of
-failslow (issue 45).
+"""End to end, as users start a job: a Hugging Face Trainer job's straggler found, diagnosed and
+mitigated (S2 by size) inside an unchanged ``trainer.train()``, with one line of failslow
+(issue 45).
 
-``failslow demo --framework transformers``'s job: 4 ranks started by ``accelerate launch``, a
-small GPT-2 trained by ``Trainer(...).train()`` (DDP over gloo, gradient accumulation 4,
-per-device batch 8), failslow registered by ``failslow.transformers.attach(trainer)``. Rank 2 is
-SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 40 until the plan has been in
-effect 12 steps, and the job runs until the revert has been in effect 12 steps. The control
-plane must by itself detect, validate, name rank 2, buy S2 - fewer of each step's samples for
-rank 2, its 4 micro-batches smaller - verified in effect on every rank at one step boundary,
-and revert to the even split after the release.
+``failslow demo --framework transformers``'s job: 4 ranks started by ``failslow run --controller
+4 -- torchrun --standalone --nproc-per-node 4 -m failslow.demo.transformers_worker`` (the
+reference run: ``accelerate launch``), a small GPT-2 trained by ``Trainer(...).train()`` (DDP
+over gloo, gradient accumulation 4, per-device batch 8), failslow registered by
+``failslow.transformers.attach(trainer)``. Rank 2 is SIGSTOP/SIGCONT-cycled from outside (75%
+stopped) from step 40 until the plan has been in effect 12 steps, and the job runs until the
+revert has been in effect 12 steps. The control plane in the launcher must by itself detect,
+validate, name rank 2, buy S2 - fewer of each step's samples for rank 2, its 4 micro-batches
+smaller - verified in effect on every rank at one step boundary, and revert to the even split
+after the release.
 
 Correctness: the parameters at the end equal those of the same job with no slowdown and no
 control plane: fp32, <= 1e-6 relative - the same samples of every step, the token losses

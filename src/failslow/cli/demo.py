@@ -257,6 +257,7 @@ def register(sub: Any) -> None:
         default="demo",
         help="demo: the demo starts the ranks and runs the control plane itself (default); "
         "failslow-run: the job runs as users start it, failslow run --controller N -- torchrun "
-        "... (accelerate launch for accelerate/transformers), the controller in that launcher",
+        "--standalone --nproc-per-node N ..., the controller in that launcher (without "
+        "mitigation: plain torchrun)",
     )
     p.set_defaults(func=_cmd_demo)

@@ -138,9 +138,9 @@ class MitigationDemoOptions:
     launcher: str = "demo"
     """``demo``: the ranks started by this process (forked from one import, or under ``accelerate
     launch``) and the control plane in it; ``failslow-run``: the job started as users start it,
-    ``failslow run --controller N -- torchrun --standalone --nproc-per-node N -m <worker>`` (the
-    Accelerate and Trainer jobs: ``-- accelerate launch ...``), the controller and mitigator in
-    that launcher, followed through its journal (:mod:`failslow.demo.journal_follow`)."""
+    ``failslow run --controller N -- torchrun --standalone --nproc-per-node N -m <worker>``, the
+    controller and mitigator in that launcher, followed through its journal
+    (:mod:`failslow.demo.journal_follow`); with ``mitigate=False`` plain ``torchrun``."""
 
     def validate(self) -> None:
         if self.framework not in JOBS:
@@ -578,25 +578,23 @@ def _failslow_run(
     opts: MitigationDemoOptions, settings: dict[str, Any], ring_dir: Path, out: Path
 ) -> subprocess.Popen[bytes]:
     """The job as users start it: ``failslow run --controller N -- torchrun --standalone
-    --nproc-per-node N -m <worker>`` (``-- accelerate launch ...`` for the jobs that launcher
-    starts). The launcher's controller takes the demo's settings from the environment
-    (``FAILSLOW__SECTION__KEY``, what a user would set), the ranks from their framework's config
-    as well; its journal and diagnoses go to ``<ring_dir>/diagnoses``. All output in
-    ``launch.log``."""
+    --nproc-per-node N -m <worker>`` (the Accelerate and Trainer jobs too: both run under
+    torchrun as under ``accelerate launch``); without mitigation the same ``torchrun`` alone (the
+    baseline a user compares with). The launcher's controller takes the demo's settings from the
+    environment (``FAILSLOW__SECTION__KEY``, what a user would set), the ranks from their
+    framework's config as well; its journal and diagnoses go to ``<ring_dir>/diagnoses``. All
+    output in ``launch.log``."""
     env = _job_env(opts, settings, ring_dir, out, "")
     env.pop(envvars.STORE, None)  # failslow run hosts the store and tells the ranks
     env.update(_settings_env(settings))
-    if opts.framework in LAUNCHED:
-        job = _accelerate_argv(opts)
-    else:
-        job = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(opts.world_size), "-m", JOBS[opts.framework][0],
-        ]  # fmt: skip
+    job = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(opts.world_size), "-m", JOBS[opts.framework][0],
+    ]  # fmt: skip
     argv = [
         sys.executable, "-m", "failslow.cli", "run", "--controller", str(opts.world_size),
         "--ring-dir", str(ring_dir), "--", *job,
-    ]  # fmt: skip
+    ] if opts.mitigate else job  # fmt: skip
     with open(out / "launch.log", "wb") as log:
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
 
