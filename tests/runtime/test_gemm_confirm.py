@@ -93,7 +93,10 @@ def test_a_rank_named_by_the_gemm_is_timed_again_before_blame(tmp_path: Path) ->
     assert healthy[0][2] == {"repetitions": 3} and named(healthy) == []
 
     assert {r: v[1] for r, v in transient.items()} == {0: 2, 1: 2, 2: 2}  # every rank again
-    assert transient[1][0] == HEALTHY and named(transient) == []
+    assert {k: v for k, v in transient[1][0].items() if k != "first"} == HEALTHY
+    assert transient[1][0]["first"] == SLOW and named(transient) == []
 
     assert {r: v[1] for r, v in sustained.items()} == {0: 2, 1: 2, 2: 2}
-    assert sustained[1][0] == SLOW and named(sustained) == [1]
+    assert sustained[1][0]["first"] == SLOW and named(sustained) == [1]
+    found = diagnose({r: {"ok": v[0]} for r, v in sustained.items()}, None, threshold=1.1)
+    assert found is not None and found.evidence["gemm_first_s"] == {0: 0.04, 1: 0.12, 2: 0.04}

@@ -68,16 +68,17 @@ def run_task(task: Mapping[str, Any]) -> Any:
     raise ValueError(f"unknown validation task kind {kind!r}")
 
 
-def _gemm(task: Mapping[str, Any]) -> dict[str, float]:
+def _gemm(task: Mapping[str, Any]) -> dict[str, Any]:
     """The GEMM task: this rank's fastest run per dtype; with ``confirm``, repeat before blame.
 
     ``"serial": true``: the ranks take turns (CPU ranks that share cores would measure each
     other). ``"confirm": x``: the ranks exchange their times and, when any rank is above x its
     peers' median (the controller's rule), every rank times the GEMM again and keeps the
     fastest of both timings (issue 49): a preemption that hit one timing rarely hits the next,
-    a sustained slowdown slows both. Every rank decides from the same gathered times.
+    a sustained slowdown slows both; the result then also holds the first timing (under ``FIRST``).
+    Every rank decides from the same gathered times.
     """
-    from failslow.core.localize.validation.gemm import gemm_seconds, slow_ranks
+    from failslow.core.localize.validation.gemm import FIRST, gemm_seconds, slow_ranks
 
     options = {k: v for k, v in task.items() if k in ("size", "dtypes", "repetitions")}
     if "dtypes" in options:
@@ -110,7 +111,8 @@ def _gemm(task: Mapping[str, Any]) -> dict[str, float]:
         return result
     log.info("failslow agent: GEMM names rank(s) %s; timing again before blame", sorted(named))
     again = measure()
-    return {name: min(seconds, again[name]) for name, seconds in result.items()}
+    # the first timing rides along (the diagnosis's evidence shows what the repeat changed)
+    return {**{name: min(s, again[name]) for name, s in result.items()}, FIRST: result}
 
 
 RATE_WINDOW_S = 0.5

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from failslow.core.diagnosis.record import Diagnosis, Kind, SlowLink, SlowRank
-from failslow.core.localize.validation.gemm import slow_ranks
+from failslow.core.localize.validation.gemm import FIRST, slow_ranks
 from failslow.core.localize.validation.links import slow_links
 
 
@@ -25,7 +25,8 @@ def diagnose(
 ) -> Diagnosis | None:
     """A Diagnosis from one GEMM task's and one links task's per-rank results (None: healthy).
 
-    GEMM: each rank's slowest dtype time against the peers' median (greyhound: > 1.1x is slow).
+    GEMM: each rank's slowest dtype time against the peers' median (greyhound: > 1.1x is slow);
+    a round timed twice before blame keeps its first timing in the evidence (``gemm_first_s``).
     Links: the link times reported by rank 0 (every rank returns the same table) against the
     median link; a slow link with a compute-slow endpoint is attributed to that rank (kept in
     the evidence), since a stalled rank also stalls every transfer it takes part in.
@@ -33,11 +34,13 @@ def diagnose(
     slow_r: dict[int, float] = {}
     record: dict[str, Any] = dict(evidence or {})
     if gemm:
-        per_rank = {
-            r: max(v["ok"].values()) for r, v in gemm.items() if v and "ok" in v and v["ok"]
-        }
+        ok = {r: dict(v["ok"]) for r, v in gemm.items() if v and "ok" in v and v["ok"]}
+        first = {r: times.pop(FIRST) for r, times in ok.items() if FIRST in times}
+        per_rank = {r: max(times.values()) for r, times in ok.items() if times}
         slow_r = slow_ranks(per_rank, threshold=threshold)
         record["gemm_s"] = per_rank
+        if first:  # timed twice before blame: what the first timing said
+            record["gemm_first_s"] = {r: max(times.values()) for r, times in first.items()}
     slow_l: dict[tuple[int, int], float] = {}
     if links:
         table = next((v["ok"] for _, v in sorted(links.items()) if v and "ok" in v), None)

@@ -31,6 +31,10 @@ from typing import Any
 
 from failslow.errors import FailslowError
 
+FIRST = "first"
+"""In a GEMM task's result timed twice before blame (:func:`failslow.runtime.agent.run_task`,
+``confirm``): the first timing's seconds per dtype, beside the fastest of both."""
+
 CPU_SIZE = 1024
 """A float32 1024^3 GEMM takes ~25 ms on one core of the development machine."""
 CUDA_SIZE = 8192
