@@ -9,13 +9,12 @@ plane and runs under the demo's own launcher."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
+from failslow.demo.mitigation import MitigationDemoOptions, rank_record, run_mitigation_demo
 
 STEPS, START, END, SLOW = 90, 40, 70, 2
 """The S2 tests' timeline: rank ``SLOW`` throttled from step ``START`` (the detector reports
@@ -27,15 +26,6 @@ UNTIL = 12
 its apply step, :mod:`failslow.core.control.closed_loop`), and the even split after its revert."""
 LAUNCHER = "failslow-run"
 """The mitigated runs' launcher (:attr:`MitigationDemoOptions.launcher`)."""
-
-
-def rank_record(out: Path, rank: int) -> dict[str, Any]:
-    """A rank's ``steps-rank<r>.json`` (under ``failslow run`` named after its launch,
-    ``steps-rank<r>-<n>.json``: the rank's only one)."""
-    path = out / f"steps-rank{rank}.json"
-    if not path.exists():
-        (path,) = out.glob(f"steps-rank{rank}-*.json")
-    return json.loads(path.read_text())
 
 
 def _options(framework: str, out: Path, **kw: object) -> MitigationDemoOptions:

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _s2_checks import END, LAUNCHER, SLOW, START, STEPS, UNTIL, rank_record
+from _s2_checks import END, LAUNCHER, SLOW, START, STEPS, UNTIL
 
-from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
+from failslow.demo.mitigation import MitigationDemoOptions, rank_record, run_mitigation_demo
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _s2_checks import END, SLOW, START, STEPS, UNTIL, rank_record
+from _s2_checks import END, SLOW, START, STEPS, UNTIL
 
-from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
+from failslow.demo.mitigation import MitigationDemoOptions, rank_record, run_mitigation_demo
 
 pytest.importorskip(
     "megatron.core", reason="needs the Megatron extra: pip install failslow[megatron]"

@@ -548,17 +548,6 @@ def _job_env(
     return env
 
 
-def _accelerate_argv(opts: MitigationDemoOptions) -> list[str]:
-    """``accelerate launch`` of the Accelerate or Trainer job: one process that starts every rank
-    (torchrun's c10d rendezvous on a free port)."""
-    return [
-        sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
-        "--multi_gpu", "--num_processes", str(opts.world_size), "--num_machines", "1",
-        "--rdzv_backend", "c10d", "--main_process_ip", "127.0.0.1", "--main_process_port", "0",
-        "-m", JOBS[opts.framework][0],
-    ]  # fmt: skip
-
-
 def _accelerate_launch(
     opts: MitigationDemoOptions,
     settings: dict[str, Any],
@@ -566,12 +555,17 @@ def _accelerate_launch(
     out: Path,
     store_url: str,
 ) -> subprocess.Popen[bytes]:
-    """:func:`_accelerate_argv` with the demo's control plane; all output in ``launch.log``."""
+    """``accelerate launch`` of the Accelerate or Trainer job: one process that starts every rank
+    (torchrun's c10d rendezvous on a free port), all output in ``launch.log``."""
     env = _job_env(opts, settings, ring_dir, out, store_url)
+    argv = [
+        sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
+        "--multi_gpu", "--num_processes", str(opts.world_size), "--num_machines", "1",
+        "--rdzv_backend", "c10d", "--main_process_ip", "127.0.0.1", "--main_process_port", "0",
+        "-m", JOBS[opts.framework][0],
+    ]  # fmt: skip
     with open(out / "launch.log", "wb") as log:
-        return subprocess.Popen(
-            _accelerate_argv(opts), env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _failslow_run(
@@ -659,10 +653,15 @@ def step_times_of(out: Path, world_size: int) -> np.ndarray:
     """Per-step wall times of the job (the slowest rank's step ends; rank files at the end: a
     worker under ``failslow run`` names its record after its launch, ``steps-rank<r>-<n>.json``,
     read where it is the rank's only one)."""
-    ends = []
-    for rank in range(world_size):
-        path = out / f"steps-rank{rank}.json"
-        if not path.exists():
-            (path,) = out.glob(f"steps-rank{rank}-*.json")
-        ends.append(np.asarray(json.loads(path.read_text())["step_end"]))
+    ends = [np.asarray(rank_record(out, rank)["step_end"]) for rank in range(world_size)]
     return np.diff(np.max(np.stack(ends), axis=0))
+
+
+def rank_record(out: Path, rank: int) -> dict[str, Any]:
+    """A rank's record, ``steps-rank<r>.json`` (under ``failslow run`` named after its launch,
+    ``steps-rank<r>-<n>.json``: the rank's only one)."""
+    path = out / f"steps-rank{rank}.json"
+    if not path.exists():
+        (path,) = out.glob(f"steps-rank{rank}-*.json")
+    record: dict[str, Any] = json.loads(path.read_text())
+    return record
