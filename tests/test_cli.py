@@ -74,6 +74,27 @@ def test_csv_detects_onset_and_relief(tmp_path, capsys) -> None:
     assert onset["after_s"] > onset["before_s"]
 
 
+def test_a_burst_is_a_transient_and_events_say_when_they_were_reported(tmp_path, capsys) -> None:
+    """Issue 47: a noisy neighbour's six iterations at 1.8x pass verification but are over
+    before they persisted - listed under ``transients``, not reported as a fail-slow; the
+    fail-slow after it is, its onset at the change point and reported a few iterations on."""
+    times = _iteration_times(400, (250, 350))
+    times[100:106] *= 1.8
+    path = tmp_path / "times.csv"
+    _write_csv(path, times)
+    assert main(["analyze", str(path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)[str(path)]
+    [transient] = result["transients"]
+    assert 99 <= transient["start"] <= 100 and 105 <= transient["end"] <= 106
+    assert transient["detected_at"] >= transient["end"]
+    onset, relief = result["events"]
+    assert (onset["type"], relief["type"]) == ("onset", "relief")
+    assert abs(onset["iteration"] - 250) <= 1 and 250 < onset["reported_at"] <= 265
+    assert relief["reported_at"] > onset["reported_at"]
+    assert main(["analyze", str(path)]) == 0
+    assert "1 transient slowdowns (not fail-slows)" in capsys.readouterr().out
+
+
 def test_jsonl_derives_iterations_from_calls(tmp_path, capsys) -> None:
     path = tmp_path / "events.jsonl"
     _write_jsonl(path, _iteration_times(250, (100, 180)))

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from failslow.core.tracking import ChangeEvent, FailSlowDetector, detect, iteration_times
+from failslow.core.tracking.persistence import Transient
 from failslow.traceio import Trace
 
 
@@ -26,6 +27,8 @@ class Analysis:
     ranks: int = 0
     left_out: int = 0  # iterations the detector left out: the job's periodic slow steps ...
     special_steps: int = 0  # ... of which steps that made other calls (eval, checkpoint, log)
+    transients: list[Transient] = field(default_factory=list)
+    """Verified slowdowns over before they persisted: not fail-slows (issue 47)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,8 +43,13 @@ class Analysis:
                     "before_s": round(float(e.before_s), 6),
                     "after_s": round(float(e.after_s), 6),
                     "change": round(float(e.change), 6),
+                    "reported_at": int(e.detected_at),
                 }
                 for e in self.events
+            ],
+            "transients": [
+                {k: round(v, 6) if isinstance(v, float) else v for k, v in t.as_dict().items()}
+                for t in self.transients
             ],
         }
 
@@ -83,4 +91,5 @@ def analyze_trace(trace: Trace) -> Analysis:
         ranks=len(trace.records_by_rank),
         left_out=detector.skipped,
         special_steps=detector.special_skipped,
+        transients=detector.transients,
     )

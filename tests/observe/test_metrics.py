@@ -161,7 +161,7 @@ def test_node_series_come_from_the_publisher_snapshots_and_agent(served, tmp_pat
     registry, server = served
     states = {
         r: {"rank": r, "iterations": 50 + r, "last_s": 0.1 * (r + 1), "median_s": 0.1 * (r + 1),
-            "slow": r == 2, "wall": 0.0}
+            "slow": r == 2, "transients": 3 * r, "wall": 0.0}
         for r in range(3)
     }  # fmt: skip
     clock = [1000.0]
@@ -187,6 +187,7 @@ def test_node_series_come_from_the_publisher_snapshots_and_agent(served, tmp_pat
     assert medians == {(("rank", "2"),): pytest.approx(0.3), (("rank", "1"),): pytest.approx(0.2)}
     assert first[("failslow_rank_slow", (("rank", "2"),))] == 1
     assert first[("failslow_rank_iterations_total", (("rank", "1"),))] == 51
+    assert first[("failslow_rank_transients_total", (("rank", "2"),))] == 6
     own = (("kind", "own"), ("rank", "1"))
     assert first[("failslow_snapshot_step", own)] == 7
     assert first[("failslow_snapshot_bytes", own)] >= 4000

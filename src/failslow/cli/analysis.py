@@ -49,16 +49,19 @@ def _print_analyses(analyses: list) -> None:
         if a.left_out:
             head += f"; left out: {a.left_out} periodic slow steps"
             head += f" ({a.special_steps} with calls of their own)" if a.special_steps else ""
+        if a.transients:  # verified, but over before they persisted (issue 47)
+            head += f"; {len(a.transients)} transient slowdowns (not fail-slows)"
         console.print(head, soft_wrap=True)
         if not a.events:
             console.print("  no fail-slow detected")
             continue
-        table = Table("event", "iteration", "before (s)", "after (s)", "change")
+        table = Table("event", "iteration", "reported at", "before (s)", "after (s)", "change")
         for e in a.events:
             style = "red" if e.type == "onset" else "green"
             table.add_row(
                 f"[{style}]{e.type}[/{style}]",
                 str(e.iteration),
+                str(e.detected_at),
                 f"{e.before_s:.4f}",
                 f"{e.after_s:.4f}",
                 f"{e.change:+.1%}",

@@ -25,7 +25,8 @@ otherwise. Two sources, one registry per launcher:
 - :class:`NodeCollector`, on every node: read at scrape time (no cost between scrapes) from the
   node publisher's per-rank tracker state - ``failslow_rank_iteration_seconds{rank}``,
   ``failslow_rank_iteration_median_seconds{rank}``, ``failslow_rank_iterations_total{rank}``,
-  ``failslow_rank_slow{rank}`` - from the snapshot directory's headers -
+  ``failslow_rank_slow{rank}``, ``failslow_rank_transients_total{rank}`` (verified slowdowns
+  over before they persisted: not fail-slows, issue 47) - from the snapshot directory's headers -
   ``failslow_snapshot_step{rank,kind}``, ``failslow_snapshot_bytes{rank,kind}``,
   ``failslow_snapshot_age_seconds{rank,kind}`` (kind ``own`` or ``backup``; the age counts from
   when a scrape first saw that step, so it is exact to one scrape interval: a memory-mapped
@@ -309,13 +310,19 @@ class NodeCollector:
                 "failslow_rank_slow", "1 after an onset on the rank, until its relief",
                 labels=["rank"],
             )  # fmt: skip
+            transients = CounterMetricFamily(
+                "failslow_rank_transients",
+                "Verified slowdowns on the rank that were over before they persisted",
+                labels=["rank"],
+            )
             for s in states[: self.top_k]:
                 rank = [str(s["rank"])]
                 last.add_metric(rank, float(s["last_s"]))
                 median.add_metric(rank, float(s["median_s"]))
                 count.add_metric(rank, float(s["iterations"]))
                 slow.add_metric(rank, 1.0 if s["slow"] else 0.0)
-            yield from (last, median, count, slow)
+                transients.add_metric(rank, float(s.get("transients", 0)))
+            yield from (last, median, count, slow, transients)
         if self.snapshot_dir is not None:
             yield from self._snapshots()
         if self.updates is not None:

@@ -242,6 +242,8 @@ class JobScore:
     quiet_iterations: int  # iterations outside every labeled fail-slow (plus grace)
     reliefs_found: int
     reliefs_labeled: int
+    errors: tuple[int, ...] = ()  # per matched onset: |reported change point - labeled onset|
+    order_faults: int = 0  # reliefs reported with no reported onset open (live order, issue 47)
 
 
 def score_job(trace: Trace, events: list) -> JobScore:  # type: ignore[type-arg]
@@ -253,6 +255,7 @@ def score_job(trace: Trace, events: list) -> JobScore:  # type: ignore[type-arg]
     onsets = [e for e in events if e.type == "onset"]
     used: set[int] = set()
     latencies: list[int | None] = []
+    errors: list[int] = []
     for f in sorted(trace.failslows, key=lambda f: f.onset):
         hit = None
         for k, e in enumerate(onsets):
@@ -264,6 +267,7 @@ def score_job(trace: Trace, events: list) -> JobScore:  # type: ignore[type-arg]
         else:
             used.add(hit)
             latencies.append(onsets[hit].detected_at - f.onset)
+            errors.append(abs(onsets[hit].iteration - f.onset))
     false_alarms = sum(
         1 for k, e in enumerate(onsets) if k not in used and not inside[min(e.detected_at, n)]
     )
@@ -271,6 +275,14 @@ def score_job(trace: Trace, events: list) -> JobScore:  # type: ignore[type-arg]
     reliefs = [e.detected_at for e in events if e.type == "relief"]
     found = sum(1 for f in outer if any(f.relief <= d <= f.relief + 120 for d in reliefs))
     correct = false_alarms == 0 and all(lat is not None for lat in latencies)
+    open_, order_faults = False, 0
+    for e in events:
+        if e.type == "onset":
+            open_ = True
+        elif open_:
+            open_ = False
+        else:
+            order_faults += 1
     return JobScore(
         trace.positive,
         correct,
@@ -279,4 +291,6 @@ def score_job(trace: Trace, events: list) -> JobScore:  # type: ignore[type-arg]
         int(n - inside[:n].sum()),
         found,
         len(outer),
+        tuple(errors),
+        order_faults,
     )

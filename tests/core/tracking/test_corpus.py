@@ -19,6 +19,7 @@ from failslow.core.tracking import (
     SlidingWindowDetector,
     detect,
 )
+from failslow.core.tracking.persistence import Persistence
 from failslow.sim.traces import CATEGORIES, generate_corpus, generate_trace, score_job
 from failslow.sim.training_life import RHYTHMS, life_corpus, life_trace
 
@@ -70,7 +71,11 @@ def test_bocd_v_meets_targets_on_a_small_corpus(small_corpus) -> None:  # type: 
     assert sum(s.correct for s in scores) / len(scores) >= 0.97
     assert all(s.correct for s in neg)  # no false positive job
     assert sum(x <= 15 for x in found) / len(lat) >= 0.95
-    assert statistics.median(found) <= 3
+    # issue 47: the reported change point within 3 iterations of the labeled one (median); the
+    # report once the slowdown persisted (Persistence.min_points points)
+    assert statistics.median(x for s in scores for x in s.errors) <= 3
+    assert statistics.median(found) <= Persistence().min_points
+    assert sum(s.order_faults for s in scores) == 0  # no relief without its onset
     assert 1e4 * sum(s.false_alarms for s in scores) / quiet <= 0.1
 
 
@@ -117,7 +122,11 @@ def test_bocd_v_meets_targets_on_a_small_life_corpus(life) -> None:  # type: ign
     assert all(s.correct for s in scores if not s.positive)  # no false positive job
     assert sum(s.correct for s in scores) / len(scores) >= 0.97
     assert sum(x <= 15 for x in found) / len(lat) >= 0.95
-    assert statistics.median(found) <= 3
+    # issue 47: the reported change point within 3 iterations of the labeled one (median); the
+    # report once the slowdown persisted (Persistence.min_points points)
+    assert statistics.median(x for s in scores for x in s.errors) <= 3
+    assert statistics.median(found) <= Persistence().min_points
+    assert sum(s.order_faults for s in scores) == 0  # no relief without its onset
     assert 1e4 * sum(s.false_alarms for s in scores) / quiet <= 0.1
 
 

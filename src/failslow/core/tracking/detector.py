@@ -79,6 +79,7 @@ import numpy as np
 
 from failslow.core.arrays import median
 from failslow.core.tracking.bocd import RunLengthPosterior
+from failslow.core.tracking.persistence import Persistence, Transient
 from failslow.core.tracking.rhythm import Rhythm
 from failslow.core.tracking.special import SpecialSteps
 
@@ -207,7 +208,11 @@ class FailSlowDetector(Detector):
         rhythm: bool = True,
         special: bool = True,
         warmup: int = 32,
+        persistence: Persistence | bool = True,
     ) -> None:
+        """``persistence``: hold a verified onset until it has outlasted the job's transients
+        (:mod:`.persistence`; ``True``: the default rule, ``False``: report it at once, as
+        before issue 47)."""
         if threshold <= 0:
             raise ValueError(f"threshold must be positive, got {threshold!r}")
         if min_post < 1 or min_ref < 1 or ref_window < min_ref:
@@ -233,6 +238,41 @@ class FailSlowDetector(Detector):
         self.special = SpecialSteps() if special else None
         self._special_held: list[tuple[float, int]] = []  # iterations of another call count
         self._newest = 0.0  # log time of the newest iteration (fed, held or left out)
+        if persistence is True:
+            persistence = Persistence()
+        self.persistence = persistence or None
+        self._pending: list[ChangeEvent] = []  # a verified onset that has not persisted yet
+        self._episode = 0  # history index of the change point of the current fail-slow
+        self._reported = False  # an onset was reported and its relief was not
+        self._reported_from = (0, 1.0)  # the reported fail-slow's change point and level before
+        self._blind_until = warmup  # no change is looked for before this history index
+
+    @property
+    def slow(self) -> bool:
+        """True while a *reported* fail-slow has not been relieved (a pending onset is not
+        reported yet: :mod:`.persistence`)."""
+        return self._reported if self.persistence is not None else self._slow
+
+    @property
+    def transients(self) -> list[Transient]:
+        """Verified slowdowns that ended before they persisted (the newest 1,000)."""
+        return [] if self.persistence is None else list(self.persistence.transients)
+
+    def restarted(self) -> None:
+        """The node layer restarted or hot-updated this rank (issue 47): the iterations after
+        a restart run a re-warm-up (compilation, cold caches, allocator growth) that is the
+        job's healthy life, not a fail-slow. Like a job's start, the next ``warmup`` points
+        look for no change and the level is learned afresh; an episode pending confirmation
+        is dropped, and a reported fail-slow stays reported until its relief shows."""
+        self._blind_until = self.history.n + self.warmup
+        self._seg_start = self.history.n
+        self._level = None
+        self._held.clear()
+        self._pending = []
+        if self._slow and not self._reported:
+            self._slow = False
+        if not self._slow:
+            self._baseline = None
 
     @property
     def baseline_s(self) -> float | None:
@@ -245,11 +285,72 @@ class FailSlowDetector(Detector):
     def update(self, x_seconds: float, calls: int | None = None) -> list[ChangeEvent]:
         """The next iteration's time, and the collective calls it made if known: an iteration
         whose count is not the usual step's (an eval, checkpoint or logging step) is left out
-        (:mod:`.special`). Events carry this iteration's index as ``detected_at``."""
+        (:mod:`.special`). Events carry this iteration's index as ``detected_at``; an onset
+        comes out once it has persisted (:mod:`.persistence`)."""
         y = math.log(check_time(x_seconds))
         self._newest = y
         it = self.iterations
         self.iterations += 1
+        events = self._update(y, it, calls)
+        if self.persistence is None:
+            return events
+        return self._persisted(events, it)
+
+    def _persisted(self, events: list[ChangeEvent], it: int) -> list[ChangeEvent]:
+        """Hold a verified onset until it has persisted; drop it with its relief as a
+        transient if the relief comes first (:mod:`.persistence`)."""
+        assert self.persistence is not None
+        out: list[ChangeEvent] = []
+        for e in events:
+            if self._pending:
+                if e.type == "relief":  # over before it persisted: a transient
+                    self._transient(it)
+                else:
+                    self._pending.append(e)
+            elif e.type == "onset" and not self._reported:
+                self._pending = [e]
+            else:
+                if e.type == "relief" and self._reported:  # a short one taught the job's scale
+                    start, before = self._reported_from
+                    length = self._episode_end(before) - start
+                    if length < 2 * self.persistence.max_points:
+                        self.persistence.learn(length)
+                self._reported = e.type == "onset"
+                out.append(e)
+        if self._pending:
+            points = self.history.window(self._episode, self.history.n)
+            n = points.size
+            line = math.log(self._pending[0].before_s) + self.log_threshold
+            need = self.persistence.need(self.baseline_s)
+            if n > self.ref_window or (
+                n >= need and min(median(points[n // 2 :]), median(points[-3:])) >= line
+            ):
+                out += [dataclasses.replace(e, detected_at=it) for e in self._pending]
+                self._reported_from = (self._pending[0].iteration, self._pending[0].before_s)
+                self._pending = []
+                self._reported = True
+        return out
+
+    def _transient(self, it: int) -> None:
+        """The pending episode ended before it persisted: record it (it ends after its last
+        point above the line; a settled relief's own change point is the segment's start)."""
+        assert self.persistence is not None
+        first, self._pending = self._pending[0], []
+        end = self._episode_end(first.before_s)
+        self.persistence.transient(
+            Transient(first.iteration, end, it, first.before_s, first.after_s)
+        )
+
+    def _episode_end(self, before_s: float) -> int:
+        """The job's iteration after the current episode's last point above the threshold
+        line over ``before_s``."""
+        line = math.log(before_s) + self.log_threshold
+        points = self.history.window(self._episode, self.history.n)
+        high = np.flatnonzero(points >= line)
+        return self.history.at(self._episode + (int(high[-1]) if high.size else 0)) + 1
+
+    def _update(self, y: float, it: int, calls: int | None) -> list[ChangeEvent]:
+        """The verified change points (before :meth:`_persisted`)."""
         events: list[ChangeEvent] = []
         if self.special is not None:
             verdict = self.special.judge(calls)
@@ -330,7 +431,7 @@ class FailSlowDetector(Detector):
         if self._level is None or t % 8 == 0:
             seg = self.history.window(max(self._seg_start, t - self.ref_window), t + 1)
             self._level = median(seg)
-        for c in self._candidates(probs, t) if t >= self.warmup else ():
+        for c in self._candidates(probs, t) if t >= self._blind_until else ():
             events = self._verify(c, t)
             if events is not None:
                 return events
@@ -499,6 +600,7 @@ class FailSlowDetector(Detector):
         if kind == "onset":
             if not self._slow:  # the level of the fail-slow itself, not of a compound step
                 self._slow_level = after
+                self._episode = c
             self._slow = True
         elif self._baseline is not None:
             # The healthy level is what the job runs at now: over a long fail-slow it drifts,
