@@ -64,6 +64,20 @@ level.
 
 Slow drift never produces a BOCD run that clears verification, and sub-10% level shifts are
 rejected by it; both are absorbed by the rolling "before" window.
+
+Detection v3 (issue 47): what is reported is what is worth acting on.
+
+- Fail-slows that are not one new level: a slowdown whose median over the newest ``sustain``
+  (20) points clears the line, newer half too, is an onset even when the one-level rules turn
+  it down (flapping congestion: slow a few iterations, then not, slow on average); a climb
+  over three windows of 20 points from the window before them is one too (a ramp:
+  :meth:`FailSlowDetector._ramp`).
+- Actionable onsets (:mod:`.persistence`): a verified onset is held until the slowdown has
+  persisted past the job's own transients (10-14 points, learned per job); shorter episodes are
+  recorded as transients and never reported. The onset keeps its change point; its
+  ``detected_at`` says when it was reported. Events come in live order.
+- A restart's re-warm-up (:meth:`FailSlowDetector.restarted`): the node layer says when it
+  restarted or hot-updated the rank; the level is learned afresh.
 """
 
 from __future__ import annotations
@@ -82,6 +96,11 @@ from failslow.core.tracking.bocd import RunLengthPosterior
 from failslow.core.tracking.persistence import Persistence, Transient
 from failslow.core.tracking.rhythm import Rhythm
 from failslow.core.tracking.special import SpecialSteps
+
+RAMP_RISE = 0.15
+"""The least rise, as a share of the threshold, from each window of ``sustain`` points to the
+next in a climb (:meth:`FailSlowDetector._ramp`): 0.15 x 10% over 20 iterations is 0.07% per
+iteration, more than twice the steepest healthy drift of the corpora (3% per hundred)."""
 
 FIRST_STEP = math.log(2.0)
 """A slowdown at least this large (log) needs one more point than ``min_post`` while no slow
@@ -209,6 +228,7 @@ class FailSlowDetector(Detector):
         special: bool = True,
         warmup: int = 32,
         persistence: Persistence | bool = True,
+        sustain: int = 20,
     ) -> None:
         """``persistence``: hold a verified onset until it has outlasted the job's transients
         (:mod:`.persistence`; ``True``: the default rule, ``False``: report it at once, as
@@ -246,6 +266,7 @@ class FailSlowDetector(Detector):
         self._reported = False  # an onset was reported and its relief was not
         self._reported_from = (0, 1.0)  # the reported fail-slow's change point and level before
         self._blind_until = warmup  # no change is looked for before this history index
+        self.sustain = sustain  # window of the rule for slowdowns that are not one level (0: off)
 
     @property
     def slow(self) -> bool:
@@ -431,9 +452,15 @@ class FailSlowDetector(Detector):
         if self._level is None or t % 8 == 0:
             seg = self.history.window(max(self._seg_start, t - self.ref_window), t + 1)
             self._level = median(seg)
-        for c in self._candidates(probs, t) if t >= self._blind_until else ():
+        if t < self._blind_until:
+            return self._settled_relief(t) if self._slow else []
+        for c in self._candidates(probs, t):
             events = self._verify(c, t)
             if events is not None:
+                return events
+        if not self._slow and self.sustain:
+            events = self._sustained(t) or self._ramp(t)
+            if events:
                 return events
         if self._slow:
             return self._settled_relief(t)
@@ -470,6 +497,73 @@ class FailSlowDetector(Detector):
             return []
         self._slow = False
         return [self._enter(c, t, "relief", self._slow_level, after)]
+
+    def _sustained(self, t: int) -> list[ChangeEvent]:
+        """An onset that is not one new level (issue 47): a ramp (thermal throttling) or
+        flapping congestion (slow for a few iterations, then not, slow on average), which
+        the verification's one-level rules turn down. The median of the newest ``sustain``
+        points clears the threshold line over the median before them (within the regime) by
+        ``margin_z`` standard errors, and so does their newer half; the change point is the
+        first of them above the line. The job's healthy life stays under this: its
+        excursions are short (a window median needs half the window slow) and its drift slow
+        (a few percent per hundred iterations)."""
+        if self._level is None or self.history.last - self._level < self.log_threshold:
+            return []  # the newest point is not slow: the usual case, nothing to compute
+        w = self.sustain
+        start = t + 1 - w
+        if start <= self._seg_start:
+            return []
+        ref = self._ref(start, self.min_ref)
+        if ref is None:
+            return []
+        raw = self.history.window(start, t + 1)
+        after = median(raw)
+        margin = self.margin_z * 1.2533 * self._noise(start) / math.sqrt(w)
+        if after - ref - self.log_threshold < margin:
+            return []
+        if median(raw[w // 2 :]) - ref < self.log_threshold:
+            return []
+        high = np.flatnonzero(raw - ref >= self.log_threshold)
+        self._baseline = ref
+        return [self._enter(start + int(high[0]), t, "onset", ref, after)]
+
+    def _ramp(self, t: int) -> list[ChangeEvent]:
+        """An onset that builds up over tens of iterations (issue 47: thermal throttling):
+        measured against the window just before it, a climb never clears the line, since that
+        reference climbs with it. Here the reference is the median of the ``sustain`` points
+        before the newest three windows of ``sustain`` points; the newest window's median must
+        clear the line over it by ``margin_z`` standard errors, and each window must be higher
+        than the one before by :data:`RAMP_RISE` of the threshold and by ``margin_z``
+        standard errors of the difference - a climb, not a healthy drift of a few percent per
+        hundred iterations, nor a sub-threshold shift on top of one (one large rise, not
+        three). The change point is where the climb first crossed the line (5-point
+        medians).
+
+        Not caught in time: ramps slower than about 0.07% per iteration (benchmarks/README.md,
+        "Detection v3")."""
+        if self._level is None or self.history.last - self._level < 0.5 * self.log_threshold:
+            return []
+        w = self.sustain
+        first = t + 1 - 4 * w
+        if first <= self._seg_start:
+            return []
+        raw = self.history.window(first, t + 1)
+        if raw.size < 4 * w:
+            return []
+        floor, m1, m2, m3 = (median(raw[k * w : (k + 1) * w]) for k in range(4))
+        scale = self.margin_z * 1.2533 * self._noise(first + w)
+        if m3 - floor - self.log_threshold < scale / math.sqrt(w):
+            return []
+        # each rise: a share of the threshold, and clear of the noise (margin_z standard
+        # errors of a difference of two medians of w points)
+        rise = max(RAMP_RISE * self.log_threshold, scale * math.sqrt(2 / w))
+        if m3 - m2 < rise or m2 - m1 < rise or m1 - floor < rise:
+            return []
+        smooth = np.array([median(raw[max(0, k - 2) : k + 3]) for k in range(raw.size)])
+        crossed = np.flatnonzero(smooth - floor >= self.log_threshold)
+        c = first + int(crossed[0]) if crossed.size else t + 1 - w
+        self._baseline = floor
+        return [self._enter(c, t, "onset", floor, m3)]
 
     def _candidates(self, probs: np.ndarray, t: int) -> list[int]:
         """Change points BOCD is confident about, most recent first.
