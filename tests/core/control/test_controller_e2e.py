@@ -147,7 +147,143 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
         assert p.returncode == 0, f"rank {r}:\n{out[-3000:]}"
 
 
-def _rank_main(rank: int, port: int, url: str, ring_dir: str, stop_file: str) -> None:
+LIFE_START, LIFE_END = 150, 650
+"""Iterations (each rank's loop count) between which the healthy-life test injects its
+transients."""
+LIFE_STEP_S = 0.03
+"""About one healthy iteration of the ranks' loop: the unit of the injected extra time."""
+
+
+def life_schedule(seed: int = 47) -> list[tuple[int, int, float, str]]:
+    """The healthy life the ranks act out (issue 47), the same on every rank: ``(first
+    iteration, iterations, extra seconds each, kind)`` - noisy-neighbour bursts (3-9
+    iterations at 2-3x), data-loader stalls (1-3 iterations at 3-5x) and evaluations whose
+    period jitters (2 iterations at 2.5x every 60-140), 20-50 iterations apart."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out: list[tuple[int, int, float, str]] = []
+    k, next_eval = LIFE_START, LIFE_START + int(rng.integers(60, 140))
+    while k < LIFE_END:
+        k += int(rng.integers(20, 50))
+        if k >= next_eval:
+            out.append((k, 2, 1.5 * LIFE_STEP_S, "eval"))
+            next_eval = k + int(rng.integers(60, 140))
+        elif rng.random() < 0.6:
+            out.append((k, int(rng.integers(3, 10)), rng.uniform(1.0, 2.0) * LIFE_STEP_S, "burst"))
+        else:
+            out.append((k, int(rng.integers(1, 4)), rng.uniform(2.0, 4.0) * LIFE_STEP_S, "stall"))
+        k += out[-1][1]
+    return out
+
+
+def test_a_healthy_job_s_transients_start_no_validation(tmp_path: Path) -> None:
+    """Issue 47, online: every rank acts out a healthy life (:func:`life_schedule`: bursts,
+    loader stalls, jittered evals) under the node's analyzer and publisher and the controller,
+    as ``failslow run`` hosts them. The transients pass verification on the times alone, are
+    recorded as transients, and none of them is published as an onset - so none starts a
+    profiling round or a validation pause. (A slowdown of the shared machine itself may still
+    be one, a real one: onsets are checked against the injected episodes and their 2-5x
+    levels; reported at once, before issue 47, the episodes fail this.)"""
+    from failslow.core.control import keys
+    from failslow.core.control.controller import Controller, State
+    from failslow.core.control.store import open_store
+    from failslow.core.localize.config import DetectionConfig
+    from failslow.core.ring import find_rings
+    from failslow.core.tracking.analyzer import LocalAnalyzer
+    from failslow.node.publisher import NodePublisher
+
+    control = open_store("tcp://127.0.0.1:0?master=1")
+    url = f"tcp://127.0.0.1:{control.port}"  # type: ignore[attr-defined]
+    ring_dir, stop_file = tmp_path / "rings", tmp_path / "stop"
+    _job, procs = spawn_ranks(
+        __file__,
+        WORLD,
+        lambda r, port: [str(r), str(port), url, str(ring_dir), str(stop_file), "life"],
+        pause_timeout="10",  # a round cut short at the end leaves no rank paused for long
+    )
+    done = threading.Event()
+    controller: Controller | None = None
+    threads: list[threading.Thread] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(find_rings(ring_dir)) < WORLD:
+            assert time.monotonic() < deadline, "rings did not appear"
+            time.sleep(0.05)
+        publisher = NodePublisher(LocalAnalyzer(ring_dir), control)
+        threads.append(threading.Thread(target=publisher.run, args=(done.is_set,), daemon=True))
+        threads[-1].start()
+        deadline = time.monotonic() + 150
+        while publisher.iterations.get(0, 0) < LIFE_END + 60:
+            assert time.monotonic() < deadline, f"too slow: {publisher.iterations}"
+            if controller is None and publisher.iterations.get(0, 0) >= 100:
+                controller = Controller(
+                    control, world_size=WORLD, log_dir=tmp_path / "logs",
+                    detection=DetectionConfig(threshold=2.0),
+                )  # fmt: skip
+                publisher.on_event = controller.wake.set
+                controller.wake_publisher = publisher.ask
+                publisher.asked_here = True
+                threads.append(
+                    threading.Thread(target=controller.run, args=(done.is_set,), daemon=True)
+                )
+                threads[-1].start()
+            time.sleep(0.05)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        stop_file.touch()
+        outs = []
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=60)[0])
+            except subprocess.TimeoutExpired:
+                p.kill()
+                outs.append(p.communicate()[0])
+    assert controller is not None
+    schedule = life_schedule()
+    # the rank whose detector recorded the most (a validation round's own calls can make the
+    # tracker find the pattern again, which starts a fresh detector on that rank)
+    transients = max((s.detector.transients for s in publisher.analyzer.ranks.values()), key=len)
+    onsets = [
+        control.get_json(f"{keys.NODE}/onsets/{n}")
+        for n in range(1, control.add(f"{keys.NODE}/onsets", 0) + 1)
+    ]
+    times = publisher.analyzer.ranks[0].iteration_times
+    around = {
+        o["iteration"]: [round(1e3 * t) for t in times[o["iteration"] - 5 : o["reported_at"] + 3]]
+        for o in onsets if o["rank"] == 0 and o["type"] == "onset"
+    }  # fmt: skip
+    why = json.dumps({"schedule": schedule, "onsets": onsets, "rank 0 ms around onsets": around,
+                      "transients": [t.as_dict() for t in transients],
+                      "states": [t.state.value for t in controller.history]})  # fmt: skip
+    # bursts of 4 points or more pass verification (min_post) and are recorded as transients
+    # (all of them on a quiet machine); the test is not vacuous while one is
+    assert transients, why
+    # the loop's count and the tracker's differ by the iterations before its period was found:
+    # the offset is where the transients line up with the injected episodes
+    starts = [k for k, *_ in schedule]
+    offset = max(
+        range(-5, 60),
+        key=lambda d: sum(any(abs(t.start + d - k) <= 2 for k in starts) for t in transients),
+    )
+    for onset in onsets:
+        at = onset["iteration"] + offset
+        hit = [e for e in schedule if e[0] - 2 <= at <= e[0] + e[1] + 2]
+        # the injected episodes are 2-5x; what a busy machine adds around them, 1.1-1.3x for
+        # tens of iterations, is a slowdown of its own (a real one: it persisted)
+        injected = onset["type"] == "onset" and onset["after_s"] >= 1.5 * onset["before_s"]
+        assert not (hit and injected), f"an injected transient was reported: {hit}; {why}"
+    if not onsets:  # nothing was slow: the controller never left tracking
+        assert {t.state for t in controller.history} == {State.TRACKING}, why
+    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"rank {r}:\n{out[-3000:]}\n{why}"
+
+
+def _rank_main(
+    rank: int, port: int, url: str, ring_dir: str, stop_file: str, life: bool = False
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -165,18 +301,25 @@ def _rank_main(rank: int, port: int, url: str, ring_dir: str, stop_file: str) ->
     w = torch.randn(256, 256) / 16
     x = torch.randn(64, 256)
     bias = torch.zeros(1024)
+    extra = {k + i: s for k, n, s, _ in (life_schedule() if life else []) for i in range(n)}
+    # the healthy life's steps are mostly waiting (an input pipeline's, a GPU's): their times
+    # stay steady on shared cores, so what the detector sees is what the schedule injects
+    compute, wait = (1, LIFE_STEP_S) if life else (10, 0.01)
+    step = 0
     while not Path(stop_file).exists():
-        for _ in range(10):
+        for _ in range(compute):
             y = torch.tanh(x @ w)
         grad = (y.T @ x) / 64
         dist.all_reduce(grad)
         dist.all_reduce(bias)
         w -= 1e-3 * grad / WORLD
-        time.sleep(0.01)
+        time.sleep(wait + extra.get(step, 0.0))
+        step += 1
     agent.stop()
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    _rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
+    life = len(sys.argv) > 6 and sys.argv[6] == "life"
+    _rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], life)

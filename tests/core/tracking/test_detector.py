@@ -284,9 +284,13 @@ def test_a_ladder_step_right_after_a_compound_onset(seed: int) -> None:
     x[1100:] *= 1.2
     x[[1103, 1107]] *= 3.0
     x[1110:] *= 1.35
-    events = onsets(detect(x))
+    events = onsets(verified(x))
     assert [e.iteration for e in events] == [1000, 1100, 1110]
     assert events[-1].detected_at <= 1114
+    # persisted (issue 47): the same change points, the ladder steps held until they last
+    persisted = onsets(detect(x))
+    assert [e.iteration for e in persisted] == [1000, 1100, 1110]
+    assert persisted[-1].detected_at <= 1110 + 15
     assert events[-1].change == pytest.approx(0.35, abs=0.05)
 
 

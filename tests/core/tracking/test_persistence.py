@@ -119,3 +119,20 @@ def test_a_restart_s_re_warm_up_is_not_a_fail_slow() -> None:
             det.restarted()
         events += det.update(float(v))
     assert [(e.type, e.iteration) for e in events] == [("onset", 800)]
+
+
+def test_a_burst_on_top_of_a_fail_slow_is_no_compound_onset() -> None:
+    """A fail-slow is reported; an 8-iteration burst at 1.8x on top of it is a transient, not
+    a compound step - the fail-slow is still reported, and its relief still comes."""
+    x = noisy(1500, seed=12)
+    x[500:1000] *= 1.3
+    x[700:708] *= 1.8
+    det = FailSlowDetector()
+    events = detect(x, det)
+    onset, relief = events
+    assert (onset.type, onset.iteration, relief.type) == ("onset", 500, "relief")
+    assert abs(relief.iteration - 1000) <= 1
+    [transient] = det.transients
+    assert 699 <= transient.start <= 700 and 707 <= transient.end <= 708
+    plain = [e.type for e in detect(x, FailSlowDetector(persistence=False))]
+    assert plain.count("onset") == 2  # reported at once, it was a compound onset

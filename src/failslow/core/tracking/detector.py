@@ -263,6 +263,8 @@ class FailSlowDetector(Detector):
         self.persistence = persistence or None
         self._pending: list[ChangeEvent] = []  # a verified onset that has not persisted yet
         self._episode = 0  # history index of the change point of the current fail-slow
+        self._onset_c = 0  # ... of the newest onset (a compound step's, within one)
+        self._pending_from = 0  # ... of the pending episode
         self._reported = False  # an onset was reported and its relief was not
         self._reported_from = (0, 1.0)  # the reported fail-slow's change point and level before
         self._blind_until = warmup  # no change is looked for before this history index
@@ -318,38 +320,51 @@ class FailSlowDetector(Detector):
         return self._persisted(events, it)
 
     def _persisted(self, events: list[ChangeEvent], it: int) -> list[ChangeEvent]:
-        """Hold a verified onset until it has persisted; drop it with its relief as a
-        transient if the relief comes first (:mod:`.persistence`)."""
+        """Hold a verified onset - a fail-slow's first or a compound step on a reported one -
+        until it has persisted; drop it as a transient if the relief comes first, or (a
+        compound step) if it is over while the fail-slow under it goes on
+        (:mod:`.persistence`)."""
         assert self.persistence is not None
         out: list[ChangeEvent] = []
         for e in events:
-            if self._pending:
-                if e.type == "relief":  # over before it persisted: a transient
+            if e.type == "onset" and not self._pending:
+                self._pending, self._pending_from = [e], self._onset_c
+            elif e.type == "onset":
+                self._pending.append(e)
+            else:  # relief: the job is back to its healthy level
+                if self._pending:  # over before it persisted: a transient
                     self._transient(it)
-                else:
-                    self._pending.append(e)
-            elif e.type == "onset" and not self._reported:
-                self._pending = [e]
-            else:
-                if e.type == "relief" and self._reported:  # a short one taught the job's scale
+                if self._reported:
                     start, before = self._reported_from
-                    length = self._episode_end(before) - start
-                    if length < 2 * self.persistence.max_points:
+                    length = self._episode_end(before, self._episode) - start
+                    if length < 2 * self.persistence.max_points:  # it taught the job's scale
                         self.persistence.learn(length)
-                self._reported = e.type == "onset"
-                out.append(e)
+                    self._reported = False
+                    out.append(e)
         if self._pending:
-            points = self.history.window(self._episode, self.history.n)
+            points = self.history.window(self._pending_from, self.history.n)
             n = points.size
-            line = math.log(self._pending[0].before_s) + self.log_threshold
+            first = self._pending[0]
+            before, level = math.log(first.before_s), math.log(first.after_s)
+            line = before + self.log_threshold
+            still = median(points[n // 2 :]) >= max(line, before + (level - before) / 3)
             need = self.persistence.need(self.baseline_s)
-            if n > self.ref_window or (
-                n >= need and min(median(points[n // 2 :]), median(points[-3:])) >= line
-            ):
+            if n > self.ref_window or (n >= need and still and median(points[-3:]) >= line):
+                newest = median(points[-3:])
+                for e in self._pending[1:]:  # a compound step held with it, and over since
+                    if newest - math.log(e.before_s) < self.log_threshold:
+                        self._pending.remove(e)
+                        end = self._episode_end(e.before_s, self._pending_from)
+                        self.persistence.transient(
+                            Transient(e.iteration, end, it, e.before_s, e.after_s)
+                        )
                 out += [dataclasses.replace(e, detected_at=it) for e in self._pending]
-                self._reported_from = (self._pending[0].iteration, self._pending[0].before_s)
+                if not self._reported:
+                    self._reported_from = (first.iteration, first.before_s)
                 self._pending = []
                 self._reported = True
+            elif self._reported and n >= 2 * self.persistence.max_points and not still:
+                self._transient(it)  # a compound step that is over; the fail-slow goes on
         return out
 
     def _transient(self, it: int) -> None:
@@ -357,18 +372,18 @@ class FailSlowDetector(Detector):
         point above the line; a settled relief's own change point is the segment's start)."""
         assert self.persistence is not None
         first, self._pending = self._pending[0], []
-        end = self._episode_end(first.before_s)
+        end = self._episode_end(first.before_s, self._pending_from)
         self.persistence.transient(
             Transient(first.iteration, end, it, first.before_s, first.after_s)
         )
 
-    def _episode_end(self, before_s: float) -> int:
-        """The job's iteration after the current episode's last point above the threshold
-        line over ``before_s``."""
+    def _episode_end(self, before_s: float, start: int) -> int:
+        """The job's iteration after the last point above the threshold line over
+        ``before_s`` since history index ``start``."""
         line = math.log(before_s) + self.log_threshold
-        points = self.history.window(self._episode, self.history.n)
+        points = self.history.window(start, self.history.n)
         high = np.flatnonzero(points >= line)
-        return self.history.at(self._episode + (int(high[-1]) if high.size else 0)) + 1
+        return self.history.at(start + (int(high[-1]) if high.size else 0)) + 1
 
     def _update(self, y: float, it: int, calls: int | None) -> list[ChangeEvent]:
         """The verified change points (before :meth:`_persisted`)."""
@@ -695,6 +710,7 @@ class FailSlowDetector(Detector):
             if not self._slow:  # the level of the fail-slow itself, not of a compound step
                 self._slow_level = after
                 self._episode = c
+            self._onset_c = c
             self._slow = True
         elif self._baseline is not None:
             # The healthy level is what the job runs at now: over a long fail-slow it drifts,

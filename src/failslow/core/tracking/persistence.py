@@ -16,8 +16,10 @@ anything can be localized and acted on cannot repay that pause. So a verified on
   reported episodes that were over within twice ``max_points``: a job whose excursions last 9
   iterations waits 11), capped at ``max_points`` so that a real fail-slow is still reported
   promptly;
-- and the newer half of its points, and its newest three, still clear the threshold line
-  (the episode is not ending as it is confirmed).
+- and it is still under way: the median of the newer half of its points is above the
+  threshold line and at least a third of the way from the level before to the episode's
+  level (a 2x burst followed by a few points 10-20% slow on a busy machine is over), and the
+  median of its newest three points is above the line.
 
 A pending onset whose relief comes first is a :class:`Transient`: recorded (``analyze --json``,
 the report), never reported as an onset, never the start of a validation pause. The reported
