@@ -123,6 +123,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from failslow.sim.traces import CATEGORIES, SPECS, FailSlow, Trace, category_counts
+from failslow.sim.training_life import drift as life_drift
 
 POSITIVE_SHARE = 0.45
 LENGTHS = (300, 20_000)
@@ -286,17 +287,6 @@ def _flapping(rng: np.random.Generator, ep: _Episode, least: float, level: np.nd
     ep.relief = ep.onset + last
     level[ep.onset : ep.relief][on[:last]] += np.log(on_level)
     ep.slowdown, ep.plateau_end = on_level, ep.relief
-
-
-def _drift(rng: np.random.Generator, n: int) -> np.ndarray:
-    """A smooth wander of up to +-5% over the job, at most 2% per 100 iterations."""
-    knots = int(rng.integers(3, 7))
-    xs = np.linspace(0, n - 1, knots)
-    ys = np.clip(np.cumsum(rng.normal(0.0, 0.025, knots)), -0.05, 0.05)
-    ys -= ys[0]
-    drift = np.interp(np.arange(n), xs, ys)
-    steepest = float(np.max(np.abs(np.diff(ys)) / np.diff(xs))) * 100
-    return drift * min(1.0, 0.02 / steepest) if steepest > 0 else drift
 
 
 def _cap(noise: np.ndarray) -> int:
@@ -483,7 +473,7 @@ def ordinary_trace(
     level += np.log1p(rng.uniform(0.2, 1.0) * np.exp(-4.0 * np.arange(n) / warm0))
     compile_steps = int(rng.integers(1, 4))
     level[:compile_steps] += np.log(rng.uniform(3.0, 20.0, compile_steps))
-    drift = _drift(rng, n)
+    drift = life_drift(rng, n, bound=0.05, per_100=0.02, step_sd=0.025)
     where["startup"] = list(range(min(n, warm0)))
     where["drift"] = np.flatnonzero(np.abs(drift) >= 0.01).tolist()
     where["restarts"] = restarts

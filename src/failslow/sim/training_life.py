@@ -161,15 +161,23 @@ def _calls(rng: np.random.Generator, n: int, where: dict[str, list[int]]) -> np.
     return calls
 
 
-def _drift(rng: np.random.Generator, n: int) -> np.ndarray:
-    """A smooth wander of up to +-12% over the job, at most ~3% per 100 iterations."""
+def drift(
+    rng: np.random.Generator,
+    n: int,
+    *,
+    bound: float = 0.12,
+    per_100: float = 0.03,
+    step_sd: float = 0.05,
+) -> np.ndarray:
+    """A smooth wander of the log level of up to ``bound`` over the job, at most ``per_100``
+    per 100 iterations (3-6 knots, a Gaussian random walk of ``step_sd`` between them)."""
     knots = int(rng.integers(3, 7))
     xs = np.linspace(0, n - 1, knots)
-    ys = np.clip(np.cumsum(rng.normal(0.0, 0.05, knots)), -0.12, 0.12)
+    ys = np.clip(np.cumsum(rng.normal(0.0, step_sd, knots)), -bound, bound)
     ys -= ys[0]
-    drift = np.interp(np.arange(n), xs, ys)
+    wander = np.interp(np.arange(n), xs, ys)
     steepest = float(np.max(np.abs(np.diff(ys)) / np.diff(xs))) * 100 if knots > 1 else 0.0
-    return drift * min(1.0, 0.03 / steepest) if steepest > 0 else drift
+    return wander * min(1.0, per_100 / steepest) if steepest > 0 else wander
 
 
 def life_trace(
@@ -183,7 +191,7 @@ def life_trace(
     level, ramped = failslow_level(rng, events, n, spec.congested_noise > 1.0)
     congested = level > 0
     shifts = level_shifts(rng, level, events, rate=1.5, largest=0.08)
-    level += _drift(rng, n)
+    level += drift(rng, n)
     sd = rng.uniform(*spec.noise) * (1.6 if rng.random() < 0.25 else 1.0)
     noise = rng.normal(0.0, sd, n) * np.where(congested, spec.congested_noise, 1.0)
     noise += rng.uniform(0.003, 0.015) * rng.standard_t(rng.uniform(3.0, 4.0), n)

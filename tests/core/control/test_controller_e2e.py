@@ -105,14 +105,7 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
     finally:
         done.set()
         throttle.stop()
-        stop_file.touch()
-        outs = []
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=60)[0])
-            except subprocess.TimeoutExpired:
-                p.kill()
-                outs.append(p.communicate()[0])
+        outs = _stop_ranks(procs, stop_file)
     (diagnosis,) = diagnosed
     assert controller is not None
     states = [t.state for t in controller.history]
@@ -145,6 +138,20 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
     assert list((tmp_path / "logs").glob("diagnosis-*.json")), "no diagnosis file"
     for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"rank {r}:\n{out[-3000:]}"
+
+
+def _stop_ranks(procs: list[subprocess.Popen[str]], stop_file: Path) -> list[str]:
+    """Tell the ranks to stop; their output (a rank that does not exit within a minute is
+    killed)."""
+    stop_file.touch()
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=60)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0])
+    return outs
 
 
 LIFE_START, LIFE_END = 150, 650
@@ -233,14 +240,7 @@ def test_a_healthy_job_s_transients_start_no_validation(tmp_path: Path) -> None:
         done.set()
         for thread in threads:
             thread.join(timeout=30)
-        stop_file.touch()
-        outs = []
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=60)[0])
-            except subprocess.TimeoutExpired:
-                p.kill()
-                outs.append(p.communicate()[0])
+        outs = _stop_ranks(procs, stop_file)
     assert controller is not None
     schedule = life_schedule()
     # the rank whose detector recorded the most (a validation round's own calls can make the
