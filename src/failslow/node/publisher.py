@@ -217,16 +217,10 @@ class NodePublisher:
         for rank, state in self.latest_states.items():
             self.store.set_json(f"{self.prefix}/ranks/{rank}", state)
 
-    def _transients(self, rank: int) -> int:
-        """Verified slowdowns on the rank that were over before they persisted (issue 47:
-        not fail-slows, no event; counted so that a job's transients stay visible)."""
-        state = self.analyzer.ranks.get(rank)
-        rule = getattr(state.detector, "persistence", None) if state is not None else None
-        return 0 if rule is None else int(rule.count)
-
     def rank_states(self) -> dict[int, dict[str, Any]]:
         """Each local rank's tracker state (the ``{prefix}/ranks/{rank}`` records)."""
         wall = time.time()
+        ranks = self.analyzer.ranks
         return {
             rank: {
                 "rank": rank,
@@ -234,7 +228,7 @@ class NodePublisher:
                 "last_s": times[-1],
                 "median_s": statistics.median(times),
                 "slow": self.slow.get(rank, False),
-                "transients": self._transients(rank),
+                "transients": ranks[rank].transients if rank in ranks else 0,
                 "wall": wall,
             }
             for rank, times in self.recent.items()

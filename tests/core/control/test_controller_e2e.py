@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _world import spawn_ranks
@@ -32,23 +33,13 @@ SLOW = 2
 def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
 
     from failslow.core.control.controller import Controller, State
-    from failslow.core.control.store import open_store
     from failslow.core.diagnosis.record import Kind
     from failslow.core.localize.config import DetectionConfig, ValidationConfig
-    from failslow.core.ring import find_rings
     from failslow.core.tracking.analyzer import LocalAnalyzer
     from failslow.faults import DutyCycleThrottle
     from failslow.node.publisher import NodePublisher
 
-    control = open_store("tcp://127.0.0.1:0?master=1")
-    url = f"tcp://127.0.0.1:{control.port}"  # type: ignore[attr-defined]
-    ring_dir, stop_file = tmp_path / "rings", tmp_path / "stop"
-    _job, procs = spawn_ranks(
-        __file__,
-        WORLD,
-        lambda r, port: [str(r), str(port), url, str(ring_dir), str(stop_file)],
-        pause_timeout="60",
-    )
+    control, ring_dir, stop_file, _job, procs = _spawn(tmp_path, pause_timeout="60")
     throttle = DutyCycleThrottle(procs[SLOW].pid, stopped_fraction=0.75, period_s=0.02)
     diagnosed: list = []
     settings = dict(
@@ -66,10 +57,7 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
     )
     done = threading.Event()
     try:
-        deadline = time.monotonic() + 60
-        while len(find_rings(ring_dir)) < WORLD:
-            assert time.monotonic() < deadline, "rings did not appear"
-            time.sleep(0.05)
+        _wait_for_rings(ring_dir)
         publisher = NodePublisher(LocalAnalyzer(ring_dir), control)
         node = threading.Thread(target=publisher.run, args=(done.is_set,), daemon=True)
         node.start()  # the node's loop as `failslow run` hosts it, with its poll cadence
@@ -140,6 +128,33 @@ def test_controller_diagnoses_a_compute_straggler(tmp_path: Path) -> None:
         assert p.returncode == 0, f"rank {r}:\n{out[-3000:]}"
 
 
+def _spawn(tmp_path: Path, *extra: str, pause_timeout: str) -> tuple[Any, ...]:
+    """A control store in this process and the ranks (this file run as a script, ``extra``
+    arguments after their own); returns the store, the ring directory, the stop file, the job's
+    store (its master: keep it alive while the ranks run) and the rank processes."""
+    from failslow.core.control.store import open_store
+
+    control = open_store("tcp://127.0.0.1:0?master=1")
+    url = f"tcp://127.0.0.1:{control.port}"
+    ring_dir, stop_file = tmp_path / "rings", tmp_path / "stop"
+    job, procs = spawn_ranks(
+        __file__,
+        WORLD,
+        lambda r, port: [str(r), str(port), url, str(ring_dir), str(stop_file), *extra],
+        pause_timeout=pause_timeout,
+    )
+    return control, ring_dir, stop_file, job, procs
+
+
+def _wait_for_rings(ring_dir: Path) -> None:
+    from failslow.core.ring import find_rings
+
+    deadline = time.monotonic() + 60
+    while len(find_rings(ring_dir)) < WORLD:
+        assert time.monotonic() < deadline, "rings did not appear"
+        time.sleep(0.05)
+
+
 def _stop_ranks(procs: list[subprocess.Popen[str]], stop_file: Path) -> list[str]:
     """Tell the ranks to stop; their output (a rank that does not exit within a minute is
     killed)."""
@@ -194,29 +209,17 @@ def test_a_healthy_job_s_transients_start_no_validation(tmp_path: Path) -> None:
     levels; reported at once, before issue 47, the episodes fail this.)"""
     from failslow.core.control import keys
     from failslow.core.control.controller import Controller, State
-    from failslow.core.control.store import open_store
     from failslow.core.localize.config import DetectionConfig
-    from failslow.core.ring import find_rings
     from failslow.core.tracking.analyzer import LocalAnalyzer
     from failslow.node.publisher import NodePublisher
 
-    control = open_store("tcp://127.0.0.1:0?master=1")
-    url = f"tcp://127.0.0.1:{control.port}"  # type: ignore[attr-defined]
-    ring_dir, stop_file = tmp_path / "rings", tmp_path / "stop"
-    _job, procs = spawn_ranks(
-        __file__,
-        WORLD,
-        lambda r, port: [str(r), str(port), url, str(ring_dir), str(stop_file), "life"],
-        pause_timeout="10",  # a round cut short at the end leaves no rank paused for long
-    )
+    # a round cut short at the end leaves no rank paused for long
+    control, ring_dir, stop_file, _job, procs = _spawn(tmp_path, "life", pause_timeout="10")
     done = threading.Event()
     controller: Controller | None = None
     threads: list[threading.Thread] = []
     try:
-        deadline = time.monotonic() + 60
-        while len(find_rings(ring_dir)) < WORLD:
-            assert time.monotonic() < deadline, "rings did not appear"
-            time.sleep(0.05)
+        _wait_for_rings(ring_dir)
         publisher = NodePublisher(LocalAnalyzer(ring_dir), control)
         threads.append(threading.Thread(target=publisher.run, args=(done.is_set,), daemon=True))
         threads[-1].start()

@@ -45,6 +45,15 @@ class RankState:
     until this process's tracker finds its pattern - the same count, the same detector."""
     skip: int = 0
     """Iterations not fed to the detector yet (a restart's first, with its restore)."""
+    earlier_transients: int = 0
+    """Transients of the rank's detectors before the current one (a pattern found again or a
+    restart starts a fresh detector; the count the node publishes only grows)."""
+
+    @property
+    def transients(self) -> int:
+        """Verified slowdowns on the rank over before they persisted, ever (issue 47)."""
+        rule = self.detector.persistence
+        return self.earlier_transients + (0 if rule is None else rule.count)
 
     @property
     def readers(self) -> list[RingReader]:
@@ -148,8 +157,11 @@ class LocalAnalyzer:
                 detector=self._detector_factory(),
                 summarizer=GroupSummarizer(reader.global_rank, path) if self._summaries else None,
             )
+            if old is not None:
+                state.earlier_transients = old.transients
             if old is not None and self._carry and old.iterations:
                 state.detector, state.iterations = old.detector, old.iterations
+                state.earlier_transients = old.earlier_transients  # the same detector goes on
                 state.carried = old.tracker.period_calls or 0
                 state.skip = self.SKIP_AFTER_RESTART
             self.ranks[reader.global_rank] = state
@@ -175,6 +187,7 @@ class LocalAnalyzer:
                 # unless this is a carried-over rank's first pattern, the one it had before.
                 carried, state.carried = state.carried, None
                 if carried is None or carried != state.tracker.period_calls:
+                    state.earlier_transients = state.transients
                     state.detector = self._detector_factory()
             if state.summarizer is not None:
                 if state.tracker.epoch != epoch:
