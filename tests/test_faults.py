@@ -1,7 +1,9 @@
-"""DutyCycleThrottle stops its target for part of the time and always leaves it running."""
+"""DutyCycleThrottle stops its target for part of the time, says how much it did, and always
+leaves it running - also when the process that started it dies."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -14,6 +16,14 @@ from failslow.faults import DutyCycleThrottle
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+def _alive(pid: int) -> bool:
+    """Running or stopped - not gone, not a zombie waiting for a reaper."""
+    try:
+        return _state(pid) != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_throttle_stops_and_always_continues() -> None:
@@ -32,6 +42,59 @@ def test_throttle_stops_and_always_continues() -> None:
         assert throttle.started_ns is not None
         assert throttle.stopped_ns is not None
         assert throttle.stopped_ns > throttle.started_ns
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_throttle_reports_what_it_did() -> None:
+    """The helper's own account: stopped about the set fraction (its windows are timed from the
+    stopped time the target really had, so late wake-ups are made up), how it was scheduled."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        throttle = DutyCycleThrottle(proc.pid, stopped_fraction=0.75, period_s=0.02)
+        with throttle:
+            assert throttle.active
+            time.sleep(1.0)
+        assert not throttle.active
+        throttle.stop()  # a second stop changes nothing
+        assert throttle.scheduling in ("SCHED_FIFO", "normal")
+        assert throttle.achieved is not None and abs(throttle.achieved - 0.75) < 0.1
+        assert throttle.longest_run_s is not None and throttle.longest_run_s > 0
+        assert _state(proc.pid) in ("R", "S")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+ORPHAN = r"""
+import os, sys, time
+from failslow.faults import DutyCycleThrottle
+throttle = DutyCycleThrottle(int(sys.argv[1]), stopped_fraction=0.9, period_s=0.05)
+throttle.start()
+print(throttle._helper.pid, flush=True)
+time.sleep(0.3)
+os._exit(0)  # dies without stopping its throttle
+"""
+
+
+def test_a_throttle_whose_starter_died_leaves_the_target_running() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        starter = subprocess.run(
+            [sys.executable, "-c", ORPHAN, str(proc.pid)],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        helper = int(starter.stdout.split()[0])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _alive(helper):
+            time.sleep(0.05)
+        assert not _alive(helper)  # the helper saw its parent go and ended
+        states = set()
+        for _ in range(20):  # running, every time it is looked at
+            states.add(_state(proc.pid))
+            time.sleep(0.01)
+        assert states <= {"R", "S"}, states
     finally:
         proc.kill()
         proc.wait()
