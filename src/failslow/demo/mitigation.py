@@ -247,6 +247,9 @@ class Run:
     step: int = -1
     step_times: dict[int, float] = field(default_factory=dict)
     injected: tuple[int | None, int | None] = (None, None)
+    throttle: dict[str, Any] | None = None
+    """The compute fault as its helper did it: how it was scheduled, the fraction of the time
+    the rank was stopped and the longest it ran between two stops (None: no compute fault)."""
     controller_state: str = "-"
     actions: list[dict[str, Any]] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
@@ -331,6 +334,12 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
     finally:
         if fault is not None:
             fault.stop()
+            if isinstance(fault, DutyCycleThrottle):
+                run.throttle = {
+                    "scheduling": fault.scheduling,
+                    "stopped": fault.achieved,
+                    "longest_run_s": fault.longest_run_s,
+                }
         if isinstance(plane, JobControl):
             plane.stop()
         for p in procs:

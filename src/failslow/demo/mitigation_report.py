@@ -122,6 +122,7 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
         "slow_rank": opts.slow_rank,
         "stopped_fraction": opts.stopped_fraction,
         "injected": list(run.injected),
+        "throttle": run.throttle,
         "steps_run": len(times),
         "phases": rows,
         "actions": run.actions,
