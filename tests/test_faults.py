@@ -3,7 +3,6 @@ leaves it running - also when the process that started it dies."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time

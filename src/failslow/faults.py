@@ -10,9 +10,14 @@ The cycle runs in a process of its own (``python -m failslow.faults``), real-tim
 (``SCHED_FIFO``) where the system allows it, and keeps account: each window is timed from the
 stopped and running time the target has really had, so a late wake-up is made up in the next
 window instead of lost. A thread of the injecting process (the first design) was not woken on
-time on a loaded machine - 4 ranks, a launcher and a CPU hog on 2 cores - and a rank meant to be
-stopped 75% of the time ran 1.4x slower instead of ~4x (issue 45's notes; measured side by side
-in ``benchmarks/throttle_fidelity.py``).
+time on a loaded machine: its target ran 19-36 ms between two stops (nominally 5 ms) and was
+stopped 63-71% of the time instead of 75% - long enough for a ~12 ms validation GEMM to run
+unslowed, so validation timed the throttled rank at full speed (issue 45's notes;
+``benchmarks/throttle_fidelity.py``). Neither design makes a rank on oversubscribed cores the
+nominal ``1 / (1 - stopped_fraction)`` slower in CPU time: the scheduler owes a stopped process
+CPU and it catches up in its running windows (~2-2.5x at 75% there).
+
+Sending SIGCONT/SIGSTOP to a process needs the right to signal it (the same user, or root).
 """
 
 from __future__ import annotations
@@ -66,6 +71,13 @@ class DutyCycleThrottle:
                 str(self.stopped_fraction), str(self.period_s), str(os.getpid())]  # fmt: skip
         self._helper = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         self.scheduling = _line(self._helper, timeout_s=10.0)
+        if self.scheduling is None:
+            code = self._helper.poll()
+            self.stop()
+            raise RuntimeError(
+                f"throttle of pid {self.pid}: its helper did not start "
+                f"({'exit status ' + str(code) if code is not None else 'no answer in 10 s'})"
+            )
 
     def stop(self) -> None:
         """End the cycle (again: a no-op) and leave the target running."""
