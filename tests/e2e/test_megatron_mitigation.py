@@ -7,12 +7,12 @@ x DP2, Megatron DDP, Adam, 1F1B), trained by the Megatron-LM loop with
 ``fs.data_iterator``; failslow re-cuts it per plan); rank 2 (pipeline stage 1 of replica
 0) is SIGSTOP/SIGCONT-cycled from outside (75% stopped) from step 40 until the plan has been in
 effect 12 steps, and the job runs until the revert has been in effect 12 steps (90 at least;
-``_s2_checks.STEPS``). Its ranks stay under the demo's own launcher (forked from one import of
-Megatron-core): under ``failslow run --controller 4 -- torchrun`` it passed on a quiet machine
-(twice) but not beside a 1-core CPU hog, where the throttle - a thread of this test's process -
-fell behind and validation saw rank 2 run at full speed (benchmarks/README.md, "As users start
-a job"); ``benchmarks/straggler_mitigation.py --framework megatron --loader own --launcher
-failslow-run`` runs that launch.
+``_s2_checks.STEPS``), started as users start it: ``failslow run --controller 4 -- torchrun
+--standalone --nproc-per-node 4 -m failslow.demo.megatron_worker``. (It once failed beside a
+1-core CPU hog when the throttle was a thread of this test's process: rank 2 ran up to 19-36 ms
+between two stops, a 12 ms validation GEMM ran unslowed in them, and validation saw rank 2 at
+full speed; the throttle is now a real-time process of its own,
+``benchmarks/throttle_fidelity.py``.)
 No group of this job spans every rank, so the validation pause lands at a step boundary. The
 control plane must, by itself: detect the onset, pause and validate, name rank 2, buy S2 and
 have every rank switch to fewer micro-batches on replica 0 (both of its stages) at one step
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _s2_checks import END, SLOW, START, STEPS, UNTIL
+from _s2_checks import END, LAUNCHER, SLOW, START, STEPS, UNTIL
 
 from failslow.demo.mitigation import MitigationDemoOptions, rank_record, run_mitigation_demo
 
@@ -63,7 +63,9 @@ def _options(out: Path, **kw: object) -> MitigationDemoOptions:
 def test_a_megatron_straggler_is_mitigated_and_the_model_is_unchanged(
     tmp_path: Path, megatron_reference: Callable[[int], Any]
 ) -> None:
-    summary = run_mitigation_demo(_options(tmp_path / "mitigated", until_mitigated=UNTIL))
+    summary = run_mitigation_demo(
+        _options(tmp_path / "mitigated", until_mitigated=UNTIL, launcher=LAUNCHER)
+    )
     steps_run = summary["steps_run"]
     injected_start, injected_end = summary["injected"]
     context = json.dumps({k: summary[k] for k in ("actions", "injected", "steps_run")})
