@@ -196,7 +196,9 @@ class SelfThrottle:
 
     A process cannot SIGSTOP itself and continue itself, so a child does it: it stops its parent
     for ``stopped_fraction`` of every ``period_s`` until :meth:`stop` (or until the parent is
-    gone). For scripts that slow one of their own ranks from a given step on.
+    gone). For scripts that slow one of their own ranks from a given step on. The child runs the
+    same cycle as :class:`DutyCycleThrottle`'s helper (real-time where allowed, windows timed from
+    the stopped time its parent really had).
     """
 
     def __init__(self, stopped_fraction: float, period_s: float = 0.01) -> None:
@@ -205,22 +207,21 @@ class SelfThrottle:
         if period_s <= 0:
             raise ValueError(f"period_s must be positive, got {period_s}")
         parent = os.getpid()
-        off = stopped_fraction * period_s
         self.helper = os.fork()
-        if self.helper == 0:  # the helper: only os and time, then _exit (no parent state runs)
+        if self.helper == 0:  # the helper: os, signal and time only, then _exit (no parent state)
             try:
-                while True:
-                    os.kill(parent, signal.SIGSTOP)
-                    time.sleep(off)
-                    os.kill(parent, signal.SIGCONT)
-                    time.sleep(period_s - off)
+                signal.signal(signal.SIGTERM, _terminate)
+                _realtime()
+                _cycle(parent, stopped_fraction, period_s, parent)
             finally:
                 os._exit(0)
 
     def stop(self) -> None:
-        """End the helper and leave this process running."""
+        """End the helper and leave this process running. SIGTERM, not SIGKILL: the helper ends
+        the window under way and continues this process itself (a helper killed right after it
+        stopped this process would leave it stopped)."""
         if self.helper > 0:
-            os.kill(self.helper, signal.SIGKILL)
+            os.kill(self.helper, signal.SIGTERM)
             os.waitpid(self.helper, 0)
             self.helper = 0
         os.kill(os.getpid(), signal.SIGCONT)
