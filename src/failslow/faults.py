@@ -22,6 +22,7 @@ Sending SIGCONT/SIGSTOP to a process needs the right to signal it (the same user
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -188,7 +189,8 @@ def _main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, _terminate)
     print(_realtime(), flush=True)
     achieved, longest = _cycle(pid, fraction, period_s, parent)
-    print(f"stopped {achieved:.4f} longest_run {longest:.6f}", flush=True)
+    with contextlib.suppress(OSError):  # a starter that died has closed the pipe
+        print(f"stopped {achieved:.4f} longest_run {longest:.6f}", flush=True)
 
 
 class SelfThrottle:
