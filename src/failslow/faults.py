@@ -96,12 +96,9 @@ class DutyCycleThrottle:
                 fields = summary.split()
                 self.achieved, self.longest_run_s = float(fields[1]), float(fields[3])
             helper.stdout.close()
-        self._signal(signal.SIGCONT)
+        _send(self.pid, signal.SIGCONT)
         if self.stopped_ns is None and self.started_ns is not None:
             self.stopped_ns = time.monotonic_ns()
-
-    def _signal(self, sig: signal.Signals) -> bool:
-        return _send(self.pid, sig)
 
     def __enter__(self) -> DutyCycleThrottle:
         self.start()

@@ -157,13 +157,13 @@ class LocalAnalyzer:
                 detector=self._detector_factory(),
                 summarizer=GroupSummarizer(reader.global_rank, path) if self._summaries else None,
             )
-            if old is not None:
-                state.earlier_transients = old.transients
             if old is not None and self._carry and old.iterations:
                 state.detector, state.iterations = old.detector, old.iterations
                 state.earlier_transients = old.earlier_transients  # the same detector goes on
                 state.carried = old.tracker.period_calls or 0
                 state.skip = self.SKIP_AFTER_RESTART
+            elif old is not None:  # a fresh detector: the old one's transients stay counted
+                state.earlier_transients = old.transients
             self.ranks[reader.global_rank] = state
 
     def poll(self) -> list[RankUpdate]:
