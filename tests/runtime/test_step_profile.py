@@ -25,6 +25,7 @@ def _steps(
     rest: float,
     post: float | None = None,
     pause: float = 0.0,
+    units: int | None = None,
 ) -> None:
     """``n`` steps of ``m`` micro-batches of ``tau`` each, ``rest`` after the last one, then
     (if given) an optimizer step and ``post`` to the boundary."""
@@ -38,7 +39,7 @@ def _steps(
             clock.t += post
         end = clock.t
         clock.t += pause  # a validation pause parked the rank at this boundary
-        profile.boundary(end, clock.t)
+        profile.boundary(end, clock.t, units=units)
 
 
 def test_spacing_and_rest_are_recovered_and_the_low_rest_is_the_one_before_a_wait() -> None:
@@ -126,3 +127,36 @@ def test_a_loop_that_waits_at_every_micro_batch_is_measured_by_its_own_work() ->
             profile.boundary(clock.t)
         s = profile.summary()
         assert s is not None and s["spacing"] == pytest.approx(want), (stamped, s)
+
+
+def test_blocks_keep_a_replicas_parts_from_before_it_began_to_wait() -> None:
+    """The long window's medians by blocks of steps with one count: a planner reads a waiting
+    replica's typical parts (not a low quantile) from before the slowdown; a block cut short
+    by a count change (calls, or units under the same calls: S2's size form) is kept from
+    MIN_BLOCK steps on, shorter ones are dropped."""
+    from failslow.runtime.step_profile import BLOCK_STEPS, MIN_BLOCK
+
+    clock = Clock()
+    profile = StepProfile(window=8, long_window=4 * BLOCK_STEPS, clock=clock)
+    profile.boundary(clock.t)
+    _steps(profile, clock, 2 * BLOCK_STEPS, m=4, tau=0.05, rest=0.1, post=0.02, units=4)
+    # from here the replica runs faster micro-batches and waits 0.4 s at the reduction
+    wait = {"tau": 0.04, "rest": 0.5, "post": 0.02}
+    _steps(profile, clock, BLOCK_STEPS, m=4, units=4, **wait)
+    _steps(profile, clock, MIN_BLOCK - 1, m=5, units=5, **wait)  # dropped
+    _steps(profile, clock, MIN_BLOCK, m=4, units=5, **wait)  # kept: 4 calls, 5 units
+    _steps(profile, clock, 1, m=4, units=4, **wait)  # closes the one before
+    s = profile.summary()
+    assert s is not None and s["units"] == 4
+    healthy = [BLOCK_STEPS, 4, 0.05, 0.1, 0.02, 4 * 0.05 + 0.1 + 0.02, 4]
+    waiting = [4, 0.04, 0.5, 0.02, 4 * 0.04 + 0.5 + 0.02]
+    got = s["blocks"]
+    assert [b[0] for b in got] == [BLOCK_STEPS, BLOCK_STEPS, BLOCK_STEPS, MIN_BLOCK]
+    assert got[0] == pytest.approx(healthy) and got[1] == pytest.approx(healthy)
+    assert got[2] == pytest.approx([BLOCK_STEPS, *waiting, 4])
+    assert got[3] == pytest.approx([MIN_BLOCK, *waiting, 5])
+    # the long window holds 4 blocks at most: the oldest go
+    _steps(profile, clock, 2 * BLOCK_STEPS, m=4, units=4, **wait)
+    s = profile.summary()
+    assert s is not None and len(s["blocks"]) == 4
+    assert s["blocks"][0] == pytest.approx([BLOCK_STEPS, *waiting, 4])

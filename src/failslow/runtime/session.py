@@ -49,7 +49,7 @@ from failslow.core.control.stop import (
     StopForUpdate,
 )
 from failslow.core.planner.allocation import even_plan
-from failslow.core.planner.plans import Plan, RestartPlan, TopologyPlan
+from failslow.core.planner.plans import MicroBatchPlan, Plan, RestartPlan, TopologyPlan
 from failslow.core.topology import Topology, host_name
 from failslow.runtime import rank_control, teardown
 from failslow.runtime.agreement import all_ranks_ok
@@ -93,6 +93,8 @@ class Session:
         self.profile = StepProfile()
         """Time per micro-batch and the rest of the step (the adapters call
         :meth:`micro_batch`); published with the rank agent's progress record."""
+        self._units: tuple[Plan | None, int | None] | None = None
+        """(plan in effect, this rank's replica's count under it), kept until the plan changes."""
         self.plans = PlanApplication(
             self.pm.hook,
             rank=0,
@@ -134,7 +136,7 @@ class Session:
                     topology=lambda: self.topology,
                     capabilities=lambda: self.capabilities,
                     wait_timeout_s=self.config.planner.plan_timeout_s,
-                    profile=self.profile.summary,
+                    profile=self.profile_summary,
                     metrics=(self.metric_watch.check.history, self.metric_watch.check.load),
                 ).start()
             self._start_capture_and_store()
@@ -158,7 +160,7 @@ class Session:
         self.store = ResilientStore(self.config.store)
         if capture is not None and rank_control.current() is None:
             rank_control.attach(capture, self.store, token=self.config.job_token)
-        rank_control.follow_steps(lambda: self.step, profile=self.profile.summary)
+        rank_control.follow_steps(lambda: self.step, profile=self.profile_summary)
         if self.rank == 0:
             self._job_report = JobReport(self.store, self.job_record(), self.step_times).start()
         self.receiver = PlanReceiver(
@@ -257,6 +259,33 @@ class Session:
         service = self.snapshot_service
         return service.resumed_step if service is not None else None
 
+    def profile_summary(self) -> dict[str, Any] | None:
+        """The step profile's summary with the S2 form (``by_size``: the samples per count
+        unit, None in the count form), as the rank's progress record publishes it."""
+        summary = self.profile.summary()
+        if summary is not None:
+            summary["by_size"] = self.pm.hook.failslow_microbatch_unit()
+        return summary
+
+    def _replica_units(self) -> int | None:
+        """The count this rank's DP replica ran in the step that just ended (the plan in
+        effect's, else the even split's): micro-batches, or units of samples in the size form.
+        Asked of the adapter once per plan; None where it reports no topology."""
+        plan = self.plans.current
+        if self._units is None or self._units[0] is not plan:
+            try:
+                topology = self.topology
+                replica = topology.replica_of(self.rank)
+                units = (
+                    plan.counts[replica]
+                    if isinstance(plan, MicroBatchPlan)
+                    else topology.micro_batches // topology.dp
+                )
+            except Exception:  # no adapter yet, or a layout without this rank
+                units = None
+            self._units = (plan, units)
+        return self._units[1]
+
     def before_optimizer_step(self) -> None:
         """The adapter calls this right before the optimizer mutates the state: the pending
         snapshot's copy must be complete (byterobust 6.3); the step profile splits the step
@@ -318,7 +347,7 @@ class Session:
             self.first_step = step
         rank_control.at_step(step)  # a validation pause here is in no step's time
         self._last_boundary = time.perf_counter()
-        self.profile.boundary(now, self._last_boundary)
+        self.profile.boundary(now, self._last_boundary, units=self._replica_units())
         self.step = step
         checked = self.plans.check(step, self.profile.last_calls)  # before a new plan applies
         if checked is not None:

@@ -26,8 +26,11 @@ rest is 40-70% of a step on some jobs. So each rank measures both, in its own lo
 :meth:`StepProfile.summary` gives the medians over the last few steps (on the slowest replica,
 which waits for no one, what its step is made of) and a low quantile of ``rest`` and ``post``
 over a long window (``rest_low``, ``post_low``: on a replica that waits for a slowed one, its
-own parts from before the slowdown). Per step the work is O(1); the summary sorts at most
-``long_window`` numbers, once per publication of the rank's progress record.
+own parts from before the slowdown, low-biased) and the medians of consecutive blocks of
+steps (``blocks``: a planner that knows the healthy step time reads a waiting replica's parts
+from the newest block before the slowdown - its typical parts, not the lucky tail, measured
+while every rank was busy, as under a plan). Per step the work is O(1); the summary sorts at
+most ``long_window`` numbers, once per publication of the rank's progress record.
 
 Replicas' times scatter from step to step, and the job waits for the slowest of them every
 step: when a plan balances the replicas (what S2 is for), the mean step is above the largest
@@ -51,6 +54,13 @@ from typing import Any
 NOW_STEPS = 3
 """Steps of the ``*_now`` medians: what a rank's step is made of at present."""
 
+BLOCK_STEPS = 16
+"""Steps per block of :meth:`StepProfile.summary`'s ``blocks``: the rank's parts over its
+history, so a planner can read them from before a slowdown (a replica that now waits for a
+slowed one measured its own parts there, on a machine as busy as under a plan)."""
+MIN_BLOCK = 4
+"""A block cut short (the micro-batch count changed) is kept from this many steps."""
+
 
 class StepProfile:
     def __init__(
@@ -73,6 +83,13 @@ class StepProfile:
         )
         """(calls, spacing, rest, post, before the optimizer) of the last ``window`` steps."""
         self._rests: collections.deque[tuple[float, float]] = collections.deque(maxlen=long_window)
+        self._block: list[tuple[int, float, float, float, float, int | None]] = []
+        """(calls, spacing, rest, post, step, units) of the block being filled."""
+        self._blocks: collections.deque[list[float | None]] = collections.deque(
+            maxlen=max(1, long_window // BLOCK_STEPS)
+        )
+        """[steps, calls, median spacing, rest, post, step time, units] of the last blocks."""
+        self._last_units: int | None = None
         self._spacing: float | None = None
         self.last_calls = 0
         """Training micro-batch calls between the last two boundaries (what the step that just
@@ -92,9 +109,12 @@ class StepProfile:
         """The optimizer step starts now (after the gradient reduction)."""
         self._optimizer = self._clock()
 
-    def boundary(self, end: float, start: float | None = None) -> None:
+    def boundary(self, end: float, start: float | None = None, *, units: int | None = None) -> None:
         """A step boundary: the step since the last one ended at ``end``; the next starts at
-        ``start`` (default ``end``; later when a validation pause parked the rank between)."""
+        ``start`` (default ``end``; later when a validation pause parked the rank between).
+        ``units``: the count the rank's replica ran in that step under the plan in effect
+        (micro-batches; in S2's size form, units of samples - its micro-batch calls stay the
+        loop's), where the caller knows it."""
         starts, self._starts = self._starts, []
         work, self._work = self._work[: len(starts) - 1], []
         self.last_calls = len(starts)
@@ -113,6 +133,23 @@ class StepProfile:
         post = end - split
         self._steps.append((len(starts), self._spacing, rest, post, split - last))
         self._rests.append((rest, post))
+        self._last_units = units
+        self._add_to_block((len(starts), self._spacing, rest, post, end - last, units))
+
+    def _add_to_block(self, step: tuple[int, float, float, float, float, int | None]) -> None:
+        """O(1) per step; a block's medians once per :data:`BLOCK_STEPS` steps. A block holds
+        steps of one count (calls and units): a plan's apply step closes it."""
+        if self._block and (self._block[-1][0], self._block[-1][5]) != (step[0], step[5]):
+            self._close_block()
+        self._block.append(step)
+        if len(self._block) >= BLOCK_STEPS:
+            self._close_block()
+
+    def _close_block(self) -> None:
+        block, self._block = self._block, []
+        if len(block) >= MIN_BLOCK:
+            spacing, rest, post, step = (statistics.median(part) for part in list(zip(*block))[1:5])
+            self._blocks.append([len(block), block[0][0], spacing, rest, post, step, block[0][5]])
 
     def summary(self) -> dict[str, Any] | None:
         """``{"calls", "spacing", "rest", "post", "spacing_now", "rest_now", "post_now",
@@ -122,8 +159,11 @@ class StepProfile:
         only - a rank that just slowed down, whose longer window still holds its healthy steps
         (an onset is diagnosed a few steps after it began); ``pre_sd``: the
         standard deviation of the part before the optimizer, waits included, ``work_sd``: of
-        ``calls * spacing``, the micro-batches alone), or None before two steps were
-        measured."""
+        ``calls * spacing``, the micro-batches alone; ``blocks``: ``[steps, calls, spacing,
+        rest, post, step, units]``, the medians of consecutive blocks of up to :data:`BLOCK_STEPS`
+        steps with one micro-batch count, oldest first, over the long window), or None before
+        two steps were measured. ``units``: the replica's count in the newest step (and each
+        block's last entry), where the session told it."""
         steps = list(self._steps)
         if len(steps) < 2:
             return None
@@ -143,4 +183,6 @@ class StepProfile:
             "rest_low": sorted(r for r, _ in history)[low],
             "post_low": sorted(p for _, p in history)[low],
             "steps": len(history),
+            "units": self._last_units,
+            "blocks": [list(b) for b in self._blocks],
         }
