@@ -179,3 +179,78 @@ def test_best_counts_is_the_exact_min_max() -> None:
             if sum(c) == total
         )
         assert slowest(got) == pytest.approx(best, abs=1e-12), (parts, total, got)
+
+
+def test_a_waiting_replica_is_read_from_its_newest_block_before_the_slowdown() -> None:
+    """With the job's healthy step known, the healthy replica's parts are the medians of its
+    newest block whose step was healthy (within 10%): its typical rest and optimizer, not the
+    low quantiles, and its time per micro-batch from when every rank was busy (on a shared CPU
+    its recent micro-batches ran faster while the slowed rank sat stopped), per unit of the
+    count it ran then. Without the healthy step, or without such a block, the low quantiles
+    and the recent spacing stay."""
+    healthy_step = 4 * 0.1 + 0.15 + 0.05
+    blocks = [
+        [16, 4, 0.1, 0.15, 0.05, healthy_step, 4],
+        [16, 4, 0.1, 0.16, 0.05, healthy_step * 1.05, 4],  # the newest within 10%
+        [16, 4, 0.07, 0.8, 0.05, 1.2, 4],  # waiting for the slowed replica
+    ]
+    waiting = {
+        "calls": 4, "spacing": 0.07, "rest": 0.8, "rest_low": 0.1, "post": 0.05,
+        "post_low": 0.03, "blocks": blocks, "units": 4,
+    }  # fmt: skip
+    records = {2: _record(4, 0.25, 0.2, 0.1), 0: {"profile": waiting}}
+    model = MeasuredSteps.from_records(DP4, (4,) * 4, records, [2], healthy_step_s=healthy_step)
+    assert model is not None and model.calibrated
+    assert model.replicas[0] == ReplicaStep(0.1, 0.16, 0.05)
+    assert model.replicas[2] == ReplicaStep(0.25, 0.2)
+    old = MeasuredSteps.from_records(DP4, (4,) * 4, records, [2])
+    assert old is not None and old.replicas[0] == ReplicaStep(0.07, 0.1, 0.03)
+    # under a plan (5 micro-batches now): the block's time per micro-batch is still its own
+    records[0] = {"profile": {**waiting, "calls": 5, "units": 5}}
+    planned = MeasuredSteps.from_records(
+        DP4, (5, 5, 2, 4), records, [2], healthy_step_s=healthy_step
+    )
+    assert planned is not None and planned.replicas[0] == ReplicaStep(0.1, 0.16, 0.05)
+    # no block of healthy steps (the slowdown began before the long window), or no count kept
+    for kept in ([blocks[2]], [[16, 4, 0.1, 0.15, 0.05, healthy_step, None]]):
+        records[0] = {"profile": {**waiting, "blocks": kept}}
+        fallback = MeasuredSteps.from_records(
+            DP4, (4,) * 4, records, [2], healthy_step_s=healthy_step
+        )
+        assert fallback is not None and fallback.replicas[0] == ReplicaStep(0.07, 0.1, 0.03)
+
+
+def test_the_size_form_measures_the_part_per_call_from_two_counts() -> None:
+    """S2 by size: the loop runs its 4 micro-batches whatever the plan, and a micro-batch of a
+    quarter of the samples does not take a quarter of the time. Here a call costs 0.03 s plus
+    0.02 s per unit, on top of a 0.1 s rest: at 4 units a step is 0.1 + 4 * (0.03 + 0.02) =
+    0.3 s, and the linear first guess (0.3 - 0.1) / 4 = 0.05 s per unit predicts 0.15 s at one
+    unit, where the replica takes 0.1 + 0.12 + 0.02 = 0.24 s. Until a second count is measured
+    the model says it is a guess (a plan from it is a probe); with the probe's count measured
+    (2 units: 4 calls of 0.04 s), per unit and the fixed part come out exactly."""
+    slow = {"calls": 4, "spacing_now": 0.05, "rest_now": 0.1, "spacing": 0.05, "rest": 0.1,
+            "units": 4, "by_size": 8, "blocks": [[16, 4, 0.05, 0.1, 0.0, 0.3, 4]]}  # fmt: skip
+    healthy = {"calls": 4, "spacing": 0.02, "rest": 0.5, "rest_low": 0.05, "units": 4}
+    records = {2: {"profile": slow}, 0: {"profile": healthy}}
+    guess = MeasuredSteps.from_records(DP4, (4,) * 4, records, [2])
+    assert guess is not None and not guess.calibrated
+    assert guess.replicas[2].until_optimizer_s(1) == pytest.approx(0.15)
+    # the probe: 2 units for replica 2; its last steps took 4 calls of 0.04 s, and its rest
+    # held 0.03 s of waiting for the others (it is no longer the slowest): the fixed part takes
+    # the rest measured where it waited for no one, at 4 units
+    probe = {**slow, "spacing_now": 0.04, "rest_now": 0.13, "units": 2}
+    probe["blocks"] = [*slow["blocks"], [4, 4, 0.04, 0.1, 0.0, 0.26, 2]]  # its own count: skipped
+    records[2] = {"profile": probe}
+    fitted = MeasuredSteps.from_records(DP4, (5, 5, 2, 4), records, [2])
+    assert fitted is not None and fitted.calibrated
+    assert fitted.replicas[2].per_microbatch_s == pytest.approx(0.02)
+    assert fitted.replicas[2].rest_s == pytest.approx(0.1 + 4 * 0.03)
+    assert fitted.replicas[2].until_optimizer_s(1) == pytest.approx(0.24)
+    # the count form (no by_size) reads the same profile as micro-batches: no fit, no guess
+    records[2] = {"profile": {**probe, "by_size": None}}
+    counted = MeasuredSteps.from_records(DP4, (5, 5, 2, 4), records, [2])
+    assert counted is not None and counted.calibrated
+    # two counts that do not fit a rising line: the guess stays
+    records[2] = {"profile": {**probe, "spacing_now": 0.06}}
+    falling = MeasuredSteps.from_records(DP4, (5, 5, 2, 4), records, [2])
+    assert falling is not None and not falling.calibrated

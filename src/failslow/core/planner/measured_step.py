@@ -13,9 +13,20 @@ optimizer step on. All come from the ranks' step profiles
 - a replica with a diagnosed rank runs as it does now: its time per call, rest and post over its
   last few steps (it is the slowest, so its steps hold no wait for another replica; its longer
   window may still hold steps from before the slowdown);
-- every other replica runs like one healthy representative: its recent time per call, and the
-  low quantiles of its rest and post (recent steps of a healthy replica include the waits for
-  the slowed one; the low quantile is its own part, from before the slowdown).
+- every other replica runs like one healthy representative: its parts from its newest block of
+  steps before the slowdown (the profile's ``blocks``, the one whose step was the job's healthy
+  step; its recent steps include the waits for the slowed one, and on a shared CPU its recent
+  micro-batches ran faster than they will under a plan, while the slowed rank sat stopped),
+  else its recent time per call and the low quantiles of its rest and post.
+
+In S2's size form (the Trainer, Lightning: every replica runs the loop's micro-batches and a
+plan changes how many samples they hold) a micro-batch's time is not proportional to its
+samples: a part per call does not shrink (30% of a micro-batch on the Trainer and Lightning
+demos). One count cannot tell the two apart, so until a replica measured a second count its
+cost per unit is a linear guess (:attr:`MeasuredSteps.calibrated` False), the planner's first
+plan is a probe (:func:`failslow.core.planner.planner.probe_counts`), and what the replica
+measures under it gives its part per call and per unit (:func:`_size_fit`): the split is then
+sized from two measured counts.
 
 Replica times scatter from step to step and every step waits for the slowest, so the
 reduction comes at the *expected maximum* of the replicas' times (:func:`expected_max`, with
@@ -58,6 +69,10 @@ class ReplicaStep:
     """Step-to-step variance of the part before the optimizer beyond the micro-batches (s^2)."""
     per_microbatch_var: float = 0.0
     """Step-to-step variance of the micro-batches' time, per micro-batch (s^2)."""
+    linear_guess: bool = False
+    """S2's size form before a second count was measured: the time per unit is the step's
+    micro-batches over its units, as if a micro-batch's time were proportional to its
+    samples (it is not: see :func:`_size_fit`)."""
 
     def until_optimizer_s(self, microbatches: int) -> float:
         return self.rest_s + microbatches * self.per_microbatch_s
@@ -66,31 +81,111 @@ class ReplicaStep:
         return math.sqrt(self.rest_var + microbatches * self.per_microbatch_var)
 
 
-def _part(record: Mapping[str, Any] | None, now_count: int, *, waits: bool) -> ReplicaStep | None:
+HEALTHY_BLOCK = 1.1
+"""A block of a waiting replica's steps is from before the slowdown when its median step is
+within this factor of the job's healthy step."""
+
+
+def _healthy_block(profile: Mapping[str, Any], healthy_step_s: float | None) -> list[Any] | None:
+    """The newest block of ``profile["blocks"]`` (``[steps, calls, spacing, rest, post, step,
+    units]``) measured before the slowdown: its median step within :data:`HEALTHY_BLOCK` of
+    ``healthy_step_s``, with its count recorded (its time per unit is its own)."""
+    if not healthy_step_s or healthy_step_s <= 0:
+        return None
+    try:
+        for block in reversed(profile.get("blocks") or []):
+            steps, step, units = int(block[0]), float(block[5]), block[6]
+            if steps > 0 and isinstance(units, int) and units > 0:
+                if 0 < step <= HEALTHY_BLOCK * healthy_step_s:
+                    return list(block)
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def _size_fit(
+    profile: Mapping[str, Any], now: tuple[float, float, float]
+) -> tuple[float, float] | None:
+    """S2's size form: a replica's ``(per unit, fixed)`` until its optimizer step, from two
+    counts it ran - ``now`` (``calls``, ``spacing``, ``rest`` of its last steps, at its
+    ``units``) and its newest block at another count with the same calls. A micro-batch's time
+    is not proportional to its samples (a part per call does not shrink with them: 30% of a
+    micro-batch on the Trainer and Lightning demos), so one count cannot tell the two apart.
+
+    The line is fitted to the time per call (its own work where the adapter stamps it); the
+    rest is the one measured at the larger of the two counts, where the replica was the
+    slowest and waited for no one (at the smaller it may wait for the others: Lightning meets
+    them before every micro-batch). None without such a block, or where the two do not fit a
+    rising line."""
+    calls, spacing, rest = now
+    units = profile.get("units")
+    if not isinstance(units, int) or units <= 0:
+        return None
+    try:
+        for block in reversed(profile.get("blocks") or []):
+            if len(block) < 7 or int(block[1]) != int(calls):
+                continue
+            other = block[6]
+            if not isinstance(other, int) or other <= 0 or other == units:
+                continue
+            per_call_unit = (float(block[2]) - spacing) / (other - units)
+            if per_call_unit <= 0:
+                return None
+            per_call = max(0.0, spacing - units * per_call_unit)
+            slowest_rest = float(block[3]) if other > units else rest
+            return calls * per_call_unit, slowest_rest + calls * per_call
+    except (IndexError, TypeError, ValueError):
+        return None
+    return None
+
+
+def _part(
+    record: Mapping[str, Any] | None,
+    now_count: int,
+    *,
+    waits: bool,
+    healthy_step_s: float | None = None,
+) -> ReplicaStep | None:
     profile = (record or {}).get("profile")
     if not profile or now_count <= 0:
         return None
     # a diagnosed replica's parts as they are now (its window may still hold healthy steps:
-    # the onset came a few steps ago); a waiting one's own parts from before the slowdown
+    # the onset came a few steps ago); a waiting one's own parts from before the slowdown:
+    # the medians of its newest block of healthy steps where the job's healthy step is known
+    # (typical parts, measured while every rank was busy - as under a plan; on a shared CPU
+    # a waiting replica's recent micro-batches ran faster, the slowed rank idle), else the
+    # low quantiles of its long window (its recent time per micro-batch)
     now = "" if waits or "spacing_now" not in profile else "_now"
+    block = _healthy_block(profile, healthy_step_s) if waits else None
     try:
         calls, spacing = float(profile["calls"]), float(profile["spacing" + now])
         rest = float(profile["rest_low" if waits else "rest" + now])
         post = float(profile.get("post_low" if waits else "post" + now, 0.0))
+        per_unit = calls / now_count * spacing
+        if block is not None:
+            spacing, rest, post = float(block[2]), float(block[3]), float(block[4])
+            per_unit = float(block[1]) * spacing / int(block[6])  # at the block's own count
         work_sd = float(profile.get("work_sd", 0.0))
         pre_sd = float(profile.get("pre_sd", 0.0))
     except (KeyError, TypeError, ValueError):
         return None
     if calls <= 0 or spacing <= 0 or rest < 0 or post < 0 or not min(work_sd, pre_sd) >= 0:
         return None
+    guess = False
+    if not waits and profile.get("by_size"):  # the size form: a part per call, measured
+        fit = _size_fit(profile, (calls, spacing, rest))
+        if fit is not None:
+            per_unit, rest = fit
+        guess = fit is None
     return ReplicaStep(
-        per_microbatch_s=calls / now_count * spacing,
+        per_microbatch_s=per_unit,
         rest_s=rest,
         post_s=post,
         # a waiting replica's spread before the optimizer is mostly the wait: its own
         # micro-batches' spread only; the slowed replica's rest scatters too
         rest_var=0.0 if waits else max(0.0, pre_sd**2 - work_sd**2),
         per_microbatch_var=work_sd**2 / now_count,
+        linear_guess=guess,
     )
 
 
@@ -121,6 +216,12 @@ class MeasuredSteps:
     """Per-replica step models; :meth:`step_s` is a plan's step time."""
 
     replicas: tuple[ReplicaStep, ...]
+
+    @property
+    def calibrated(self) -> bool:
+        """False where a replica's cost per unit is the size form's linear first guess: a
+        plan sized from it is a probe, and the counts come from what it measures."""
+        return not any(r.linear_guess for r in self.replicas)
 
     def step_s(self, counts: Sequence[int]) -> float:
         """The expected step under ``counts``: the expected slowest replica at the reduction
@@ -195,16 +296,25 @@ class MeasuredSteps:
         counts_now: Sequence[int],
         records: Mapping[int, Mapping[str, Any] | None],
         diagnosed: Collection[int],
+        *,
+        healthy_step_s: float | None = None,
     ) -> MeasuredSteps | None:
         """From the progress records of the ``diagnosed`` ranks and one rank of a replica
         without any (``records`` by rank; see :func:`ranks_to_read`), with ``counts_now`` the
-        counts the measurements ran under. None when a needed record has no profile."""
+        counts the measurements ran under, ``healthy_step_s`` the job's step before the
+        slowdown (where known: the healthy replica's parts come from its steps of then). None
+        when a needed record has no profile."""
         slow = {topology.replica_of(r) for r in diagnosed}
         healthy = [r for r in records if topology.replica_of(r) not in slow]
         representative = None
         if healthy:
             rep = min(healthy)
-            representative = _part(records[rep], counts_now[topology.replica_of(rep)], waits=True)
+            representative = _part(
+                records[rep],
+                counts_now[topology.replica_of(rep)],
+                waits=True,
+                healthy_step_s=healthy_step_s,
+            )
         replicas: list[ReplicaStep] = []
         for replica in range(topology.dp):
             if replica not in slow:
