@@ -99,7 +99,11 @@ def rows_of(run_dir: Path) -> list[dict[str, Any]]:
                 "before": before,
                 "measured": measured,
                 "predicted": predicted,
-                "model": "GEMM model" if baseline else "rank profiles",
+                "model": "GEMM model"
+                if baseline
+                else "probe: linear guess"
+                if (e.get("step_model") or {}).get("calibrated") is False
+                else "rank profiles",
                 "action": e.get("action"),
                 "effect": (effects.get(start) or {}).get("state", "-"),
                 "verdict": (outcomes.get(start) or {}).get("verdict", "-"),

@@ -163,6 +163,17 @@ def failslow_verify_microbatch_plan(plan: MicroBatchPlan, step: int, forwards: i
 
 
 @hookspec(firstresult=True)
+def failslow_microbatch_unit() -> int | None:
+    """The size form of S2 (the loop runs its own micro-batches per step on every replica and a
+    plan changes how many samples they hold): the samples in one count unit of a plan. None:
+    the count form (a plan moves whole micro-batches). The planner reads it with the step
+    profile: in the size form a micro-batch's time is not proportional to its samples (a
+    fixed part per micro-batch), which it measures before sizing a plan. Decision hook
+    (``firstresult``).
+    """
+
+
+@hookspec(firstresult=True)
 def failslow_observed_coord() -> tuple[int, int, int] | None:
     """This process's role as the framework's own state has it now - ``(tp, dp, pp)``
     coordinates read from its process groups or device mesh, not from failslow's bookkeeping

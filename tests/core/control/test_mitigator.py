@@ -683,6 +683,54 @@ def test_a_plan_that_saves_under_half_its_prediction_is_replanned_once_then_reve
     assert len(mitigator.actions) == 3
 
 
+def test_the_size_form_probes_then_sizes_the_split_from_two_measured_counts(url: str) -> None:
+    """S2 by size (the Trainer, Lightning): rank 2's micro-batches cost 0.04 s per call plus
+    0.015 s per unit of samples, which its one count (4 units, 0.1 s per call) cannot tell
+    apart. The first plan is a probe halfway to the linear guess's split, said so; what rank 2
+    measures under it (0.07 s per call at 2 units) sizes the split, re-planned at once although
+    the probe paid: [5, 5, 1, 5], predicting 0.16 + 0.06 = 0.22 s (the linear guess said 0.1 s
+    for that split)."""
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+    ranks = _ranks(url, 4, first_step=FIRST)
+
+    def profiles(slow: dict[str, Any], healthy_units: int) -> None:
+        store.set_json(f"{keys.VALIDATE}/progress/2", {"step": 1, "profile": {
+            "calls": 4, "rest": 0.0, "rest_now": 0.0, "by_size": 8, **slow}})  # fmt: skip
+        store.set_json(f"{keys.VALIDATE}/progress/0", {"step": 1, "profile": {
+            "calls": 4, "spacing": 0.025 * healthy_units / 4, "rest": 0.0, "rest_low": 0.0,
+            "units": healthy_units, "by_size": 8}})  # fmt: skip
+
+    with open_store(url, timeout_s=CONNECT_S) as store:
+        _job(store, SUPPORTED)
+        profiles({"spacing": 0.1, "spacing_now": 0.1, "units": 4, "blocks": []}, 4)
+        mitigator = _diagnosed_after_slow_steps(store, config, ranks)
+        (probe,) = mitigator.actions
+        assert probe.plan.counts == (4, 5, 2, 5)  # type: ignore[attr-defined]
+        assert probe.detail.get("probe") and "a probe" in probe.reason
+        step = _passed(store, probe)
+        _tick_until(mitigator, lambda: probe.effect == "in effect")
+        block = [16, 4, 0.1, 0.0, 0.0, 0.4, 4]  # its steps before the probe, at 4 units
+        profiles({"spacing": 0.07, "spacing_now": 0.07, "units": 2, "blocks": [block]}, 5)
+        _steps_after(store, step + 1, 0.24, 8)  # paid: 0.06 s saved of the 0.1 s promised
+        _tick_until(mitigator, lambda: len(mitigator.actions) == 2)
+        sized = mitigator.actions[1]
+        # in effect at 0.235 s: 0.005 s of the 0.02 s it promised over the probe, but it is
+        # judged as S2 against the job before S2 (0.3 s), not as a step from the probe
+        step = _passed(store, sized, 0.24)
+        _tick_until(mitigator, lambda: sized.effect == "in effect")
+        _steps_after(store, step + 1, 0.235, 8)
+        _tick_until(mitigator, lambda: sized.result is not None)
+        _ = [mitigator.tick() for _ in range(3)]
+    _stop(ranks)
+    assert probe.result is not None and probe.result.verdict == "pays"
+    assert sized.action == "replan" and sized.replans == 1 and "probe" not in sized.detail
+    assert sized.plan.counts == (5, 5, 1, 5)  # type: ignore[attr-defined]
+    assert sized.plan.step_time_s == pytest.approx(0.16 + 0.06)
+    assert sized.result is not None and sized.result.verdict == "pays"
+    assert sized.result.before_s == pytest.approx(0.3)
+    assert len(mitigator.actions) == 2 and mitigator.in_effect == sized.plan
+
+
 def test_a_plan_a_rank_refuses_disables_its_strategy_with_the_reason(url: str) -> None:
     """Issue 45's Megatron run: a replica's loop reads its own data iterator, so a plan cannot
     re-cut its share. The refusal aborts the plan everywhere, and S2 is not planned again for

@@ -163,6 +163,10 @@ class DeepSpeedAdapter:
     ) -> str:
         return self.split.verify(plan, step, forwards)
 
+    @hookimpl
+    def failslow_microbatch_unit(self) -> int | None:
+        return self.split.by_size
+
     def _micro_loss_scale(self) -> float:
         """What each micro-loss is multiplied by: DeepSpeed's ``1 / G`` (its configured
         accumulation steps; none at G = 1), times failslow's factor."""

@@ -267,6 +267,10 @@ class FSDPAdapter(swap.InPlaceSwap):
         return self.split.verify(plan, step, forwards)
 
     @hookimpl
+    def failslow_microbatch_unit(self) -> int | None:
+        return self.split.by_size
+
+    @hookimpl
     def failslow_observed_coord(self) -> tuple[int, int, int]:
         """(shard, replica, 0) from the device mesh the model runs on now (HSDP); every rank
         its own replica under DDP and FSDP."""

@@ -180,9 +180,14 @@ class ClosedLoop:
             done.append((awaited, state, why))
         return done
 
-    def watch(self, action: Any, apply_step: int, steps: StepTimes) -> Watched:
-        """Measure the outcome of ``action``'s plan, in effect from ``apply_step``."""
-        before = median_before(steps, apply_step)
+    def watch(
+        self, action: Any, apply_step: int, steps: StepTimes, *, before_s: float | None = None
+    ) -> Watched:
+        """Measure the outcome of ``action``'s plan, in effect from ``apply_step``, against
+        ``before_s`` (default: the steps right before it; a re-plan's is its strategy's
+        before it was bought - it is judged as the strategy, not as a step from the plan it
+        replaced)."""
+        before = before_s if before_s is not None else median_before(steps, apply_step)
         watched = Watched(action, apply_step, before, predicted_step_s(action.plan, before))
         self.watching.append(watched)
         return watched

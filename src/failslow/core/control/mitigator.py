@@ -127,6 +127,8 @@ class Mitigator:
         self._queue: collections.deque[tuple[str, Any]] = collections.deque()
         self._slow_ranks: frozenset[int] = frozenset()
         self._step_model: dict[str, Any] | None = None
+        self._healthy_s: float | None = None
+        """The step before the fail-slow being mitigated (its first diagnosis's)."""
         """Behind the newest S2 estimate (journaled with the plan): per replica [seconds per
         micro-batch, rest before the optimizer, optimizer on], and the rank profiles they came
         from."""
@@ -290,20 +292,32 @@ class Mitigator:
         if topology is None or not self._slow_ranks:
             return None
         diagnosed = sorted(self._slow_ranks)
-        records = {
-            r: self.store.get_json(f"{keys.VALIDATE}/progress/{r}")
-            for r in ranks_to_read(topology, diagnosed)
-        }
+        records = self._progress_records(topology, diagnosed)
         now = self.in_effect if isinstance(self.in_effect, MicroBatchPlan) else self._even_plan()
         assert now is not None
-        model = MeasuredSteps.from_records(topology, now.counts, records, diagnosed)
+        # the healthy replica's parts from its steps before the slowdown
+        model = MeasuredSteps.from_records(
+            topology, now.counts, records, diagnosed, healthy_step_s=self._healthy_s
+        )
         if model is None:
             return None
         self._step_model = {
             "replicas": [[r.per_microbatch_s, r.rest_s, r.post_s] for r in model.replicas],
             "profiles": {str(r): (rec or {}).get("profile") for r, rec in records.items()},
+            "healthy_step_s": self._healthy_s,
+            "calibrated": model.calibrated,
         }
         return model
+
+    def _progress_records(
+        self, topology: Topology, diagnosed: list[int]
+    ) -> dict[int, dict[str, Any] | None]:
+        """The progress records the S2 step model reads (the diagnosed ranks', one healthy
+        replica's), O(diagnosed)."""
+        return {
+            r: self.store.get_json(f"{keys.VALIDATE}/progress/{r}")
+            for r in ranks_to_read(topology, diagnosed)
+        }
 
     def _diagnosed(self, diagnosis: Diagnosis) -> None:
         # what the fail-slow is: its slow ranks, else the ends of its slow links (a re-validation
@@ -322,7 +336,7 @@ class Mitigator:
             return
         if self._restarted:
             self._reread_layout()
-        healthy = self.healthy_step_s(diagnosis)
+        healthy = self._healthy_s = self.healthy_step_s(diagnosis)
         if self.planner is None:
             self.planner = self._build_planner(healthy)
             if self.planner is None:
@@ -392,6 +406,17 @@ class Mitigator:
         if same_change(plan, self.desired if self.desired is not None else even):
             return None  # already what the ranks were told to run
         action = Action(self._clock(), what, strategy, plan, reason, before=self.topology)
+        if (
+            what in ("apply", "replan")
+            and isinstance(plan, MicroBatchPlan)
+            and self._step_model is not None
+            and self._step_model.get("calibrated") is False
+        ):
+            action.detail["probe"] = True
+            action.reason = reason = (
+                f"{reason}; a probe: the size form's part per micro-batch is measured under it, "
+                "then the split is sized from two measured counts"
+            )
         self.actions.append(action)
         if self.hooks is not None:
             self.hooks.failslow_on_plan(plan=plan, action=what, reason=reason)
@@ -459,7 +484,7 @@ class Mitigator:
         if state != PlanResult.IN_EFFECT:
             self._roll_back(action, why)
         elif action.action in ("apply", "replan") and self.active:
-            self.loop.watch(action, step, self.step_times)
+            self.loop.watch(action, step, self.step_times, before_s=action.detail.get("before_s"))
             newer = [
                 a.outcome.apply_step for a in self.actions
                 if a is not action and a.outcome is not None and a.outcome.committed
@@ -524,9 +549,15 @@ class Mitigator:
         ranks' newer profiles, or revert it; the planner judges its strategy by it from now."""
         action.result = outcome
         if self.on_event is not None:
+            # what the ranks measured under the plan, beside what it was sized from (the plan
+            # event's step_model): where a prediction erred, the part that moved
+            measured = None
+            if isinstance(action.plan, MicroBatchPlan) and self.topology and self._slow_ranks:
+                records = self._progress_records(self.topology, sorted(self._slow_ranks))
+                measured = {str(r): (rec or {}).get("profile") for r, rec in records.items()}
             self.on_event(
                 event("outcome", action=action.action, strategy=action.strategy,
-                      plan=plan_to_dict(action.plan), **outcome.to_dict())
+                      plan=plan_to_dict(action.plan), profiles=measured, **outcome.to_dict())
             )  # fmt: skip
         log.info("failslow: %s outcome: %s", action.strategy, outcome.reason)
         if self.planner is None or not self.active:
@@ -547,6 +578,11 @@ class Mitigator:
             self._revert(action, outcome)
             return
         if outcome.verdict != "short":
+            if action.detail.get("probe") and action.replans < REPLANS:
+                # what it measured sizes the split; kept where that split is this one
+                replan = self._replan(action, outcome)
+                if replan is not None:
+                    replan.replans = action.replans + 1
             return
         if action.replans < REPLANS:
             replan = self._replan(action, outcome)
@@ -576,7 +612,10 @@ class Mitigator:
         predicted = decision.plan.step_time_s
         if predicted is None or predicted >= outcome.measured_s * (1.0 - self.config.min_gain):
             return None
-        return self._send("replan", decision.strategy, decision.plan, decision.reason)
+        replan = self._send("replan", decision.strategy, decision.plan, decision.reason)
+        if replan is not None:  # judged against the job before the strategy, as its first plan
+            replan.detail["before_s"] = outcome.before_s
+        return replan
 
     def _check_restart(self, action: Action, committed_wall: float) -> None:
         """A restart is in effect when the job registered again (a job record written after

@@ -185,6 +185,8 @@ class Planner:
         if model is not None:  # sized from what each replica's step measured
             unit = topology.microbatch_multiple or (topology.pp if topology.pp > 1 else 1)
             counts = model.best_counts(topology.micro_batches, multiple_of=unit, minimum=unit)
+            if not model.calibrated and unit == 1:
+                counts = probe_counts(counts, topology.micro_batches // topology.dp)
             plan: MicroBatchPlan = MicroBatchPlan(
                 counts=counts,
                 weights=tuple(loss_weights(counts)),
@@ -261,3 +263,24 @@ class Planner:
             transfer_bandwidth_Bps=self.costs.transfer_bytes_per_s,
             options=options,
         )
+
+
+def probe_counts(best: tuple[int, ...], even: int) -> tuple[int, ...]:
+    """A probe on the way to ``best`` from the even split (``even`` each): every replica that
+    gives micro-batches away gives half of what ``best`` takes from it (rounded toward
+    ``best``), the ones that receive take less, the largest gains first. S2's size form plans
+    it where a replica's cost per unit is a linear guess: what the replica measures at a
+    second count gives its part per micro-batch, so the split is then sized from measurement
+    and its prediction extrapolates from two measured counts (the probe itself already moves
+    work off the slowed replica)."""
+    probe = [
+        e + (b - e) // 2 if b < e else b for b, e in zip(best, [even] * len(best), strict=True)
+    ]
+    surplus = sum(probe) - sum(best)
+    while surplus > 0:
+        gainer = max(range(len(probe)), key=lambda i: (probe[i] - even, -i))
+        if probe[gainer] <= even:
+            break
+        probe[gainer] -= 1
+        surplus -= 1
+    return tuple(probe) if surplus == 0 else best
