@@ -174,9 +174,7 @@ def test_best_counts_is_the_exact_min_max() -> None:
             return max(r + m * t for (t, r), m in zip(parts, counts, strict=True))
 
         best = min(
-            slowest(c)
-            for c in itertools.product(range(1, total + 1), repeat=d)
-            if sum(c) == total
+            slowest(c) for c in itertools.product(range(1, total + 1), repeat=d) if sum(c) == total
         )
         assert slowest(got) == pytest.approx(best, abs=1e-12), (parts, total, got)
 
@@ -184,10 +182,11 @@ def test_best_counts_is_the_exact_min_max() -> None:
 def test_a_waiting_replica_is_read_from_its_newest_block_before_the_slowdown() -> None:
     """With the job's healthy step known, the healthy replica's parts are the medians of its
     newest block whose step was healthy (within 10%): its typical rest and optimizer, not the
-    low quantiles, and its time per micro-batch from when every rank was busy (on a shared CPU
-    its recent micro-batches ran faster while the slowed rank sat stopped), per unit of the
-    count it ran then. Without the healthy step, or without such a block, the low quantiles
-    and the recent spacing stay."""
+    low quantiles; where the slowed replica is one rank, its time per micro-batch too, per
+    unit of the count it ran then (on a shared CPU its recent micro-batches ran faster while
+    it waited, and under a plan every rank is busy again; a pipeline's other stage idles with
+    the slowed one under a plan as now: the recent one). Without the healthy step, or without
+    such a block, the low quantiles and the recent spacing stay."""
     healthy_step = 4 * 0.1 + 0.15 + 0.05
     blocks = [
         [16, 4, 0.1, 0.15, 0.05, healthy_step, 4],
@@ -211,6 +210,12 @@ def test_a_waiting_replica_is_read_from_its_newest_block_before_the_slowdown() -
         DP4, (5, 5, 2, 4), records, [2], healthy_step_s=healthy_step
     )
     assert planned is not None and planned.replicas[0] == ReplicaStep(0.1, 0.16, 0.05)
+    # a slowed replica of two ranks (a pipeline): under a plan its other stage idles with it,
+    # as it does now - the waiting replica's recent time per micro-batch, its block's rest
+    slow, rep = PP2.replica_ranks(1)[0], PP2.replica_ranks(0)[0]
+    pipeline = {slow: _record(4, 0.25, 0.2, 0.1), rep: {"profile": waiting}}
+    staged = MeasuredSteps.from_records(PP2, (4, 4), pipeline, [slow], healthy_step_s=healthy_step)
+    assert staged is not None and staged.replicas[0] == ReplicaStep(0.07, 0.16, 0.05)
     # no block of healthy steps (the slowdown began before the long window), or no count kept
     for kept in ([blocks[2]], [[16, 4, 0.1, 0.15, 0.05, healthy_step, None]]):
         records[0] = {"profile": {**waiting, "blocks": kept}}

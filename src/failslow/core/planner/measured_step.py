@@ -145,16 +145,20 @@ def _part(
     *,
     waits: bool,
     healthy_step_s: float | None = None,
+    busy_before: bool = False,
 ) -> ReplicaStep | None:
     profile = (record or {}).get("profile")
     if not profile or now_count <= 0:
         return None
     # a diagnosed replica's parts as they are now (its window may still hold healthy steps:
-    # the onset came a few steps ago); a waiting one's own parts from before the slowdown:
-    # the medians of its newest block of healthy steps where the job's healthy step is known
-    # (typical parts, measured while every rank was busy - as under a plan; on a shared CPU
-    # a waiting replica's recent micro-batches ran faster, the slowed rank idle), else the
-    # low quantiles of its long window (its recent time per micro-batch)
+    # the onset came a few steps ago); a waiting one's own rest and optimizer from before the
+    # slowdown: the medians of its newest block of healthy steps where the job's healthy step
+    # is known (typical parts), else the low quantiles of its long window. Its time per
+    # micro-batch is its recent one, or with ``busy_before`` the block's: on ranks that share
+    # cores it depends on how busy the others are, and under a plan a slowed replica of one
+    # rank frees nothing (it ran throttled before too: the machine is as busy as before the
+    # slowdown), where a slowed replica's other ranks (pipeline stages, shards) idle with it
+    # under a plan as they do now - on dedicated devices the two are the same
     now = "" if waits or "spacing_now" not in profile else "_now"
     block = _healthy_block(profile, healthy_step_s) if waits else None
     try:
@@ -162,9 +166,10 @@ def _part(
         rest = float(profile["rest_low" if waits else "rest" + now])
         post = float(profile.get("post_low" if waits else "post" + now, 0.0))
         per_unit = calls / now_count * spacing
-        if block is not None:
-            spacing, rest, post = float(block[2]), float(block[3]), float(block[4])
-            per_unit = float(block[1]) * spacing / int(block[6])  # at the block's own count
+        if block is not None:  # its own rest and optimizer, typical (the quantile is low)
+            rest, post = float(block[3]), float(block[4])
+            if busy_before:  # and its time per unit from when every rank was busy
+                per_unit = float(block[1]) * float(block[2]) / int(block[6])
         work_sd = float(profile.get("work_sd", 0.0))
         pre_sd = float(profile.get("pre_sd", 0.0))
     except (KeyError, TypeError, ValueError):
@@ -314,6 +319,7 @@ class MeasuredSteps:
                 counts_now[topology.replica_of(rep)],
                 waits=True,
                 healthy_step_s=healthy_step_s,
+                busy_before=all(len(topology.replica_ranks(r)) == 1 for r in slow),
             )
         replicas: list[ReplicaStep] = []
         for replica in range(topology.dp):
