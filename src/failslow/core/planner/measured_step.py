@@ -13,11 +13,14 @@ optimizer step on. All come from the ranks' step profiles
 - a replica with a diagnosed rank runs as it does now: its time per call, rest and post over its
   last few steps (it is the slowest, so its steps hold no wait for another replica; its longer
   window may still hold steps from before the slowdown);
-- every other replica runs like one healthy representative: its parts from its newest block of
-  steps before the slowdown (the profile's ``blocks``, the one whose step was the job's healthy
-  step; its recent steps include the waits for the slowed one, and on a shared CPU its recent
-  micro-batches ran faster than they will under a plan, while the slowed rank sat stopped),
-  else its recent time per call and the low quantiles of its rest and post.
+- every other replica runs like one healthy representative: its rest and optimizer part from
+  its newest block of steps before the slowdown (the profile's ``blocks``, the one whose step
+  was the job's healthy step: its recent steps include the waits for the slowed one), else the
+  low quantiles of its long window; its time per call its recent one - or, where the slowed
+  replica is a single rank, the block's (on ranks that share cores a replica's speed depends
+  on how busy the others are: a throttled rank frees nothing under a plan, so every rank is as
+  busy as before the slowdown, while a slowed pipeline's other stages idle with it under a
+  plan as they do now; on dedicated devices the two are the same).
 
 In S2's size form (the Trainer, Lightning: every replica runs the loop's micro-batches and a
 plan changes how many samples they hold) a micro-batch's time is not proportional to its
