@@ -148,7 +148,9 @@ class StepProfile:
     def _close_block(self) -> None:
         block, self._block = self._block, []
         if len(block) >= MIN_BLOCK:
-            spacing, rest, post, step = (statistics.median(part) for part in list(zip(*block))[1:5])
+            spacing, rest, post, step = (
+                statistics.median(part) for part in list(zip(*block, strict=True))[1:5]
+            )
             self._blocks.append([len(block), block[0][0], spacing, rest, post, step, block[0][5]])
 
     def summary(self) -> dict[str, Any] | None:
