@@ -281,7 +281,7 @@ class Session:
                     if isinstance(plan, MicroBatchPlan)
                     else topology.micro_batches // topology.dp
                 )
-            except Exception:  # no adapter yet, or a layout without this rank
+            except (RuntimeError, LookupError, ValueError):  # no adapter yet, or no such rank
                 units = None
             self._units = (plan, units)
         return self._units[1]

@@ -127,11 +127,11 @@ class Mitigator:
         self._queue: collections.deque[tuple[str, Any]] = collections.deque()
         self._slow_ranks: frozenset[int] = frozenset()
         self._step_model: dict[str, Any] | None = None
-        self._healthy_s: float | None = None
-        """The step before the fail-slow being mitigated (its first diagnosis's)."""
         """Behind the newest S2 estimate (journaled with the plan): per replica [seconds per
         micro-batch, rest before the optimizer, optimizer on], and the rank profiles they came
         from."""
+        self._healthy_s: float | None = None
+        """The step before the fail-slow being mitigated (its first diagnosis's)."""
         self.in_effect: Plan | None = None
         """The plan every rank reported running (None: the job's own even split)."""
         self.desired: Plan | None = None
