@@ -15,7 +15,8 @@ tutorials teach (``--loop user``: forward, backward, step over the loader) or by
 a Megatron-core GPT on TP1 x PP2 x DP2 (Megatron DDP, Adam, 1F1B), 4 micro-batches of 8
 sequences per replica per step, the Megatron-LM loop with ``fs.forward_backward`` (``--loader
 own``: over the loop's own Megatron-LM data iterator, re-cut by failslow per plan; default
-``fs.data_iterator``).
+``fs.data_iterator``). ``--zero 2`` runs the DeepSpeed job on ZeRO-2, where S2 takes the size
+form (every replica runs its 4 micro-batches, a plan changes their samples; issue 46).
 ``--framework accelerate`` runs ``failslow demo --framework accelerate``'s: the DeepSpeed job's
 MLP as FSDP2 over 4 ranks (``unshard_once``) under ``accelerate launch``, in Accelerate's own
 ``accumulate`` loop over the job's own prepared DataLoader, re-cut per plan (rank 0 writes the
@@ -197,7 +198,11 @@ def main() -> None:
         "--loader", help="megatron: failslow (fs.data_iterator) or own (the loop's own iterator)"
     )
     parser.add_argument(
-        "--zero", type=int, choices=(1, 2), help="transformers: the Trainer's DeepSpeed path"
+        "--zero",
+        type=int,
+        choices=(1, 2),
+        help="deepspeed: the job's ZeRO stage (2: S2 by size); transformers: the Trainer's "
+        "DeepSpeed path",
     )
     parser.add_argument(
         "--launcher",

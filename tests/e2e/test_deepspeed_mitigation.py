@@ -1,6 +1,10 @@
 """End to end, no human step: a DeepSpeed job's straggler found, diagnosed and mitigated (S2).
 
-A 4-rank DeepSpeed ZeRO-1 job on CPU/gloo (``failslow demo --framework deepspeed``'s job),
+A 4-rank DeepSpeed ZeRO-2 job on CPU/gloo (``failslow demo --framework deepspeed --zero 2``'s
+job; ZeRO 2 reduces inside every micro-step's backward, so S2 takes the size form - every
+replica runs its 4 micro-batches and a plan changes their samples, issue 46; the count form on
+DeepSpeed ZeRO-1 runs end to end in ``tests/test_demo.py``'s ladder demo and the Megatron and
+Accelerate S2 tests),
 trained by the loop DeepSpeed's tutorials teach (``loss = loss_fn(engine(x), y);
 engine.backward(loss); engine.step()`` over the loader ``failslow.deepspeed.initialize``
 returns), runs with failslow enabled by its config block; rank 2 is SIGSTOP/SIGCONT-cycled from
@@ -54,6 +58,7 @@ def _options(out: Path, observe: dict | None = None, **kw: object) -> Mitigation
         live=False,
         failslow=failslow,
         loop="user",
+        zero=2,
         **kw,  # type: ignore[arg-type]
     )
 
@@ -77,7 +82,8 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
     # diagnosed: rank 2 is the slow one
     slow = {r for d in summary["diagnoses"] for r, _ in d["slow_ranks"]}
     assert SLOW in slow, summary["diagnoses"]
-    # mitigated: S2 with replica 2 on the fewest micro-batches, during the slowdown
+    # mitigated: S2 with replica 2 on the fewest samples, during the slowdown (units of a
+    # micro-batch's samples in the size form)
     applied = [a for a in summary["actions"] if a["action"] == "apply"]
     assert applied, summary["actions"]
     first = applied[0]

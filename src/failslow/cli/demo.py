@@ -248,8 +248,9 @@ def register(sub: Any) -> None:
         "--zero",
         type=int,
         choices=(1, 2),
-        help="transformers: the Trainer's DeepSpeed path at this ZeRO stage (failslow enabled by "
-        'the DeepSpeed config\'s "failslow" block and FailslowCallback()); default: DDP',
+        help="deepspeed: the job's ZeRO stage (default 1; 2: S2 by size); transformers: the "
+        "Trainer's DeepSpeed path at this ZeRO stage (failslow enabled by the DeepSpeed "
+        'config\'s "failslow" block and FailslowCallback()); default: DDP',
     )
     p.add_argument(
         "--launcher",

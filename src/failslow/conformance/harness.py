@@ -80,6 +80,13 @@ class AdapterJob:
         the model, so it counts them, e.g. with a forward pre-hook)."""
         raise NotImplementedError
 
+    def samples_read(self) -> Sequence[int] | None:
+        """The dataset indices of every sample this rank's training forwards have read since
+        the job was built, in order, as the harness sees them in the model's input (None: not
+        tracked here; the size form of invariant 2 needs them). Ranks that read no data (a
+        pipeline's later stages) return an empty sequence."""
+        return None
+
     def expected_collectives(self, step: int) -> Sequence[Collective] | None:
         """Every collective global step ``step`` issues on this rank under the even split, as
         a multiset; ``None`` marks a step the harness does not model (at most half of them,

@@ -10,12 +10,17 @@ rounding only - a few fp32 ulps per step (DeepSpeed here: <= 4.3e-8 over 4 steps
 probes on DeepSpeed and Megatron: <= 1.5e-8). 1e-6 is the design's bound: ~20x above that
 rounding, and far below what a data-share bug does (a replica reading another's micro-batches
 gave 1.9e-3 in a mutation check). That the plans were not no-ops is checked apart: every
-rank ran exactly its replica's count of micro-batches in every step.
+rank ran exactly its replica's count of micro-batches in every step - in the size form (the
+adapter's ``failslow_microbatch_unit`` is ``B``: every replica runs the loop's ``G``
+micro-batches and a plan changes their samples) the ``G`` micro-batches with ``counts[r] * B``
+samples. Where the harness sees which samples its model read, every sample of a step is read
+exactly once across the replicas, the same samples as the even split's step.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from failslow.conformance.fixtures import ConformanceFixtures, require
 from failslow.conformance.world import LayoutRun
@@ -73,11 +78,56 @@ class AbstractMicroBatchPlanTests(ConformanceFixtures):
             counts = [even]
             for step in range(1, len(rank_run.run("microbatch")["windows"])):
                 counts.append(plans.get(step, [counts[-1]] * topology["dp"])[replica])
-            got = rank_run.run("microbatch")["micro_batches"]
-            assert got == counts, (
-                f"rank {rank_run.rank} (replica {replica}) ran {got} micro-batches per step, "
-                f"the plans say {counts}"
+            run = rank_run.run("microbatch")
+            got = run["micro_batches"]
+            unit = rank_run.result.get("by_size")
+            if unit is None:
+                assert got == counts, (
+                    f"rank {rank_run.rank} (replica {replica}) ran {got} micro-batches per "
+                    f"step, the plans say {counts}"
+                )
+                continue
+            assert got == [even] * len(counts), (
+                f"rank {rank_run.rank} (replica {replica}) ran {got} micro-batches per step; "
+                f"in the size form every replica runs the loop's {even}"
             )
+            samples = run.get("samples")
+            assert samples is not None, (
+                "the size form needs the harness to say which samples the model read "
+                "(AdapterJob.samples_read)"
+            )
+            sizes = [len(s) for s in samples]
+            if any(sizes):  # a rank that reads data (a pipeline's middle stages read none)
+                want = [c * unit for c in counts]
+                assert sizes == want, (
+                    f"rank {rank_run.rank} (replica {replica}) read {sizes} samples per step, "
+                    f"the size plans say {want}"
+                )
+
+    def test_every_sample_is_read_once_per_step(self, layout_run: LayoutRun) -> None:
+        """Samples conserved under the plans: per step, the replicas of each model part
+        together read each sample of the even split's step exactly once."""
+        require(layout_run, "microbatch_plans")
+        by_rank = {r.rank: r for r in layout_run.ranks}
+        if by_rank[0].run("microbatch").get("samples") is None:
+            pytest.skip("the harness does not say which samples its model read")
+        for ranks in same_role_ranks(layout_run).values():
+            for step in range(len(by_rank[ranks[0]].run("microbatch")["samples"])):
+                read = {
+                    name: [i for r in ranks for i in by_rank[r].run(name)["samples"][step]]
+                    for name in ("reference", "microbatch")
+                }
+                if not read["reference"]:
+                    continue  # these ranks read no data
+                got = read["microbatch"]
+                assert len(got) == len(set(got)), (
+                    f"ranks {ranks}, step {step}: samples read twice "
+                    f"{sorted(i for i in set(got) if got.count(i) > 1)}"
+                )
+                assert sorted(got) == sorted(read["reference"]), (
+                    f"ranks {ranks}, step {step}: read {len(got)} samples under the plans, "
+                    f"{len(set(got) ^ set(read['reference']))} not the even split's"
+                )
 
     def test_the_step_profile_sees_every_micro_batch(self, layout_run: LayoutRun) -> None:
         """The adapter announces each training micro-batch (``Session.micro_batch``): the

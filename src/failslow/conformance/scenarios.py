@@ -11,9 +11,12 @@ three jobs are built from the same seed:
    more skewed plan at step 2 and the even split again at step 3, each scheduled with
    ``session.schedule(plan, step)`` on every rank (no store). Invariant 2 (greyhound 5.2,
    weighted aggregation: weight ``counts[r] * D / M``): its parameters equal the reference's.
-   Invariant 7: what each rank's session reported of every plan (``effects``: applied, then in
-   effect or not, from what the rank ran) - the plans of steps 1 and 2 are checked at the next
-   boundaries.
+   In the size form (the adapter's ``failslow_microbatch_unit``: every replica runs the loop's
+   ``G`` micro-batches, a plan sizes them) each replica reads ``counts[r] * B`` samples per step
+   instead, and where the harness sees which samples (``samples_read``) every sample of the
+   step is read once. Invariant 7: what each rank's session reported of every plan
+   (``effects``: applied, then in effect or not, from what the rank ran) - the plans of steps 1
+   and 2 are checked at the next boundaries.
 3. ``pause`` - after step :data:`HOLD` the ranks wait at a file handshake; the test process
    requests the pause trap on every ring, lets them go, sees every rank park at its next
    collective, and releases them (greyhound 4.3: pause for validation, then resume).
@@ -143,6 +146,7 @@ class LayoutRunner:
             capabilities=session.capabilities.to_dict(),
             topology=topology.to_dict(),
             replica=topology.coords[self.rank][1],
+            by_size=session.pm.hook.failslow_microbatch_unit(),
         )
         self._steps(job, "reference", expect=True)
         self.result["requests"] = request_each(session)
@@ -247,6 +251,10 @@ class LayoutRunner:
         if expect:
             record["expected"] = []
         before = job.micro_batches_run()
+        seen = job.samples_read()
+        read = None if seen is None else list(seen)
+        if read is not None:
+            record["samples"] = []
         for step in range(start, STEPS):
             t0 = time.monotonic_ns()
             job.run_step(step)
@@ -257,6 +265,10 @@ class LayoutRunner:
             record["session_steps"].append(job.session.step)
             record["micro_batches"].append(after - before)
             before = after
+            if read is not None:
+                now = list(job.samples_read() or ())
+                record["samples"].append(now[len(read) :])
+                read = now
             if expect:
                 expected = job.expected_collectives(step)
                 record["expected"].append(

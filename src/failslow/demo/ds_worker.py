@@ -1,4 +1,5 @@
-"""One rank of the DeepSpeed mitigation demo: ZeRO-1 on CPU/gloo, enabled by a config block.
+"""One rank of the DeepSpeed mitigation demo: ZeRO-1 (``FAILSLOW_DEMO_ZERO``: the stage) on
+CPU/gloo, enabled by a config block.
 
 Run by :mod:`failslow.demo.mitigation` as ``python -m failslow.demo.ds_worker``. This is what a
 user's training script looks like with failslow: a ``"failslow"`` block in the DeepSpeed config,
@@ -94,7 +95,7 @@ def main() -> None:
         "gradient_accumulation_steps": per_replica,
         "train_batch_size": micro_batch * per_replica * world,
         "gradient_clipping": 0.0,
-        "zero_optimization": {"stage": 1},
+        "zero_optimization": {"stage": int(os.environ.get("FAILSLOW_DEMO_ZERO", "1"))},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
         "failslow": json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}")),

@@ -126,9 +126,10 @@ class MitigationDemoOptions:
     default) or ``own`` (the loop's own Megatron-LM iterator, re-cut per plan); Accelerate
     ``prepared`` (the default) or ``failslow`` (``fs.loader``)."""
     zero: int | None = None
-    """The Trainer job only: run the Trainer's DeepSpeed path at this ZeRO stage (1 or 2),
-    failslow enabled by the DeepSpeed config's ``"failslow"`` block and
-    ``FailslowCallback()``; default: DDP, ``failslow.transformers.attach``."""
+    """The DeepSpeed job: its ZeRO stage (1 or 2, default 1; ZeRO 2 gets S2 by size). The
+    Trainer job: run the Trainer's DeepSpeed path at this ZeRO stage (1 or 2), failslow
+    enabled by the DeepSpeed config's ``"failslow"`` block and ``FailslowCallback()``;
+    default: DDP, ``failslow.transformers.attach``."""
     until_mitigated: int | None = None
     """Robust to a loaded machine (tests, benchmarks): the slowdown lasts at least until this
     many steps after the first plan took effect (``slow_end`` is then the earliest release),
@@ -175,10 +176,12 @@ class MitigationDemoOptions:
                 f"demo: --fault link shapes a link between network namespaces, which needs "
                 f"root (euid is {os.geteuid()})"
             )
-        if self.zero is not None and (not trainer or self.zero not in (1, 2)):
+        if self.zero is not None and (
+            self.framework not in ("deepspeed", "transformers") or self.zero not in (1, 2)
+        ):
             raise FailslowError(
-                f"demo: --zero {self.zero}: the Trainer job (--framework transformers) runs "
-                "DeepSpeed's ZeRO stage 1 or 2"
+                f"demo: --zero {self.zero}: the DeepSpeed job and the Trainer job (--framework "
+                "deepspeed or transformers) run DeepSpeed's ZeRO stage 1 or 2"
             )
         if self.loop not in ("user", "train_batch"):
             raise FailslowError(f"demo: --loop must be user or train_batch, got {self.loop!r}")

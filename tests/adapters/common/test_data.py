@@ -178,3 +178,30 @@ def test_parts_of_a_replica_split_its_micro_batches(counts):
         assert union == expected
     with pytest.raises(ConfigError, match="part must be in"):
         ShareSampler(N, replica=0, part=2, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("counts", [(2, 2, 2, 2), (1, 3, 2, 2), (5, 1, 1, 1), (3, 3, 1, 1)])
+def test_by_size_every_replica_runs_g_micro_batches_of_its_count_form_samples(counts):
+    """The size form (issue 46): the same samples as the count form's share, in G = M / D
+    micro-batches as even as they go; reads counted in samples."""
+    sized, counted = samplers(counts=counts, by_size=True), samplers(counts=counts)
+    for step in range(3):
+        for s, c in zip(sized, counted, strict=True):
+            mine = [next(iter(s)) for _ in range(M // D)]
+            want = [i for mb in take_step(c) for i in mb]
+            assert [i for mb in mine for i in mb] == want, (step, s.replica)
+            n = counts[s.replica] * MBS
+            assert [len(mb) for mb in mine] == [n // 2 + (j < n % 2) for j in range(2)]
+            assert s.read_in(step) == n
+
+
+def test_by_size_under_the_even_split_is_the_count_form():
+    a, b = samplers(seed=5, by_size=True), samplers(seed=5)
+    assert [take_step(s) for s in a] == [take_step(s) for s in b]
+    assert len(a[0]) == len(b[0]) == 3 * M // D
+
+
+def test_by_size_needs_whole_micro_batches_and_an_even_accumulation():
+    with pytest.raises(ConfigError, match="by_size needs one rank's part per micro-batch"):
+        ShareSampler(N, micro_batch_size=2, micro_batches=8, replica=0, replicas=4, parts=2,
+                     by_size=True)  # fmt: skip

@@ -162,3 +162,29 @@ def test_counts_in_force_can_be_set_again_after_the_loader_read_ahead() -> None:
     sampler.set_counts((2, 2), step=1)  # nothing changes
     with pytest.raises(FailslowError, match="already read up to step 2"):
         sampler.set_counts((1, 3), step=1)
+
+
+def test_the_size_form_checks_samples_and_the_gradient_weight_the_adapter_applied() -> None:
+    """Issue 46: every replica runs the loop's G micro-batches, the plan sizes them; the
+    adapter notes the factor it put on each micro-loss (samples over B, times the
+    framework's 1 / G) and the check compares their sum with the plan's weight."""
+    data = TensorDataset(torch.arange(64.0).reshape(64, 1))
+    split = ReplicaSplit(replica=1, replicas=4, micro_batches=8)
+    split.by_size = 2
+    batches = iter(split.loader(data, micro_batch_size=2))
+    plan = _plan(1, 3, 2, 2)
+    split.apply(plan, step=0)
+    sizes = [len(next(batches)[0]) for _ in range(split.count)]
+    assert split.count == 2 and sizes == [3, 3]
+    assert [split.sample_share(j) for j in range(2)] == [1.5, 1.5]
+    assert split.verify(plan, step=0, forwards=2) == ""  # nothing noted: reads only
+    for j in range(2):
+        split.note_weight(0, split.sample_share(j) / 2)
+    assert split.verify(plan, step=0, forwards=2) == ""
+    split.note_weight(0, 0.5)  # one micro-loss weighed twice
+    assert split.verify(plan, step=0, forwards=2).startswith(
+        "weighted its gradient 2 in step 0 (its micro-losses' factors by their samples), the "
+        "plan 1.5"
+    )
+    with pytest.raises(ConfigError, match="sized in units of 2"):
+        split.loader(data, micro_batch_size=4)

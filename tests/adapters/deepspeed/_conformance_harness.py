@@ -9,7 +9,12 @@ regression set, in five layouts:
 - ``pipeline``, ``pipeline_zero1``: ``deepspeed.pipe.PipelineModule``, 2 stages x DP 2 (ZeRO 0
   and 1; DeepSpeed rejects ZeRO 2/3 with a pipeline), 4 micro-batches per replica;
 - ``zero1_loop``, ``zero1_loop_workers``: ZeRO 1 trained by the user's own forward/backward/step
-  loop over the loader from ``adapter.dataloader`` (no workers; 2 prefetching workers).
+  loop over the loader from ``adapter.dataloader`` (no workers; 2 prefetching workers);
+- ``zero2_loop``: ZeRO 2 in that loop (ZeRO 2 and 3 get the size form of S2: every replica runs
+  ``G`` micro-batches, a plan changes their samples).
+
+Which samples the model read is seen in its input: every row of ``x`` is looked up in the
+dataset (the first pipeline stage's and the whole model's forwards).
 
 Every layout has M = 8 micro-batches of 2 samples per global step. The expected collectives of
 a step (invariant 1) are derived here from the model's parameter sizes and DeepSpeed's group
@@ -41,9 +46,10 @@ LAYOUTS: dict[str, tuple[int, bool]] = {
     "zero3": (3, False),
     "zero1_loop": (1, False),
     "zero1_loop_workers": (1, False),
+    "zero2_loop": (2, False),
 }
 """Layout name -> (ZeRO stage, pipeline engine)."""
-LOOP_WORKERS: dict[str, int] = {"zero1_loop": 0, "zero1_loop_workers": 2}
+LOOP_WORKERS: dict[str, int] = {"zero1_loop": 0, "zero1_loop_workers": 2, "zero2_loop": 0}
 """Layouts trained by the loop DeepSpeed's tutorials teach (``loss = engine(x, y);
 engine.backward(loss); engine.step()`` over the share-aware loader) instead of
 ``engine.train_batch()``, with this many DataLoader workers (2: a loader that prefetches)."""
@@ -56,8 +62,6 @@ PIPE_STAGES = 2
 TENSOR_META_BYTES = 1024
 """The pipeline engine's first step sends its activation-meta buffer once (DeepSpeed 0.19)."""
 FP32 = 4
-
-
 
 
 def _layers() -> list[Any]:
@@ -115,6 +119,9 @@ class DeepSpeedJob(AdapterJob):
         dataset = torch.utils.data.TensorDataset(
             torch.randn(SAMPLES, IN, generator=g), torch.randn(SAMPLES, OUT, generator=g)
         )
+        self.reads_inputs = not self.pipeline or self.rank // self.dp == 0
+        self._index = {row.numpy().tobytes(): i for i, row in enumerate(dataset.tensors[0])}
+        self.samples: list[int] = []
         config = {
             "train_batch_size": MICRO_BATCH_SIZE * MICRO_BATCHES,
             "train_micro_batch_size_per_gpu": MICRO_BATCH_SIZE,
@@ -141,6 +148,10 @@ class DeepSpeedJob(AdapterJob):
 
     def _count_forward(self, module: Any, args: Any) -> None:
         self.forwards += 1
+        if self.reads_inputs and module.training:
+            # -1: a row that is no sample of the dataset
+            x = args[0][0] if isinstance(args[0], tuple | list) else args[0]
+            self.samples += [self._index.get(row.numpy().tobytes(), -1) for row in x]
 
     # ---- AdapterJob ------------------------------------------------------------------------
     def run_step(self, step: int) -> None:
@@ -164,6 +175,9 @@ class DeepSpeedJob(AdapterJob):
 
     def micro_batches_run(self) -> int:
         return self.forwards
+
+    def samples_read(self) -> list[int]:
+        return self.samples
 
     def parameters(self) -> dict[str, np.ndarray]:
         module = self.engine.module

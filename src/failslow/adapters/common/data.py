@@ -30,6 +30,13 @@ worker prefetches). So before it hands out the first indices of a step, the samp
 the plan channel - every plan carries its apply step) and registers their counts; a plan for a
 step whose indices were already handed out still raises instead of silently reading the wrong
 share.
+
+**By size** (``by_size=True``; issue 46): where every replica must run the same ``G = M / D``
+micro-batches per step (DeepSpeed ZeRO 2/3 reduce gradients inside every micro-step's backward),
+replica ``r`` reads the same samples a count plan would give it - the ``counts[r] *
+micro_batch_size`` indices from offset ``sum(counts[:r]) * micro_batch_size`` of the step's
+global batch - cut into ``G`` micro-batches as even as they go (:func:`cut`). Under the even
+split those are exactly the count form's micro-batches. Reads are counted in samples.
 """
 
 from __future__ import annotations
@@ -65,6 +72,24 @@ def check_counts(counts: Sequence[int], *, replicas: int, micro_batches: int) ->
             f"of a global batch, got {sum(counts)}"
         )
     return counts
+
+
+def cut(samples: Sequence[int], parts: int) -> list[list[int]]:
+    """``samples`` in ``parts`` consecutive pieces as even as they go (the first
+    ``len % parts`` one larger)."""
+    size, extra = divmod(len(samples), parts)
+    out, at = [], 0
+    for i in range(parts):
+        n = size + (1 if i < extra else 0)
+        out.append(list(samples[at : at + n]))
+        at += n
+    return out
+
+
+def cut_size(samples: int, parts: int, j: int) -> int:
+    """The length of piece ``j`` of :func:`cut` of ``samples`` indices into ``parts``."""
+    size, extra = divmod(samples, parts)
+    return size + (1 if j < extra else 0)
 
 
 class StepPlans(Sampler[list[int]]):
@@ -181,6 +206,7 @@ class ShareSampler(StepPlans):
         start_step: int = 0,
         part: int = 0,
         parts: int = 1,
+        by_size: bool = False,
     ) -> None:
         for name, value in (
             ("micro_batch_size", micro_batch_size),
@@ -194,6 +220,15 @@ class ShareSampler(StepPlans):
             raise ConfigError(f"ShareSampler: replica must be in [0, {replicas}), got {replica}")
         if not 0 <= part < parts:
             raise ConfigError(f"ShareSampler: part must be in [0, {parts}), got {part}")
+        if by_size and (parts != 1 or micro_batches % replicas):
+            raise ConfigError(
+                "ShareSampler: by_size needs one rank's part per micro-batch (parts=1) and "
+                f"micro-batches that split evenly over the replicas; got parts={parts}, "
+                f"{micro_batches} micro-batches over {replicas} replicas"
+            )
+        self.by_size = by_size
+        """The size form: ``G = M / D`` micro-batches per step whatever the counts, holding
+        the replica's ``counts[r] * micro_batch_size`` samples (see the module docstring)."""
         self.global_batch = micro_batches * micro_batch_size * parts
         if dataset_len < self.global_batch:
             raise ConfigError(
@@ -241,23 +276,33 @@ class ShareSampler(StepPlans):
         flat = self._permutation(epoch)[k * self.global_batch : (k + 1) * self.global_batch]
         return [chunk.tolist() for chunk in flat.split(self.micro_batch_size * self.parts)]
 
+    def per_step(self, step: int) -> int:
+        """Micro-batches this replica is handed in global step ``step``."""
+        if self.by_size:
+            return self.micro_batches // self.replicas
+        return self.counts_at(step)[self.replica]
+
     def share(self, step: int) -> list[list[int]]:
         """This rank's micro-batches of global step ``step`` (its replica's, its part)."""
         counts = self.counts_at(step)
         first = sum(counts[: self.replica])
+        if self.by_size:
+            b = self.micro_batch_size
+            flat = [i for batch in self.global_batch_indices(step) for i in batch]
+            return cut(flat[first * b : (first + counts[self.replica]) * b], self.per_step(step))
         lo = self.part * self.micro_batch_size
         mine = self.global_batch_indices(step)[first : first + counts[self.replica]]
         return [batch[lo : lo + self.micro_batch_size] for batch in mine]
 
     def _skip_finished_step(self) -> None:
-        if self.offset and self.offset >= self.counts_at(self.step)[self.replica]:
+        if self.offset and self.offset >= self.per_step(self.step):
             self.step, self.offset = self.step + 1, 0  # the last step was read to its end
 
     @property
     def next_step(self) -> int:
         """The global step the next micro-batch handed out belongs to (reads only: a live
         iterator keeps its own place in the step it last handed out from)."""
-        if self.offset and self.offset >= self.counts_at(self.step)[self.replica]:
+        if self.offset and self.offset >= self.per_step(self.step):
             return self.step + 1
         return self.step
 
@@ -271,14 +316,14 @@ class ShareSampler(StepPlans):
             while self.offset < len(mine):
                 batch = mine[self.offset]
                 self.offset += 1
-                self._count_read()
+                self._count_read(len(batch) if self.by_size else 1)
                 yield batch
             self.step += 1
             self.offset = 0
 
     def __len__(self) -> int:
         """Micro-batches in one epoch for this replica under the counts in effect now."""
-        return self.steps_per_epoch * self.counts_at(self.step)[self.replica]
+        return self.steps_per_epoch * self.per_step(self.step)
 
 
 def share_loader(
@@ -294,11 +339,13 @@ def share_loader(
     start_step: int = 0,
     part: int = 0,
     parts: int = 1,
+    by_size: bool = False,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     **loader_kwargs: Any,
 ) -> DataLoader[Any]:
     """A DataLoader yielding replica ``replica``'s micro-batches of ``dataset`` (one per item;
-    part ``part`` of ``parts`` of each); its :class:`ShareSampler` is ``loader.batch_sampler``.
+    part ``part`` of ``parts`` of each; ``by_size``: the size form); its :class:`ShareSampler` is
+    ``loader.batch_sampler``.
     ``loader_kwargs`` go to DataLoader (``num_workers`` defaults to 0, see the module
     docstring)."""
     sampler = ShareSampler(
@@ -313,5 +360,6 @@ def share_loader(
         start_step=start_step,
         part=part,
         parts=parts,
+        by_size=by_size,
     )
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, **loader_kwargs)

@@ -68,6 +68,12 @@ class StepTracker:
             self._begin_step(step)
         return step
 
+    @property
+    def micro_index(self) -> int:
+        """The micro-batch of the step in progress the framework is in (0 for the first: its
+        counter moves when a micro-batch's step ends)."""
+        return self._micro_steps() - self._first_micro
+
     def follow(self, module: Any, set_boundary: Callable[[bool], None]) -> Any:
         """Follow the user's own loop: before every training forward of ``module``, begin the
         step if one began and ``set_boundary(is this replica's last micro-batch)``. Returns
@@ -85,8 +91,7 @@ class StepTracker:
         self.sync()
         if self._micro_batch is not None:
             self._micro_batch()
-        done = self._micro_steps() - self._first_micro
-        return done + 1 >= self._count()
+        return self.micro_index + 1 >= self._count()
 
 
 def is_training_forward(module: Any) -> bool:

@@ -38,7 +38,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from failslow.adapters.common.data import StepPlans, check_counts, share_loader
+from failslow.adapters.common.data import (
+    READS_KEPT,
+    StepPlans,
+    check_counts,
+    cut_size,
+    share_loader,
+)
 from failslow.core.planner.allocation import even_counts
 from failslow.core.planner.plans import MicroBatchPlan
 from failslow.errors import ConfigError, FailslowError
@@ -93,6 +99,9 @@ class ReplicaSplit:
         plan changes how many samples the replica's ``G`` micro-batches hold (None: the count
         form)."""
         self.samplers: list[StepPlans] = []
+        self._weights: dict[int, float] = {}
+        """The gradient weight the adapter applied per recent step (size form: the sum of its
+        micro-losses' factors, :meth:`note_weight`)."""
         self._pending_samplers: list[dict[str, Any]] = []
         self._plans_for_data: Callable[[int], list[tuple[int, Any]]] | None = None
         self._training_steps: Callable[[], tuple[int | None, int]] = lambda: (None, -1)
@@ -123,6 +132,24 @@ class ReplicaSplit:
     def weight(self) -> float:
         """This replica's gradient weight ``w_r = m_r * D / M`` (1 under the even split)."""
         return self.count * self.replicas / self.micro_batches
+
+    def note_weight(self, step: int, weight: float) -> None:
+        """The adapter multiplied a micro-loss of ``step`` so that it weighs ``weight`` in the
+        DP mean (its own factor times the framework's): summed per step, checked against the
+        plan after its apply step."""
+        self._weights[step] = self._weights.get(step, 0.0) + weight
+        if len(self._weights) > READS_KEPT:
+            del self._weights[min(self._weights)]
+
+    def sample_share(self, j: int) -> float:
+        """In the size form, micro-batch ``j`` of this replica's step under the plan in
+        effect holds this many even-split micro-batches' worth of samples (``n_j / B``: the
+        factor on its mean micro-loss that weighs each of its samples as the even split does;
+        1.0 under the even split). The count form: 1.0."""
+        if self.by_size is None:
+            return 1.0
+        g = self.count
+        return cut_size(self.counts[self.replica] * self.by_size, g, j) / self.by_size
 
     def loss_scale(self, *, framework_divides_by_accumulation: bool) -> float:
         """The factor for each micro-loss that makes the DP mean the even split's gradient.
@@ -266,6 +293,14 @@ class ReplicaSplit:
         wrong = [r for r in reads if r and r != want]
         if wrong:
             return f"read {wrong[0]} samples in step {step}, the plan gives its replica {want}"
+        weight = self._weights.get(step)
+        if weight is not None and abs(weight - plan.weights[self.replica]) > 1e-6 * max(
+            1.0, abs(weight)
+        ):
+            return (
+                f"weighted its gradient {weight:.6g} in step {step} (its micro-losses' factors "
+                f"by their samples), the plan {plan.weights[self.replica]:.6g}"
+            )
         return ""
 
     def apply(self, plan: MicroBatchPlan, step: int) -> None:
@@ -328,8 +363,13 @@ class ReplicaSplit:
     ) -> Any:
         """A DataLoader of this replica's exact share of every global batch, one micro-batch
         per item, steps numbered from ``start_step`` (:func:`~.data.share_loader`; ``part`` of
-        ``parts``: this rank's part of each where the replica's ranks split its micro-batches),
-        tracked."""
+        ``parts``: this rank's part of each where the replica's ranks split its micro-batches;
+        in the size form the loop's ``G`` micro-batches of the replica's samples), tracked."""
+        if self.by_size is not None and micro_batch_size != self.by_size:
+            raise ConfigError(
+                f"a loader of micro-batches of {micro_batch_size} samples, where plans are "
+                f"sized in units of {self.by_size}"
+            )
         loader = share_loader(
             dataset,
             micro_batch_size=micro_batch_size,
@@ -342,6 +382,7 @@ class ReplicaSplit:
             start_step=start_step,
             part=part,
             parts=parts,
+            by_size=self.by_size is not None,
             collate_fn=collate_fn,
             **loader_kwargs,
         )

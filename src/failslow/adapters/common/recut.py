@@ -43,20 +43,8 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from failslow.adapters.common.data import READS_KEPT, StepPlans
+from failslow.adapters.common.data import READS_KEPT, StepPlans, cut
 from failslow.errors import ConfigError
-
-
-def cut(samples: Sequence[int], parts: int) -> list[list[int]]:
-    """``samples`` in ``parts`` consecutive pieces as even as they go (the first
-    ``len % parts`` one larger)."""
-    size, extra = divmod(len(samples), parts)
-    out, at = [], 0
-    for i in range(parts):
-        n = size + (1 if i < extra else 0)
-        out.append(list(samples[at : at + n]))
-        at += n
-    return out
 
 
 class _Recording:

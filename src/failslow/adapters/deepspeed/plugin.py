@@ -17,8 +17,16 @@ Per-replica micro-batch counts (greyhound 5.2) map onto DeepSpeed as:
 - pipeline engine: ``engine.micro_batches`` is the count of this replica (all its stages);
   DeepSpeed scales by 1/G the same way.
 
-ZeRO 2/3 reduce (and partition) gradients inside every micro-step's backward, so replicas must
-run equal counts: plans are declared unsupported there.
+ZeRO 2/3 reduce (and partition) gradients inside every micro-step's backward, so every replica
+must run the same ``G`` micro-steps: there a plan takes the **size form** (issue 46): the
+share-aware loader hands replica r its ``counts[r] * B`` samples of each step cut into ``G``
+micro-batches (:class:`~failslow.adapters.common.data.ShareSampler`, ``by_size``), and
+``engine.backward`` multiplies micro-batch j's loss by its samples over ``B``
+(:meth:`ReplicaSplit.sample_share`), so a loss that is the mean over its micro-batch (the
+usual one) weighs every sample of the step as the even split does; under the even split
+nothing is multiplied. A loss that is not a per-sample mean (a sum, a token mean over
+sequences of other lengths) trains other math under a size plan: such a job leaves S2 out of
+its ``"planner": {"strategies": [...]}``; conformance checks the mean.
 
 A job that goes on with fewer ranks (odyssey III-IV, ``failslow run --min-ranks``) resumes the
 larger world's step through ``failslow_restore_resharded``: every old ZeRO partition re-cut by
@@ -72,6 +80,10 @@ class DeepSpeedAdapter:
     """One engine's plugin; ``attach`` registers it on a
     :class:`~failslow.runtime.session.Session`."""
 
+    weighs_samples = True
+    """In the size form, multiply each micro-loss by its samples over ``B`` (a subclass whose
+    loop normalizes the loss over the global batch itself says False)."""
+
     def __init__(self, engine: Any) -> None:
         from deepspeed.runtime.pipe.engine import PipelineEngine
 
@@ -100,6 +112,8 @@ class DeepSpeedAdapter:
             "engine.failslow.dataloader(dataset)"
         )
         self.split.micro_loss_scale = self._micro_loss_scale
+        if not self.pipeline and engine.zero_optimization_stage() >= 2:
+            self.split.by_size = int(engine.train_micro_batch_size_per_gpu())
         if self.pipeline:  # the first and last stages read the data, the others activations
             self.split.reads_data = lambda: engine.is_first_stage() or engine.is_last_stage()
         self._extra_scale = 1.0
@@ -110,6 +124,7 @@ class DeepSpeedAdapter:
         self._hook: Any = None
         self._boundary: LoopOwner | None = None
         """The training loop's own calls of ``set_gradient_accumulation_boundary``."""
+        self._unscaled_backward: Callable[..., Any] | None = None
         self.tracker = StepTracker(
             global_step=lambda: engine.global_steps,
             micro_steps=lambda: engine.micro_steps,
@@ -124,6 +139,7 @@ class DeepSpeedAdapter:
             micro_batches=micro_batches,
             micro_batch_size=engine.train_micro_batch_size_per_gpu(),
         )
+        self._wrap_backward()
 
     # ---- hooks -------------------------------------------------------------------------------
     @hookimpl
@@ -134,16 +150,10 @@ class DeepSpeedAdapter:
     def failslow_capabilities(self) -> Capabilities:
         stage = self.engine.zero_optimization_stage()
         microbatch = SUPPORTED
-        if stage >= 2:
-            microbatch = (
-                f"DeepSpeed ZeRO stage {stage} reduces gradients inside every micro-step's "
-                "backward, so all DP replicas must run the same number of micro-batches; "
-                "use ZeRO stage 0 or 1, or the pipeline engine"
-            )
-        elif not self.pipeline and not self.engine.managed_gradient_accumulation():
+        if not self.pipeline and not self.engine.managed_gradient_accumulation():
             microbatch = "managed_gradient_accumulation=false is not handled yet"
-        elif self._boundary is not None and self._boundary.reason:
-            microbatch = self._boundary.reason
+        elif self.split.by_size is None and self._boundary is not None and self._boundary.reason:
+            microbatch = self._boundary.reason  # the size form runs the loop's G micro-steps
         return Capabilities(
             microbatch_plans=microbatch,
             topology_plans=NO_REGROUP,
@@ -254,20 +264,34 @@ class DeepSpeedAdapter:
         """Each micro-loss times :meth:`ReplicaSplit.loss_scale` while this world runs a
         larger one's global batch (DeepSpeed divides by its configured accumulation steps):
         after a resharded restore, and after an in-place restart from this world's own
-        snapshots. Wraps ``engine.backward`` once; 1.0 leaves it as DeepSpeed made it."""
+        snapshots."""
+        self._extra_scale = self.split.loss_scale(framework_divides_by_accumulation=True)
+        self._wrap_backward()
+
+    def _wrap_backward(self) -> None:
+        """Wrap ``engine.backward`` once where failslow multiplies micro-losses (a larger old
+        world's global batch; the size form's samples per micro-batch); where it multiplies
+        nothing, ``engine.backward`` is DeepSpeed's own. A factor of 1.0 is not applied: the
+        even split trains bitwise what it trains without failslow."""
         e = self.engine
-        scale = self.split.loss_scale(framework_divides_by_accumulation=True)
-        self._extra_scale = scale
-        unscaled = getattr(self, "_unscaled_backward", None)
-        if scale == 1.0:
-            if unscaled is not None:
-                e.backward = unscaled
+        sized = self.split.by_size is not None and self.weighs_samples
+        if self._extra_scale == 1.0 and not sized:
+            if self._unscaled_backward is not None:
+                e.backward = self._unscaled_backward
+                self._unscaled_backward = None
             return
-        if unscaled is None:
-            unscaled = self._unscaled_backward = e.backward
+        if self._unscaled_backward is not None:
+            return  # wrapped: the wrapper reads the factors in force at every call
+        unscaled = self._unscaled_backward = e.backward
 
         def scaled_backward(loss: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            return unscaled(loss * scale, *args, **kwargs)
+            scale = self._extra_scale
+            if sized:
+                share = self.split.sample_share(self.tracker.micro_index)
+                if self.tracker.step is not None:
+                    self.split.note_weight(self.tracker.step, share * self._micro_loss_scale())
+                scale *= share
+            return unscaled(loss * scale if scale != 1.0 else loss, *args, **kwargs)
 
         e.backward = scaled_backward
 

@@ -40,6 +40,8 @@ ZERO3 = (
 class TrainerEngineAdapter(DeepSpeedAdapter):
     """The DeepSpeed adapter driven by a ``transformers.Trainer``'s own loop."""
 
+    weighs_samples = False  # the Trainer divides the summed losses by the global batch's items
+
     def __init__(self, engine: Any, *, trainer: Any) -> None:
         super().__init__(engine)
         self.trainer = trainer
