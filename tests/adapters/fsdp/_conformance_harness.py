@@ -7,15 +7,16 @@ four layouts:
 
 - ``ddp``: ``DistributedDataParallel``, DP 4, 2 micro-batches per rank and step;
 - ``fsdp``: FSDP2 on a 1-D mesh of 4, ``unshard_once=True`` (the opt-in that allows plans);
-- ``fsdp_default``: FSDP2 on a 1-D mesh of 4 as users shard by default: micro-batch plans are
-  declared unsupported (the suite checks that asking fails loudly);
+- ``fsdp_default``: FSDP2 on a 1-D mesh of 4 as users shard by default: every rank runs the
+  even split's 2 micro-batches and a plan sizes them (S2's size form, issue 46);
 - ``hsdp_2x2``: FSDP2 on a (replicate 2, shard 2) mesh; 4 micro-batches per replica, each
   shard rank computing on its half of every micro-batch.
 
 Every layout has M = 8 micro-batch slots of 2 samples per rank. 30 and 6 rows do not divide
 by 4, so FSDP2 pads those shards over 4 ranks (:func:`padded_rows`) and the padding is part of
 what is checked. Expected collectives are derived from the parameter shapes
-and FSDP2's schedule, never from a capture (:meth:`FSDPJob.expected_collectives`).
+and FSDP2's schedule, never from a capture (:meth:`FSDPJob.expected_collectives`). Which
+samples the model read is seen in its input: every row of ``x`` is looked up in the dataset.
 """
 
 from __future__ import annotations
@@ -97,10 +98,14 @@ class FSDPJob(AdapterJob):
             torch.randn(SAMPLES, SIZES[0], generator=g),
             torch.randn(SAMPLES, SIZES[-1], generator=g),
         )
+        self._index = {row.numpy().tobytes(): i for i, row in enumerate(dataset.tensors[0])}
+        self.samples: list[int] = []
         self.data = itertools.chain.from_iterable(itertools.repeat(self.fs.loader(dataset)))
 
     def _count_forward(self, module: Any, args: Any) -> None:
         self.forwards += 1
+        if module.training:  # -1: a row that is no sample of the dataset
+            self.samples += [self._index.get(row.numpy().tobytes(), -1) for row in args[0]]
 
     def _build(self, mesh: Any) -> tuple[Any, Any]:
         """The MLP wrapped for this layout and its optimizer; also the HSDP ``model_factory``
@@ -132,6 +137,9 @@ class FSDPJob(AdapterJob):
 
     def micro_batches_run(self) -> int:
         return self.forwards
+
+    def samples_read(self) -> list[int]:
+        return self.samples
 
     def parameters(self) -> dict[str, np.ndarray]:
         return full_parameters(self.model)

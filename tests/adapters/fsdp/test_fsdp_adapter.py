@@ -44,7 +44,10 @@ def _adapter(flavor: str, unshard_once: bool = False) -> FSDPAdapter:
     adapter.flavor = flavor
     adapter.unshard_once = unshard_once
     adapter.model_factory = None
+    adapter.session = None
     adapter.split = ReplicaSplit(replica=0, replicas=4, micro_batches=8, framework="FSDP")
+    if flavor == "fsdp" and not unshard_once:
+        adapter.split.by_size = 2  # as attach sets it: the size form (issue 46)
     return adapter
 
 
@@ -58,14 +61,18 @@ def _plan(*counts: int) -> MicroBatchPlan:
     return MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
 
 
-def test_pure_fsdp_declares_plans_unsupported_unless_unsharded_once():
+def test_pure_fsdp_takes_plans_by_size_unless_its_loop_cannot():
     plain = _adapter("fsdp")
-    assert plain.failslow_capabilities().microbatch_plans == PURE_FSDP
-    with pytest.raises(Unsupported, match="unshard_once=True"):
-        plain.failslow_prepare_microbatch_plan(_plan(1, 3, 2, 2), rank=0)
-    for adapter in (_adapter("fsdp", unshard_once=True), _adapter("hsdp"), _adapter("ddp")):
+    assert plain.split.by_size == 2 and plain.split.count == 2  # G micro-batches whatever the plan
+    both = (_adapter("fsdp", unshard_once=True), _adapter("hsdp"), _adapter("ddp"), plain)
+    for adapter in both:
         assert adapter.failslow_capabilities().microbatch_plans == ""
         assert _with_loader(adapter).failslow_prepare_microbatch_plan(_plan(1, 3, 2, 2), rank=0)
+    accelerate = _adapter("fsdp")
+    accelerate.sizes_pure_fsdp = False  # Accelerate's accumulate loop: no size form there yet
+    assert accelerate.failslow_capabilities().microbatch_plans == PURE_FSDP
+    with pytest.raises(Unsupported, match="unshard_once=True"):
+        accelerate.failslow_prepare_microbatch_plan(_plan(1, 3, 2, 2), rank=0)
 
 
 def test_a_plan_is_refused_while_the_rank_reads_data_failslow_cannot_re_cut():
@@ -96,6 +103,23 @@ def test_the_loss_scale_is_the_even_split_accumulation_under_any_plan():
     adapter = _adapter("ddp")
     adapter.split.apply(_plan(1, 3, 2, 2), step=0)
     assert adapter.loss_scale == 0.5  # 1 / G, G = 8 / 4
+
+
+def test_the_size_forms_loss_scale_weighs_each_micro_batch_by_its_samples():
+    """Pure FSDP by size: replica 1 of plan [1, 3, 2, 2] runs G = 2 micro-batches of 3
+    samples (B = 2), each micro-loss times 1 / G times 3 / 2."""
+    adapter = _adapter("fsdp")
+    adapter.split.replica = 1
+    adapter.split.apply(_plan(1, 3, 2, 2), step=0)
+    adapter.iteration, adapter._begun = 0, None
+    scales = []
+    data = iter(range(10))
+    for _ in adapter.step_batches(data):
+        scales.append(adapter.loss_scale)
+    assert scales == [0.75, 0.75]
+    adapter.split.apply(_plan(2, 2, 2, 2), step=1)
+    adapter.iteration = 1
+    assert [adapter.loss_scale for _ in adapter.step_batches(data)] == [0.5, 0.5]
 
 
 def _trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

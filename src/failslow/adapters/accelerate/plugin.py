@@ -99,6 +99,8 @@ class AccelerateAdapter(FSDPAdapter):
     """The training loop's own calls of ``gradient_state._set_sync_gradients`` (once
     :meth:`follow_loop` ran)."""
 
+    sizes_pure_fsdp = False  # Accelerate's accumulate divides by G; no size form here yet
+
     def __init__(
         self,
         accelerator: Any,

@@ -14,19 +14,25 @@ how the model is wrapped:
   replicas (``set_requires_all_reduce``) runs once, on the last micro-batch. The topology reports
   the shard group where the planner expects the heavy, per-layer traffic (its ``tp``);
 - **FSDP** (``fully_shard`` on a 1-D mesh: one shard group over every rank): every rank is a
-  replica, but its all-gathers run per layer in every micro-batch's forward and backward, so
-  uneven counts would stall them. ``unshard_once=True`` is the explicit opt-in that allows
-  plans: parameters are gathered in the step's first forward and stay unsharded until the last
+  replica, but its all-gathers run per layer in every micro-batch's forward and backward and
+  its reduce-scatter in every micro-batch's backward, so every rank must run the same count:
+  plans take the **size form** (issue 46) - every replica runs the even split's ``G``
+  micro-batches, and a plan changes how many samples they hold (the share-aware loader's
+  ``by_size``: replica r's ``counts[r] * B`` samples of the step cut into ``G``), with the
+  usual sharded memory. ``unshard_once=True`` is the opt-in for the count form instead:
+  parameters are gathered in the step's first forward and stay unsharded until the last
   backward (``set_reshard_after_forward(False)``; per micro-batch
   ``set_requires_gradient_sync(last)`` and ``set_reshard_after_backward(last)``), so every rank
   issues one all-gather and one reduce-scatter per module per step - DDP-like memory for
-  parameters and gradients. Without it, plans are declared unsupported with that reason.
+  parameters and gradients, whole micro-batches moved, shapes kept.
 
 The weight: the gradient reduction averages over all ``W`` ranks, and every micro-loss is
 scaled by ``1 / G`` (:attr:`FSDPAdapter.loss_scale`, ``G = M / D`` the even split's count per
 replica - the usual gradient-accumulation scaling). A replica that runs ``m_r`` micro-batches
 thus contributes ``m_r / G`` times its mean, which is the kit's weight ``w_r = m_r * D / M``:
-the even split's gradient, with no per-plan rescaling.
+the even split's gradient, with no per-plan rescaling. In the size form ``loss_scale`` is
+also multiplied by the micro-batch's samples over ``B`` (1 under the even split), so a loss
+that is the mean over its micro-batch weighs every sample as the even split does.
 
 Snapshots are per rank and issue no collective: local shards of the parameters and of the
 optimizer state (:mod:`.shards`), the scheduler, the RNGs, the optimizer-step count, the
@@ -72,9 +78,10 @@ from failslow.errors import ConfigError, FailslowError
 from failslow.runtime.agreement import all_ranks_ok
 
 PURE_FSDP = (
-    "pure FSDP (one shard group over every rank) all-gathers every layer in every "
-    "micro-batch, so all ranks must run the same count; attach with unshard_once=True "
-    "(parameters gathered once per step, DDP-like memory) to allow micro-batch plans"
+    "pure FSDP (one shard group over every rank) all-gathers and reduce-scatters every layer "
+    "in every micro-batch, so all ranks must run the same count, and Accelerate's loop has no "
+    "size form yet; attach with unshard_once=True (parameters gathered once per step, "
+    "DDP-like memory) to allow micro-batch plans"
 )
 ONE_GROUP = (
     "every rank is in the job's one gradient group ({flavor}), so no placement moves traffic "
@@ -173,6 +180,12 @@ def adopt_module(old: Any, new: Any) -> None:
 class FSDPAdapter(swap.InPlaceSwap):
     """One data-parallel job's plugin on a :class:`~failslow.runtime.session.Session`."""
 
+    sizes_pure_fsdp = True
+    """Pure FSDP without ``unshard_once`` gets the size form (the loop multiplies each
+    micro-loss by :attr:`loss_scale`); a subclass whose loop does not says False."""
+    _micro = 0
+    """Micro-batches of the step in progress begun so far."""
+
     def __init__(
         self,
         model: Any,
@@ -217,7 +230,9 @@ class FSDPAdapter(swap.InPlaceSwap):
             framework=framework,
         )
         self.split.loader_hint = "build the training loader with fs.loader(dataset)"
-        self.split.micro_loss_scale = lambda: self.loss_scale
+        self.split.micro_loss_scale = lambda: self.replicas_scale
+        if self.flavor == "fsdp" and not self.unshard_once and self.sizes_pure_fsdp:
+            self.split.by_size = micro_batch_size  # every rank runs G micro-batches: by size
         self.micro_batch_size = micro_batch_size
         self.topology = gather_topology(
             (shard, replica, 0),
@@ -240,9 +255,9 @@ class FSDPAdapter(swap.InPlaceSwap):
 
     @hookimpl
     def failslow_capabilities(self) -> Capabilities:
-        microbatch = PURE_FSDP if self.flavor == "fsdp" and not self.unshard_once else SUPPORTED
+        sized = self.sizes_pure_fsdp or self.unshard_once
         return Capabilities(
-            microbatch_plans=microbatch,
+            microbatch_plans=SUPPORTED if self.flavor != "fsdp" or sized else PURE_FSDP,
             topology_plans=self._swap_reason(),
             snapshots=SUPPORTED,
             hot_update=SUPPORTED,
@@ -369,22 +384,30 @@ class FSDPAdapter(swap.InPlaceSwap):
 
     # ---- the step ----------------------------------------------------------------------------
     @property
-    def loss_scale(self) -> float:
-        """The factor for every micro-loss: ``1 / G``, the even split's accumulation (see the
-        module docstring: it is also right under an uneven plan)."""
+    def replicas_scale(self) -> float:
+        """``1 / G``, the even split's accumulation (see the module docstring: it is also right
+        under an uneven count plan)."""
         return self.split.replicas / self.split.micro_batches
+
+    @property
+    def loss_scale(self) -> float:
+        """The factor for the micro-loss of the micro-batch in progress: ``1 / G``, in the size
+        form times its samples over ``B`` (see the module docstring)."""
+        return self.replicas_scale * self.split.sample_share(max(self._micro - 1, 0))
 
     def begin_step(self) -> int:
         """The session's step boundary for the step the optimizer is at (once per step): plans
         due now apply before the step's first micro-batch. Returns the step."""
         if self._begun != self.iteration:
             self._begun = self.iteration
+            self._micro = 0
             if self.session is not None:
                 self.session.step_boundary(self.iteration)
         return self.iteration
 
     def set_boundary(self, last: bool) -> None:
         """Before a training micro-batch's forward: is it this replica's last of the step?"""
+        self._micro += 1
         if self.session is not None:
             self.session.micro_batch()
         if self.flavor == "ddp":
