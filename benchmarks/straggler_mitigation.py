@@ -6,6 +6,7 @@ Usage::
         [--steps 200]
         [--slow-start 60] [--repeat 1] [--loop user|train_batch] [--hog N]
         [--micro-batch-size N] [--width N] [--loader failslow|own|prepared] [--zero 1|2]
+        [--mesh hsdp|full]
         [--launcher demo|failslow-run]
 
 ``--framework deepspeed`` (default) runs ``failslow demo --framework deepspeed``'s job: 4 ranks,
@@ -27,7 +28,8 @@ full parameters). ``--framework transformers`` runs
 ``--framework lightning`` runs ``failslow demo --framework lightning``'s: the DeepSpeed job's
 MLP trained by Lightning's ``Trainer.fit()`` (strategy ddp, ``accumulate_grad_batches=4``),
 S2 by size over the loader Lightning built.
-``--framework fsdp`` runs the HSDP 2 x 2 job. Rank 2 is
+``--framework fsdp`` runs the HSDP 2 x 2 job (``--mesh full``: pure FSDP2 over the 4 ranks, S2
+by size). Rank 2 is
 SIGSTOP/SIGCONT-cycled from outside (75% stopped, ~4x slower) from ``--slow-start`` to the end.
 Both runs train on the same data; the unmitigated run has no control plane, the failslow run
 detects, validates, plans and applies S2 by itself. Printed (ratios, since the machine is
@@ -124,6 +126,7 @@ def one_pair(
     loader: str | None = None,
     zero: int | None = None,
     launcher: str = "demo",
+    mesh: str | None = None,
 ) -> dict[str, Any]:
     runs = {}
     for name, mitigate in (("unmitigated", False), ("failslow", True)):
@@ -142,6 +145,7 @@ def one_pair(
                 width=width,
                 loader=loader,
                 zero=zero,
+                mesh=mesh,
                 launcher=launcher,
             )
         )
@@ -205,6 +209,9 @@ def main() -> None:
         "DeepSpeed path",
     )
     parser.add_argument(
+        "--mesh", choices=("hsdp", "full"), help="fsdp: hsdp (default) or full (pure FSDP2)"
+    )
+    parser.add_argument(
         "--launcher",
         choices=("demo", "failslow-run"),
         default="demo",
@@ -218,6 +225,7 @@ def main() -> None:
     shape = "".join(f", {k} {v}" for k, v in (("micro-batch size", args.micro_batch_size),
                                               ("width", args.width), ("loader", args.loader),
                                               ("ZeRO stage", args.zero),
+                                              ("mesh", args.mesh),
                                               ("launcher", args.launcher))
                     if v)  # fmt: skip
     table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}{hogs}{shape}")
@@ -242,7 +250,7 @@ def main() -> None:
             console.print(f"run {i + 1}/{args.repeat}: unmitigated, then failslow ...")
             r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop, args.framework,
                          args.micro_batch_size, args.width, args.loader, args.zero,
-                         args.launcher)  # fmt: skip
+                         args.launcher, args.mesh)  # fmt: skip
         table.add_row(
             str(i + 1),
             f"{r['healthy_s']:.3f} s",

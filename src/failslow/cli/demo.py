@@ -111,6 +111,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 loop=args.loop,
                 loader=args.loader,
                 zero=args.zero,
+                mesh=args.mesh,
                 launcher=args.launcher,
                 fault=args.fault,
                 link_rate=args.link_rate,
@@ -243,6 +244,12 @@ def register(sub: Any) -> None:
         help="where the ranks read their data - megatron: failslow (fs.data_iterator, default) "
         "or own (the loop's own Megatron-LM iterator); accelerate: prepared (default) or "
         "failslow (fs.loader)",
+    )
+    p.add_argument(
+        "--mesh",
+        choices=("hsdp", "full"),
+        help="fsdp: hsdp (2 replicas x N/2 shards, default) or full (pure FSDP2 over every "
+        "rank: S2 by size)",
     )
     p.add_argument(
         "--zero",

@@ -1,5 +1,7 @@
 """One rank of the FSDP2 mitigation demo: HSDP (2 replicas x N/2 shards), one line of failslow.
 
+``FAILSLOW_DEMO_MESH=full``: pure FSDP2 instead (a 1-D mesh over every rank; S2 by size).
+
 Run by :mod:`failslow.demo.mitigation` as ``python -m failslow.demo.fsdp_worker``. A PyTorch
 FSDP2 training loop with failslow: the MLP's blocks and root ``fully_shard``-ed on a (replicate,
 shard) mesh, ``fs = failslow.fsdp.attach(model, optimizer, mesh=mesh, model_factory=build)``
@@ -62,14 +64,19 @@ def main() -> None:
     rank, world, steps, per_replica, out = env.rank, env.world, env.steps, env.per_replica, env.out
     join_world(rank, world)
     width = int(os.environ.get("FAILSLOW_DEMO_WIDTH", "128"))
-    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    full = os.environ.get("FAILSLOW_DEMO_MESH") == "full"
+    if full:  # pure FSDP2: one shard group over every rank
+        mesh = init_device_mesh("cpu", (world,))
+    else:
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
     model, optimizer = build(mesh, width)
     fs = failslow.fsdp.attach(
         model,
         optimizer,
         mesh=mesh,
-        model_factory=lambda new_mesh: build(new_mesh, width),  # S3: rebuilt on the new mesh
+        # S3: rebuilt on the new mesh (HSDP; a full mesh has one group, nothing to swap)
+        model_factory=None if full else lambda new_mesh: build(new_mesh, width),
         config=json.loads(os.environ.get("FAILSLOW_DEMO_CONFIG", "{}")),
         accumulation_steps=per_replica,
         micro_batch_size=int(os.environ.get("FAILSLOW_DEMO_MICRO_BATCH_SIZE", "64")),

@@ -24,7 +24,8 @@ the link between ranks 0 and 1 shaped with tc (:class:`ShapedLink`): validation 
 the planner buys S3 (greyhound 5.2, Fig. 11) and every rank swaps roles in place.
 ``--framework fsdp`` runs an FSDP2 HSDP job (2 replicas x 2 shards,
 :mod:`failslow.demo.fsdp_worker`); its ``--fault link`` shapes a link inside a shard group
-(per-layer traffic), and S3 moves it between replicas.
+(per-layer traffic), and S3 moves it between replicas. ``--mesh full`` runs it as pure FSDP2
+(one shard group over the 4 ranks), where S2 takes the size form.
 
 With ``mitigate=False`` the same job runs without a control plane (the benchmark's baseline).
 """
@@ -125,6 +126,9 @@ class MitigationDemoOptions:
     """Where the ranks read their data: Megatron ``failslow`` (``fs.data_iterator``, the
     default) or ``own`` (the loop's own Megatron-LM iterator, re-cut per plan); Accelerate
     ``prepared`` (the default) or ``failslow`` (``fs.loader``)."""
+    mesh: str | None = None
+    """The FSDP job's device mesh: ``hsdp`` (2 replicas x N/2 shards, the default) or ``full``
+    (one shard group over every rank: pure FSDP2, where S2 takes the size form)."""
     zero: int | None = None
     """The DeepSpeed job: its ZeRO stage (1 or 2, default 1; ZeRO 2 gets S2 by size). The
     Trainer job: run the Trainer's DeepSpeed path at this ZeRO stage (1 or 2), failslow
@@ -175,6 +179,16 @@ class MitigationDemoOptions:
             raise FailslowError(
                 f"demo: --fault link shapes a link between network namespaces, which needs "
                 f"root (euid is {os.geteuid()})"
+            )
+        if self.mesh is not None and (not fsdp or self.mesh not in ("hsdp", "full")):
+            raise FailslowError(
+                f"demo: --mesh {self.mesh}: the FSDP job (--framework fsdp) runs on an hsdp or a "
+                "full mesh"
+            )
+        if self.mesh == "full" and self.fault == "link":
+            raise FailslowError(
+                "demo: --fault link needs the hsdp mesh (the topology swap, S3, moves a link "
+                "between replicas; a full mesh has one group over every rank)"
             )
         if self.zero is not None and (
             self.framework not in ("deepspeed", "transformers") or self.zero not in (1, 2)
@@ -553,6 +567,8 @@ def _job_env(
         env["FAILSLOW_DEMO_LOADER"] = opts.loader
     if opts.zero is not None:
         env["FAILSLOW_DEMO_ZERO"] = str(opts.zero)
+    if opts.mesh is not None:
+        env["FAILSLOW_DEMO_MESH"] = opts.mesh
     if opts.mitigate:
         env["FAILSLOW_STORE"] = store_url
     if opts.until_mitigated is not None:

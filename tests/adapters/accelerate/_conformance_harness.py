@@ -9,13 +9,15 @@ called right after the ``Accelerator`` is built (before ``prepare``), in three l
 - ``ddp``: ``Accelerator(cpu=True)`` (DDP over 4 ranks), 2 micro-batches per rank and step;
 - ``fsdp2``: Accelerate's FSDP2 plugin (``fsdp_version=2``, the whole MLP one FSDP unit) with
   ``unshard_once=True``;
-- ``fsdp2_default``: the same without the opt-in: micro-batch plans are declared unsupported.
+- ``fsdp2_default``: the same without the opt-in: every rank runs its 2 micro-batches and a plan
+  sizes them (S2's size form, issue 46).
 
 Accelerate ignores an FSDP plugin when ``cpu=True`` (it picks MULTI_CPU); this harness flips
 Accelerate's shared state to FSDP after building the ``Accelerator`` (test-only, as
 FRAMEWORKS_ON_CPU.md records: the device is already the CPU). The scheduler is a ``StepLR``
 (prepared: Accelerate steps it once per process per real step) so its state is part of every
-snapshot.
+snapshot. Which samples the model read is seen in its input (every row of ``x`` looked up in
+the dataset).
 """
 
 from __future__ import annotations
@@ -100,11 +102,15 @@ class AccelerateJob(AdapterJob):
             torch.randn(SAMPLES, SIZES[0], generator=g),
             torch.randn(SAMPLES, SIZES[-1], generator=g),
         )
+        self._index = {row.numpy().tobytes(): i for i, row in enumerate(dataset.tensors[0])}
+        self.samples: list[int] = []
         self.loader = fs.loader(dataset)
         self.batches = itertools.chain.from_iterable(itertools.repeat(self.loader))
 
     def _count_forward(self, module: Any, args: Any) -> None:
         self.forwards += 1
+        if module.training:  # -1: a row that is no sample of the dataset
+            self.samples += [self._index.get(row.numpy().tobytes(), -1) for row in args[0]]
 
     def run_step(self, step: int) -> None:
         """Accelerate's loop, micro-batch by micro-batch, until the optimizer stepped."""
@@ -123,6 +129,9 @@ class AccelerateJob(AdapterJob):
 
     def micro_batches_run(self) -> int:
         return self.forwards
+
+    def samples_read(self) -> list[int]:
+        return self.samples
 
     def parameters(self) -> dict[str, np.ndarray]:
         return full_parameters(self.model)

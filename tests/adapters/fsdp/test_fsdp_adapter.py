@@ -8,14 +8,13 @@ import torch
 
 import failslow.fsdp
 from failslow.adapters.common.microbatch import ReplicaSplit
-from failslow.adapters.fsdp.plugin import PURE_FSDP, FSDPAdapter, flavor_of
+from failslow.adapters.fsdp.plugin import FSDPAdapter, flavor_of
 from failslow.adapters.fsdp.shards import (
     local_model_state,
     local_optimizer_state,
     restore_model_state,
     restore_optimizer_state,
 )
-from failslow.capabilities import Unsupported
 from failslow.core.planner.allocation import loss_weights
 from failslow.core.planner.plans import MicroBatchPlan
 from failslow.errors import ConfigError
@@ -61,18 +60,13 @@ def _plan(*counts: int) -> MicroBatchPlan:
     return MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
 
 
-def test_pure_fsdp_takes_plans_by_size_unless_its_loop_cannot():
+def test_pure_fsdp_takes_plans_by_size_and_unshard_once_by_count():
     plain = _adapter("fsdp")
     assert plain.split.by_size == 2 and plain.split.count == 2  # G micro-batches whatever the plan
-    both = (_adapter("fsdp", unshard_once=True), _adapter("hsdp"), _adapter("ddp"), plain)
-    for adapter in both:
+    for adapter in (_adapter("fsdp", unshard_once=True), _adapter("hsdp"), _adapter("ddp"), plain):
         assert adapter.failslow_capabilities().microbatch_plans == ""
         assert _with_loader(adapter).failslow_prepare_microbatch_plan(_plan(1, 3, 2, 2), rank=0)
-    accelerate = _adapter("fsdp")
-    accelerate.sizes_pure_fsdp = False  # Accelerate's accumulate loop: no size form there yet
-    assert accelerate.failslow_capabilities().microbatch_plans == PURE_FSDP
-    with pytest.raises(Unsupported, match="unshard_once=True"):
-        accelerate.failslow_prepare_microbatch_plan(_plan(1, 3, 2, 2), rank=0)
+    assert _adapter("fsdp", unshard_once=True).split.by_size is None
 
 
 def test_a_plan_is_refused_while_the_rank_reads_data_failslow_cannot_re_cut():

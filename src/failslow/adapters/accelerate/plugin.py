@@ -20,8 +20,12 @@ else follows from Accelerate's ``sync_gradients``: ``accumulate`` enters ``no_sy
 scheduler step only after the last. ``gradient_accumulation_steps`` stays the even split's
 ``G = M / D``, so ``accelerator.backward`` keeps dividing every micro-loss by ``G``: a replica
 that runs ``m_r`` of them contributes ``m_r / G`` times its mean, the kit's weight
-``w_r = m_r * D / M`` (no rescaling per plan). Pure FSDP additionally needs ``unshard_once``
-(the FSDP adapter's reshard schedule, set in the same place).
+``w_r = m_r * D / M`` (no rescaling per plan). Pure FSDP (a 1-D mesh) all-gathers every
+layer in every micro-batch, so every replica runs the ``G`` micro-batches and a plan sizes them
+(the size form, issue 46): the re-cut loader hands replica ``r`` its ``counts[r] * B`` samples
+of the step in ``G`` micro-batches and ``accelerator.backward`` multiplies each micro-loss by
+its samples over ``B``; ``unshard_once`` (the FSDP adapter's reshard schedule, set in the same
+place) gives it the count form instead.
 
 A loop that sets ``sync_gradients`` itself (the Hugging Face Trainer accumulates its own
 micro-batches and calls ``gradient_state._set_sync_gradients`` for each) never enters
@@ -34,9 +38,10 @@ pre-hook.
 **The data.** The loop's own loader - the first DataLoader ``accelerator.prepare`` returned, the
 training loader in Accelerate's examples (``model, optimizer, train_dataloader,
 eval_dataloader = accelerator.prepare(...)``) - is re-cut per plan when the session starts
-(:mod:`.prepared`, the count form): its ``BatchSamplerShard`` keeps its sampler, order and
-batches, and under a plan replica ``r`` is handed ``counts[r]`` of each step's micro-batches
-(the even split's, moved whole), so ``accumulate`` runs them and the last one syncs. Loaders
+(:mod:`.prepared`, the count form; pure FSDP's by size): its ``BatchSamplerShard`` keeps its
+sampler, order and batches, and under a plan replica ``r`` is handed ``counts[r]`` of each
+step's micro-batches (the even split's, moved whole), so ``accumulate`` runs them and the
+last one syncs. Loaders
 prepared later (an evaluation loader) are not touched. Where the loader cannot be re-cut (an
 iterable dataset, ``split_batches``, a replica sharded over several processes), plans are
 refused with that reason; :meth:`AccelerateAdapter.loader` builds a share-aware loader instead
@@ -99,8 +104,6 @@ class AccelerateAdapter(FSDPAdapter):
     """The training loop's own calls of ``gradient_state._set_sync_gradients`` (once
     :meth:`follow_loop` ran)."""
 
-    sizes_pure_fsdp = False  # Accelerate's accumulate divides by G; no size form here yet
-
     def __init__(
         self,
         accelerator: Any,
@@ -131,9 +134,25 @@ class AccelerateAdapter(FSDPAdapter):
             framework="Accelerate",
         )
         self.split.micro_loss_scale = lambda: 1.0 / int(accelerator.gradient_accumulation_steps)
+        if self.split.by_size is not None:  # pure FSDP2: every replica runs G, sized
+            self._weigh_by_samples()
         self._done = 0
         """Micro-batches of the current step already entered (``accumulate``)."""
         self._hook: Any = None
+
+    def _weigh_by_samples(self) -> None:
+        """The size form: ``accelerator.backward`` multiplies the micro-loss of the
+        micro-batch in progress by its samples over ``B`` (on top of Accelerate's ``1 / G``;
+        nothing under the even split), and notes the weight for the plan's check."""
+        accelerator = self.accelerator
+        unscaled = accelerator.backward
+
+        def backward(loss: Any, **kwargs: Any) -> Any:
+            share = self.split.sample_share(max(self._micro - 1, 0))
+            self.split.note_weight(self.iteration, share * self.split.micro_loss_scale())
+            return unscaled(loss * share if share != 1.0 else loss, **kwargs)
+
+        accelerator.backward = backward
 
     def follow_loop(self) -> None:
         """Take over Accelerate's sync decision and see every training forward."""
@@ -154,7 +173,8 @@ class AccelerateAdapter(FSDPAdapter):
         if not loaders:
             return
         whose = "the first DataLoader accelerator.prepare returned (the training loader)"
-        why = recut(self.split, loaders[0], whose, start_step=self.iteration, by_count=True)
+        by_count = self.split.by_size is None
+        why = recut(self.split, loaders[0], whose, start_step=self.iteration, by_count=by_count)
         if why:
             self.split.loader_hint = f"{why}; build the training loader with fs.loader(dataset)"
         else:

@@ -77,12 +77,6 @@ from failslow.core.topology import Topology
 from failslow.errors import ConfigError, FailslowError
 from failslow.runtime.agreement import all_ranks_ok
 
-PURE_FSDP = (
-    "pure FSDP (one shard group over every rank) all-gathers and reduce-scatters every layer "
-    "in every micro-batch, so all ranks must run the same count, and Accelerate's loop has no "
-    "size form yet; attach with unshard_once=True (parameters gathered once per step, "
-    "DDP-like memory) to allow micro-batch plans"
-)
 ONE_GROUP = (
     "every rank is in the job's one gradient group ({flavor}), so no placement moves traffic "
     "off a link; an HSDP job (2-D mesh) can swap"
@@ -180,9 +174,6 @@ def adopt_module(old: Any, new: Any) -> None:
 class FSDPAdapter(swap.InPlaceSwap):
     """One data-parallel job's plugin on a :class:`~failslow.runtime.session.Session`."""
 
-    sizes_pure_fsdp = True
-    """Pure FSDP without ``unshard_once`` gets the size form (the loop multiplies each
-    micro-loss by :attr:`loss_scale`); a subclass whose loop does not says False."""
     _micro = 0
     """Micro-batches of the step in progress begun so far."""
 
@@ -231,7 +222,7 @@ class FSDPAdapter(swap.InPlaceSwap):
         )
         self.split.loader_hint = "build the training loader with fs.loader(dataset)"
         self.split.micro_loss_scale = lambda: self.replicas_scale
-        if self.flavor == "fsdp" and not self.unshard_once and self.sizes_pure_fsdp:
+        if self.flavor == "fsdp" and not self.unshard_once:
             self.split.by_size = micro_batch_size  # every rank runs G micro-batches: by size
         self.micro_batch_size = micro_batch_size
         self.topology = gather_topology(
@@ -255,9 +246,8 @@ class FSDPAdapter(swap.InPlaceSwap):
 
     @hookimpl
     def failslow_capabilities(self) -> Capabilities:
-        sized = self.sizes_pure_fsdp or self.unshard_once
         return Capabilities(
-            microbatch_plans=SUPPORTED if self.flavor != "fsdp" or sized else PURE_FSDP,
+            microbatch_plans=SUPPORTED,
             topology_plans=self._swap_reason(),
             snapshots=SUPPORTED,
             hot_update=SUPPORTED,
