@@ -69,10 +69,6 @@ from failslow.core.topology import Topology
 from failslow.errors import ConfigError
 
 NO_REGROUP = "DeepSpeed cannot rebuild its process groups in place"
-ZERO3_SNAPSHOT = (
-    "snapshots of ZeRO stage 3 (parameters sharded across ranks) are not implemented; "
-    "ZeRO stages 0-2 and the pipeline engine are"
-)
 COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
 
 
@@ -148,7 +144,6 @@ class DeepSpeedAdapter:
 
     @hookimpl
     def failslow_capabilities(self) -> Capabilities:
-        stage = self.engine.zero_optimization_stage()
         microbatch = SUPPORTED
         if not self.pipeline and not self.engine.managed_gradient_accumulation():
             microbatch = "managed_gradient_accumulation=false is not handled yet"
@@ -157,8 +152,8 @@ class DeepSpeedAdapter:
         return Capabilities(
             microbatch_plans=microbatch,
             topology_plans=NO_REGROUP,
-            snapshots=SUPPORTED if stage <= 2 else ZERO3_SNAPSHOT,
-            hot_update=SUPPORTED if stage <= 2 else ZERO3_SNAPSHOT,
+            snapshots=SUPPORTED,
+            hot_update=SUPPORTED,
         )
 
     @hookimpl
@@ -196,8 +191,12 @@ class DeepSpeedAdapter:
         thread; the optimizer step waits for the copy)."""
         self.failslow_capabilities().require("snapshots")
         e = self.engine
+        if e.zero_optimization_stage() >= 3:  # parameters partitioned: see _zero3_state
+            state = self._zero3_state()
+        else:
+            state = training_state(e.module, e.optimizer, e.lr_scheduler)
         return {
-            **training_state(e.module, e.optimizer, e.lr_scheduler),
+            **state,
             "counters": counters(e, COUNTERS),
             "split": self.split.state_dict(step),
             "rng": rng_state(),
@@ -208,7 +207,10 @@ class DeepSpeedAdapter:
     def failslow_restore_state(self, state: dict[str, Any], step: int) -> bool:
         self.failslow_capabilities().require("snapshots")
         e = self.engine
-        restore_training_state(state, e.module, e.lr_scheduler, self._load_optimizer)
+        if e.zero_optimization_stage() >= 3:
+            self._restore_zero3(state)
+        else:
+            restore_training_state(state, e.module, e.lr_scheduler, self._load_optimizer)
         restore_counters(e, state["counters"])
         self.split.load_state_dict(state["split"])
         self.topology = replace(self.topology, micro_batches=self.split.micro_batches)
@@ -237,6 +239,12 @@ class DeepSpeedAdapter:
             )
         micro_batches = sum(int(c) for c in states[0]["split"]["counts"])
         stage = e.zero_optimization_stage()
+        if stage >= 3:
+            raise ConfigError(
+                "going on with fewer ranks re-cuts ZeRO 1/2 partitions (DeepSpeed's elastic "
+                "load); ZeRO stage 3 partitions re-cut only through DeepSpeed's universal "
+                "checkpoint, which failslow does not run"
+            )
         dp = self.split.replicas
         if stage >= 2 and micro_batches % dp:
             raise ConfigError(
@@ -294,6 +302,39 @@ class DeepSpeedAdapter:
             return unscaled(loss * scale if scale != 1.0 else loss, *args, **kwargs)
 
         e.backward = scaled_backward
+
+    def _zero3_state(self) -> dict[str, Any]:
+        """ZeRO stage 3's training state by reference: its optimizer's (this rank's fp32
+        partitions of every parameter, the base optimizer's state of them, the loss scaler) -
+        the parameters are those partitions, which DeepSpeed's own load writes back into the
+        partitioned parameters - the module's buffers (not partitioned) and the scheduler's. No
+        collective and no re-partitioning: DeepSpeed's ``save_checkpoint`` partitions first
+        (``checkpoint_event_prologue``), which would make the next forward gather the
+        persistent parameters again."""
+        e = self.engine
+        return {
+            "buffers": dict(e.module.named_buffers()),
+            "optimizer": e.optimizer.state_dict(),
+            "lr_scheduler": e.lr_scheduler.state_dict() if e.lr_scheduler is not None else None,
+        }
+
+    def _restore_zero3(self, state: dict[str, Any]) -> None:
+        """Put :meth:`_zero3_state` back the way ``engine.load_checkpoint`` does for stage 3:
+        every parameter partitioned, this rank's optimizer partition loaded (fp32 partitions,
+        then the parameters' partitions from them), the persistent parameters gathered again
+        (a collective: every rank restores together)."""
+        e = self.engine
+        buffers = dict(e.module.named_buffers())
+        with torch.no_grad():
+            for name, value in state["buffers"].items():
+                buffers[name].copy_(value)
+        e.optimizer.checkpoint_event_prologue()
+        partitions: list[Any] = [None] * dist.get_world_size(group=e.optimizer.dp_process_group)
+        partitions[dist.get_rank(group=e.optimizer.dp_process_group)] = state["optimizer"]
+        e.optimizer.load_state_dict(partitions, load_optimizer_states=True)
+        e.optimizer.checkpoint_event_epilogue()
+        if state["lr_scheduler"] is not None:
+            e.lr_scheduler.load_state_dict(state["lr_scheduler"])
 
     def _load_optimizer(self, state: Any) -> None:
         optimizer = self.engine.optimizer
