@@ -309,13 +309,20 @@ def _rank_main(
     # stay steady on shared cores, so what the detector sees is what the schedule injects
     compute, wait = (1, LIFE_STEP_S) if life else (10, 0.01)
     step = 0
-    while not Path(stop_file).exists():
+    while True:
         for _ in range(compute):
             y = torch.tanh(x @ w)
         grad = (y.T @ x) / 64
         dist.all_reduce(grad)
+        # every rank stops after the same iteration: the stop file's sight rides on the bias
+        # all-reduce (checked on each rank alone, a rank that saw it one iteration before the
+        # others entered the barrier while they entered this all-reduce - a hang, then the
+        # kill after a minute: the run beside heavy load that ended with rank 0 at -9)
+        bias[0] = float(Path(stop_file).exists())
         dist.all_reduce(bias)
         w -= 1e-3 * grad / WORLD
+        if bias[0] > 0:
+            break
         time.sleep(wait + extra.get(step, 0.0))
         step += 1
     agent.stop()
