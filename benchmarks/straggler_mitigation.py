@@ -72,6 +72,7 @@ from rich.table import Table
 from failslow.demo.mitigation import (
     JOBS,
     MitigationDemoOptions,
+    job_name,
     run_mitigation_demo,
     step_times_of,
 )
@@ -219,7 +220,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     console = Console(width=230)
-    job = JOBS[args.framework][1]
+    job = job_name(args.framework, zero=args.zero, mesh=args.mesh)
     loop = f", loop: {args.loop}" if args.framework == "deepspeed" else ""
     hogs = f", {args.hog} busy loops beside" if args.hog else ""
     shape = "".join(f", {k} {v}" for k, v in (("micro-batch size", args.micro_batch_size),

@@ -24,6 +24,10 @@ def test_the_link_fault_needs_root_and_says_so(monkeypatch):
         ({"framework": "megatron", "fault": "disk"}, "--fault must be compute or link"),
         ({"framework": "deepspeed", "loader": "own"}, "--loader own is not one of --framework d"),
         ({"framework": "megatron", "loader": "prepared"}, "megatron's: ['failslow', 'own']"),
+        ({"framework": "megatron", "zero": 2}, "--zero 2: the DeepSpeed job and the Trainer"),
+        ({"framework": "deepspeed", "zero": 3}, "run DeepSpeed's ZeRO stage 1 or 2"),
+        ({"framework": "deepspeed", "mesh": "full"}, "--mesh full: the FSDP job"),
+        ({"framework": "fsdp", "mesh": "full", "fault": "link"}, "--fault link needs the hsdp"),
     ],
 )
 def test_bad_fault_options_are_one_line(options, message):

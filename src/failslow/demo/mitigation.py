@@ -65,6 +65,20 @@ JOBS = {
     "lightning": ("failslow.demo.lightning_worker", "PyTorch Lightning Trainer, MLP (DDP)"),
 }
 """Framework -> (the rank's module, the job's name in the live view and the summary)."""
+
+
+def job_name(framework: str, *, zero: int | None = None, mesh: str | None = None) -> str:
+    """The job's name in the live view, the summary and the benchmarks' tables: its
+    framework's (:data:`JOBS`), with the ZeRO stage or mesh the options chose."""
+    if framework == "deepspeed" and zero is not None:
+        return f"DeepSpeed ZeRO-{zero}"
+    if framework == "fsdp" and mesh == "full":
+        return "FSDP2 full shard (one group over every rank)"
+    if framework == "transformers" and zero is not None:
+        return f"Hugging Face Trainer, GPT-2 (DeepSpeed ZeRO-{zero})"
+    return JOBS[framework][1]
+
+
 LAUNCHED = ("accelerate", "transformers")
 """Frameworks whose ranks ``accelerate launch`` starts (one process; ranks write their PIDs)."""
 PRELOADS = {
@@ -175,11 +189,6 @@ class MitigationDemoOptions:
                 "demo: --fault link needs --framework megatron or fsdp (the topology swap, S3, "
                 "is theirs)"
             )
-        if self.fault == "link" and hasattr(os, "geteuid") and os.geteuid() != 0:
-            raise FailslowError(
-                f"demo: --fault link shapes a link between network namespaces, which needs "
-                f"root (euid is {os.geteuid()})"
-            )
         if self.mesh is not None and (not fsdp or self.mesh not in ("hsdp", "full")):
             raise FailslowError(
                 f"demo: --mesh {self.mesh}: the FSDP job (--framework fsdp) runs on an hsdp or a "
@@ -189,6 +198,11 @@ class MitigationDemoOptions:
             raise FailslowError(
                 "demo: --fault link needs the hsdp mesh (the topology swap, S3, moves a link "
                 "between replicas; a full mesh has one group over every rank)"
+            )
+        if self.fault == "link" and hasattr(os, "geteuid") and os.geteuid() != 0:
+            raise FailslowError(
+                f"demo: --fault link shapes a link between network namespaces, which needs "
+                f"root (euid is {os.geteuid()})"
             )
         if self.zero is not None and (
             self.framework not in ("deepspeed", "transformers") or self.zero not in (1, 2)

@@ -28,9 +28,9 @@ def live_view(run: Any, *, enabled: bool) -> Iterator[Callable[[], None]]:
 
     def table() -> Table:
         opts = run.options
-        from failslow.demo.mitigation import JOBS
+        from failslow.demo.mitigation import job_name
 
-        job = JOBS[opts.framework][1]
+        job = job_name(opts.framework, zero=opts.zero, mesh=opts.mesh)
         t = Table(title=f"failslow demo: {job}, {opts.world_size} ranks (CPU/gloo)")
         t.add_column("what")
         t.add_column("now")
@@ -111,11 +111,11 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
     times = step_times_of(out, opts.world_size)
     samples = opts.micro_batch_size * opts.micro_batches_per_replica * opts.world_size
     rows = phase_rows(times, phases(run, len(times)), samples)
-    from failslow.demo.mitigation import JOBS
+    from failslow.demo.mitigation import job_name
 
     summary = {
         "framework": opts.framework,
-        "job": JOBS[opts.framework][1],
+        "job": job_name(opts.framework, zero=opts.zero, mesh=opts.mesh),
         "mitigate": opts.mitigate,
         "world_size": opts.world_size,
         "fault": opts.fault,
