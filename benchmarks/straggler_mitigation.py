@@ -162,7 +162,7 @@ def one_pair(
     window_u = float(np.mean(u_times[start:]))
     window_f = float(np.mean(f_times[start:]))
     rel = 0.0
-    whole = ("deepspeed", "accelerate", "transformers", "lightning")  # rank 0 writes them all
+    whole = ("deepspeed", "accelerate", "transformers", "lightning", "fsdp")  # rank 0: all
     files = ["parameters.npz"] if framework in whole else [
         f"parameters-rank{r}.npz" for r in range(4)
     ]  # fmt: skip
