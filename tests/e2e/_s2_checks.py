@@ -67,10 +67,11 @@ def check_s2_climbed_and_came_back(
     summary: dict[str, Any], *, out: Path, start: int, end: int, slow: int
 ) -> dict[str, Any]:
     """The slow rank was diagnosed; the first plan bought was S2 giving it the fewest of 16
-    micro-batches (or their samples), applied inside the slowdown and in effect; the last
-    action reverted to the even split after the release - or, where the closed loop measured
-    the plan short of its promise, during the slowdown with that reason; every rank received
-    the same plans and ran the even split at the end. Returns the first plan's action."""
+    micro-batches (or their samples), applied inside the slowdown, in effect and measured
+    against its prediction; the last action reverted to the even split (in effect) after the
+    release - or, where the closed loop measured the plan short of its promise, during the
+    slowdown with that reason; every rank received the same plans and ran the even split at the
+    end. Returns the first plan's action."""
     steps_run = summary["steps_run"]
     injected_start, injected_end = summary["injected"]
     diagnosed = {r for d in summary["diagnoses"] for r, _ in d["slow_ranks"]}
@@ -82,9 +83,11 @@ def check_s2_climbed_and_came_back(
     counts = first["counts"]
     assert sum(counts) == 16 and counts[slow] == min(counts) < 4
     assert start <= injected_start < first["apply_step"] < injected_end
+    assert first["outcome"] and first["outcome"]["measured_s"] > 0, first
     reverts = [a for a in summary["actions"] if a["action"] == "revert"]
     assert reverts and reverts[-1]["counts"] == [4, 4, 4, 4]
     back = reverts[-1]
+    assert back["effect"] == "in effect", back
     assert back["apply_step"] < steps_run
     if back["apply_step"] < injected_end:
         # the closed loop measured the plan short of its promise and reverted it during the

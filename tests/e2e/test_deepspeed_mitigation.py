@@ -16,8 +16,12 @@ waits for them instead of ending first. The job runs as users start it, ``failsl
 --controller 4 -- torchrun --standalone --nproc-per-node 4 -m failslow.demo.ds_worker``; the
 control plane in that launcher must, by itself: detect the onset, pause and validate, name rank
 2, buy S2 through the ski-rental planner and have every rank switch to fewer micro-batches on
-replica 2 at one step boundary; after the release, find every rank healthy again and switch
-every rank back to the even split.
+replica 2 at one step boundary, each rank confirming what it ran; measure the plan against its
+prediction; after the release, find every rank healthy again and switch every rank back to the
+even split - or, where it measured the plan short of its promise, revert it then (the size form
+keeps every micro-step's reduce-scatter on the throttled rank, which fewer samples do not
+shorten: on CI's loaded 2 cores a probe once saved 0.002 s of a 0.59 s step;
+benchmarks/README.md, "S2 by size on sharded data parallelism").
 
 Observability rides along (issue 20): the mitigated run has the TensorBoard notifier on (one
 setting in the failslow block), whose event files must hold rank 0's step times and the
@@ -35,11 +39,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-from _s2_checks import END, LAUNCHER, SLOW, START, STEPS, UNTIL
+from _s2_checks import (
+    END,
+    LAUNCHER,
+    SLOW,
+    START,
+    STEPS,
+    UNTIL,
+    check_s2_climbed_and_came_back,
+    check_same_model,
+)
 
-from failslow.demo.mitigation import MitigationDemoOptions, rank_record, run_mitigation_demo
+from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -77,45 +89,20 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
     reference = run_mitigation_demo(
         _options(tmp_path / "reference", mitigate=False, inject=False, steps=steps_run)
     )
-    injected_start, injected_end = summary["injected"]
-
-    # diagnosed: rank 2 is the slow one
-    slow = {r for d in summary["diagnoses"] for r, _ in d["slow_ranks"]}
-    assert SLOW in slow, summary["diagnoses"]
-    # mitigated: S2 with replica 2 on the fewest samples, during the slowdown (units of a
-    # micro-batch's samples in the size form)
-    applied = [a for a in summary["actions"] if a["action"] == "apply"]
-    assert applied, summary["actions"]
-    first = applied[0]
-    assert first["strategy"] == "S2 micro-batches"
-    counts = first["counts"]
-    assert sum(counts) == 16 and counts[SLOW] == min(counts) < 4
-    assert START <= injected_start < first["apply_step"] < injected_end
-    # in effect: every rank reported running it (its forwards, loader reads and weight), and the
-    # controller measured it against its prediction
-    assert first["effect"] == "in effect", first
-    assert first["outcome"] and first["outcome"]["measured_s"] > 0, first
-    # reverted after the release, to the even split
-    reverts = [a for a in summary["actions"] if a["action"] == "revert"]
-    assert reverts and reverts[-1]["counts"] == [4, 4, 4, 4]
-    assert reverts[-1]["effect"] == "in effect", reverts[-1]
-    assert END <= injected_end <= reverts[-1]["apply_step"] < steps_run
-    # every rank switched at the same steps, and ends on the even split
-    records = [rank_record(tmp_path / "mitigated", r) for r in range(4)]
-    switched = {tuple(tuple(a) for a in rec["applied"]) for rec in records}
-    assert len(switched) == 1
-    steps = [a[1] for a in records[0]["applied"] if a[1] is not None]
-    assert first["apply_step"] in steps and reverts[-1]["apply_step"] in steps
-    assert all(rec["counts"] == [4, 4, 4, 4] for rec in records)
+    # diagnosed, S2 bought (units of a micro-batch's samples in the size form) with replica 2 on
+    # the fewest, applied during the slowdown and in effect on every rank (its forwards, loader
+    # reads and weight), measured against its prediction, and walked back to the even split -
+    # after the release, or during the slowdown where the closed loop measured it short (in CI,
+    # loaded: a probe [4, 5, 3, 4] measured 0.590 s against 0.592 s before it)
+    check_s2_climbed_and_came_back(
+        summary, out=tmp_path / "mitigated", start=START, end=END, slow=SLOW
+    )
     # how much it helped is measured by benchmarks/straggler_mitigation.py, not asserted here
 
     # the model is the one the even split trains on the same data
-    got = np.load(tmp_path / "mitigated" / "parameters.npz")
-    want = np.load(tmp_path / "reference" / "parameters.npz")
-    assert sorted(got.files) == sorted(want.files)
-    for name in want.files:
-        scale = float(np.abs(want[name]).max())
-        assert float(np.abs(got[name] - want[name]).max()) <= 1e-6 * scale, name
+    check_same_model(
+        tmp_path / "mitigated" / "parameters.npz", tmp_path / "reference" / "parameters.npz"
+    )
     assert reference["phases"]["healthy"]["median_step_s"] > 0
 
     _check_observability(tmp_path / "mitigated", tensorboard, summary)
