@@ -318,6 +318,11 @@ def test_a_ring_directory_with_journal_and_update_history(tmp_path: Path) -> Non
          "plan": {"type": "MicroBatchPlan", "counts": [5, 5, 1, 5], "step_time_s": 0.12,
                   "baseline_step_s": 0.3, "overhead_s": 0.5}, "wall": _wall(t0, 112)},
         {"kind": "onset", "rank": 2, "type": "relief", "iteration": 200, "wall": _wall(t0, 203)},
+        # slowdowns over before they persisted (issue 47): drawn, never windows or rounds
+        {"kind": "transient", "rank": 1, "start": 40, "end": 46, "detected_at": 47,
+         "before_s": 0.2, "after_s": 0.5, "wall": _wall(t0, 48)},
+        {"kind": "transient", "rank": 3, "start": 150, "end": 153, "detected_at": 154,
+         "before_s": 0.2, "after_s": 0.3, "wall": _wall(t0, 155)},
     ]  # fmt: skip
     (run / "diagnoses").mkdir()
     (run / "diagnoses" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -331,6 +336,11 @@ def test_a_ring_directory_with_journal_and_update_history(tmp_path: Path) -> Non
              if "data-shown-mean" in a}  # fmt: skip
     assert max(shown, key=shown.__getitem__) == 2 and shown[2] > 1.05
     assert len(page.having("rect", data_kind="onset")) == 1  # onset to relief, from the journal
+    bars = page.having("rect", **{"class": "transient"})
+    assert [b["data-rank"] for b in bars] == ["1", "3"]
+    assert "2 transient slowdowns on ranks 1, 3" in page.all_text
+    assert "transient on rank 1: iterations 40-46, x2.50" in page.all_text
+    assert "transient: over before it persisted" in page.all_text  # the legend
     (mark,) = [a for a in page.having("g", **{"class": "mark"}) if a["data-kind"] == "diagnosis"]
     assert abs(float(mark["data-step"]) - 110) <= 2  # placed by its wall time
     (apply,) = page.having("tr", data_action="apply")

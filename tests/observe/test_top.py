@@ -178,7 +178,7 @@ def test_once_shows_the_slow_rank_the_diagnosis_and_the_plan(hosted, tmp_path) -
     check_job_frame(frame, slow_rank=6, world=16, k=16)
     assert frame["aggregate"] | {"median_s": None} == {
         "world_size": 16, "sampled": False, "read": 16, "reporting": 16, "median_s": None,
-        "p99_s": 1.0, "max_s": 1.0, "slow": 1,
+        "p99_s": 1.0, "max_s": 1.0, "slow": 1, "transients": 0,
     }  # fmt: skip
 
     out = top(hosted.url, "--once", "--ranks", "4")
@@ -260,6 +260,24 @@ def test_a_record_of_another_shape_is_one_line(hosted, monkeypatch, capsys, stat
     with pytest.raises(FailslowError, match="a record is not as failslow writes it") as info:
         run_top(TopOptions(hosted.url, once=True))
     assert "\n" not in str(info.value)
+
+
+def test_transients_are_shown_per_rank_and_summed(hosted, tmp_path) -> None:
+    """Issue 47: a rank's transients (slowdowns its detector verified that were over before
+    they persisted - no fail-slow, no pause) are a column and a sum, beside the slow flag."""
+    populate(hosted, tmp_path, dp=1, slow_rank=2)
+    for rank, count in ((1, 3), (2, 1)):
+        record = hosted.get_json(f"{keys.NODE}/ranks/{rank}")
+        hosted.set_json(f"{keys.NODE}/ranks/{rank}", {**record, "transients": count})
+    frame = TopReader(hosted, ranks=4, url=hosted.url).frame()
+    assert {r["rank"]: r["transients"] for r in frame["ranks"]} == {0: 0, 1: 3, 2: 1, 3: 0}
+    assert frame["aggregate"]["transients"] == 4
+
+    out = top(hosted.url, "--once")
+    assert out.returncode == 0, out.stderr
+    assert "transients" in out.stdout and "slow 1, transients 4" in out.stdout
+    rows = {row[0]: row for row in table_rows(out.stdout)}
+    assert rows["2"][5:7] == ["SLOW", "1"] and rows["1"][5:7] == ["", "3"]
 
 
 def test_rank_records_of_another_shape_are_skipped(hosted) -> None:

@@ -6,6 +6,10 @@ points; the GlobalAnalyzer (the controller) asks for per-group profiles only whe
 
 - ``{prefix}/onsets`` (a counter) and ``{prefix}/onsets/{n}`` (one JSON record per detected
   onset or relief: rank, type, iteration, levels, wall time);
+- ``{prefix}/transients`` (a counter) and ``{prefix}/transients/{n}`` (one JSON record per
+  transient: a slowdown the rank's detector verified that was over before it persisted, issue
+  47 - rank, ``start``, ``end``, ``detected_at``, levels, wall time; never an onset, so no
+  controller acts on it: it reaches the run's journal and report);
 - ``{prefix}/summaries/{rank}`` (the rank's :class:`~failslow.core.localize.summaries.GroupSummary`
   list over its last iterations; each rank's key is overwritten, so the store does not grow) -
   only when the controller asks, as greyhound's GlobalAnalyzer does when it profiles. It adds
@@ -40,6 +44,7 @@ from typing import Any
 from failslow.core.control import keys
 from failslow.core.control.store import Store
 from failslow.core.tracking.analyzer import LocalAnalyzer, RankUpdate
+from failslow.core.tracking.persistence import Transient
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +164,8 @@ class NodePublisher:
             for event, reported in zip(update.events, update.reported_at, strict=True):
                 self.slow[update.rank] = event.type == "onset"
                 self._publish_event(update.rank, event, reported)
+            for transient in update.transients:
+                self._publish_transient(update.rank, transient)
         if self.on_event is not None and any(update.events for update in updates):
             self.on_event()
         recent = [t for ts in self.recent.values() for t in ts] if updates else None
@@ -202,6 +209,11 @@ class NodePublisher:
         }
         n = self.store.add(f"{self.prefix}/onsets", 1)
         self.store.set_json(f"{self.prefix}/onsets/{n}", record)
+
+    def _publish_transient(self, rank: int, transient: Transient) -> None:
+        record = {"rank": rank, **transient.as_dict(), "wall": time.time()}
+        n = self.store.add(f"{self.prefix}/{keys.TRANSIENTS}", 1)
+        self.store.set_json(f"{self.prefix}/{keys.TRANSIENTS}/{n}", record)
 
     def publish_summaries(self) -> None:
         """Every local rank's group summaries over its last ``summary_iterations``."""

@@ -130,6 +130,8 @@ def _timeline(view: RunView) -> str:
             ("up", COLORS["injected"], "onset reported"),
             ("down", COLORS["relief"], "relief"),
         ]
+    if view.transients:
+        items.append(("box", COLORS["transient"], "transient: over before it persisted"))
     data = ""
     if len(view.step_times) <= MAX_HOVER_STEPS:
         values = [None if not math.isfinite(v) else round(float(v), 5) for v in view.step_times]
@@ -141,10 +143,23 @@ def _timeline(view: RunView) -> str:
         "the scale: a mark at the top with the value). Triangles on the axis: the nodes' onsets "
         "and reliefs, at the iteration they placed them."
     )
+    if view.transients:
+        ranks = sorted({t[2] for t in view.transients})
+        caption += (
+            f" Grey bars above the axis: {len(view.transients)} transient slowdown"
+            f"{'s' if len(view.transients) != 1 else ''} on rank{'s' if len(ranks) > 1 else ''} "
+            f"{_few_ranks(ranks)} - verified, but over before they persisted, so not fail-slows "
+            "and no validation pause (hover for each one's iterations and level)."
+        )
     return section(
         "timeline", title, legend(items), report_svg.timeline(view), data,
         f'<p class="caption">{escape(caption)}</p>',
     )  # fmt: skip
+
+
+def _few_ranks(ranks: list[int], limit: int = 12) -> str:
+    shown = ", ".join(map(str, ranks[:limit]))
+    return shown + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
 
 
 def _heatmap(view: RunView) -> str:

@@ -11,6 +11,7 @@ summary into its records; each names the file it read when the content is not wh
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -108,6 +109,8 @@ class RunView:
     windows: list[tuple[float, float, str]] = field(default_factory=list)  # start, end, kind
     marks: list[Mark] = field(default_factory=list)
     onsets: list[tuple[int, str, int]] = field(default_factory=list)  # iteration, type, rank
+    transients: list[tuple[int, int, int, float]] = field(default_factory=list)
+    """Slowdowns over before they persisted (issue 47): start, end iteration, rank, x level."""
     rank_ratio: np.ndarray | None = None  # ranks x steps
     rank_ids: list[int] = field(default_factory=list)
     rank_first: int = 0
@@ -195,8 +198,9 @@ def diagnosed(n: int, raw: dict[str, Any], wall: float | None) -> Diagnosed:
 def read_control_journal(
     view: RunView, events: list[dict[str, Any]], path: Path, walls: tuple[np.ndarray, np.ndarray]
 ) -> None:
-    """Diagnoses, validation rounds, onsets and plans from the journal's events (``path``),
-    timed events placed at the step whose end is closest (``walls``: steps, their end walls)."""
+    """Diagnoses, validation rounds, onsets, transients and plans from the journal's events
+    (``path``), timed events placed at the step whose end is closest (``walls``: steps, their
+    end walls)."""
     try:
         _journal_records(view, events, walls)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
@@ -211,6 +215,10 @@ def _journal_records(
         kind, wall = ev["kind"], float(ev.get("wall") or 0.0)
         if kind == "onset":
             view.onsets.append((int(ev["iteration"]), str(ev["type"]), int(ev["rank"])))
+        elif kind == "transient":
+            before = float(ev["before_s"])
+            x = float(ev["after_s"]) / before if before > 0 else math.nan
+            view.transients.append((int(ev["start"]), int(ev["end"]), int(ev["rank"]), x))
         elif kind == "diagnosis":
             d = diagnosed(len(view.diagnoses) + 1, ev["diagnosis"], wall)
             d.step = step_at(walls, wall)

@@ -41,6 +41,7 @@ COLORS = {
     "rollback": "#b91c1c",
     "healthy": "#9ca3af",
     "relief": "#16a34a",
+    "transient": "#64748b",
     "healthy_phase": "#16a34a",
     "slowed": "#dc2626",
     "mitigated": "#2563eb",
@@ -164,6 +165,7 @@ def timeline(view: RunView) -> str:
     svg += _series(np.minimum(times, y_hi), first, x, y)
     svg += _off_scale(view, x, top, y_hi)
     svg += _onset_ticks(view, x, bottom)
+    svg += _transient_bars(view, x, bottom)
     svg += _marks(view, x, top, bottom, label_rows)
     svg += _phase_strip(view, x, top)  # over the marks' lines, under their labels
     svg.append(
@@ -272,6 +274,24 @@ def _onset_ticks(view: RunView, x: Scale, bottom: float) -> list[str]:
             f'<polygon class="onset" data-kind="{kind}" points="{shape}" fill="{color}">'
             f"<title>{kind} at iteration {iteration}: rank(s) {', '.join(map(str, sorted(ranks)))}"
             "</title></polygon>"
+        )
+    return out
+
+
+def _transient_bars(view: RunView, x: Scale, bottom: float) -> list[str]:
+    """A short bar on the axis per transient: a slowdown verified on a rank and over before it
+    persisted (issue 47) - drawn so a reader sees what the detector chose not to act on."""
+    out = []
+    for start, end, rank, level in sorted(view.transients):
+        a, b = x(max(start, x.lo)), x(min(max(end, start + 1), x.hi))
+        if b <= a:
+            continue
+        ratio = f", x{level:.2f}" if math.isfinite(level) else ""
+        out.append(
+            f'<rect class="transient" data-rank="{rank}" x="{a:.1f}" y="{bottom - 16}" '
+            f'width="{max(b - a, 2.0):.1f}" height="4" fill="{COLORS["transient"]}">'
+            f"<title>transient on rank {rank}: iterations {start}-{end}{ratio} (over before it "
+            "persisted: not a fail-slow, no validation)</title></rect>"
         )
     return out
 

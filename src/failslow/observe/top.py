@@ -18,8 +18,10 @@ matter - those named by the last diagnosis, those whose latest onset (the node p
 is not relieved, and the previous frame's K slowest - then every ``stride``-th rank from a phase
 that advances by one each frame, so successive frames sweep the whole job (every rank is read
 once per ``ceil(world / sample)`` frames). The viewer keeps the newest record it read of each
-rank; the table and the aggregate (median, p99, max of ``median_s``, ranks flagged slow) are over
-those, and the aggregate says how many ranks that is. ``--once`` reads one such frame.
+rank; the table and the aggregate (median, p99, max of ``median_s``, ranks flagged slow, and
+transients - slowdowns each rank's detector verified that were over before they persisted, so
+no fail-slow and no validation pause, issue 47) are over those, and the aggregate says how many
+ranks that is. ``--once`` reads one such frame.
 
 :mod:`.top_view` draws a frame; ``--once --json`` prints the same frame as one JSON object.
 """
@@ -117,6 +119,7 @@ def _rank_record(raw: Any, rank: int) -> dict[str, Any] | None:
         "last_s": last,
         "median_s": median,
         "slow": bool(raw.get("slow", False)),
+        "transients": max(int(_number(raw.get("transients")) or 0), 0),
         "wall": _number(raw.get("wall")),
     }
 
@@ -275,6 +278,7 @@ class TopReader:
             "p99_s": _percentile(medians, 0.99) if medians else None,
             "max_s": medians[-1] if medians else None,
             "slow": sum(r["slow"] for r in known),
+            "transients": sum(r["transients"] for r in known),
         }
         return rows, aggregate
 

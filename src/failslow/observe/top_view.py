@@ -2,8 +2,9 @@
 
 One frame: the job (world size, TP/PP/DP layout, hosts, framework, mitigations it supports) and
 the controller (state and for how long, diagnoses, newest step); the K slowest ranks by median
-iteration time with their ratio to the median of all ranks read (slow ones in red) and the
-aggregate line; the last diagnosis, the plan in effect and the last action; rank 0's recent step
+iteration time with their ratio to the median of all ranks read (slow ones in red) and their
+transients (slowdowns over before they persisted: not fail-slows, issue 47), and the aggregate
+line; the last diagnosis, the plan in effect and the last action; rank 0's recent step
 times. :func:`watch` redraws it in place (rich ``Live``) until Ctrl-C; on a file or a pipe it
 prints one frame after the other instead, as ``top -b`` does.
 """
@@ -162,7 +163,7 @@ def _ranks_table(frame: dict[str, Any]) -> RenderableType:
     table = Table(
         title=f"the {len(rows)} slowest ranks by median iteration time", title_justify="left"
     )
-    for name in ("rank", "iters", "last", "median", "x median", "slow", "age"):
+    for name in ("rank", "iters", "last", "median", "x median", "slow", "transients", "age"):
         table.add_column(name, justify="left" if name == "slow" else "right")
     for r in rows:
         age = r["age_s"]
@@ -173,6 +174,7 @@ def _ranks_table(frame: dict[str, Any]) -> RenderableType:
             secs(r["median_s"]),
             "-" if r["x_median"] is None else f"x{r['x_median']:.2f}",
             "SLOW" if r["slow"] else "",
+            str(r["transients"]),
             Text(duration(age), style="yellow" if age is not None and age > STALE_S else ""),
             style="bold red" if r["slow"] else None,
         )
@@ -184,7 +186,7 @@ def _ranks_table(frame: dict[str, Any]) -> RenderableType:
         scope = f"{agg['reporting']} of {agg['world_size']} ranks reporting"
     line = Text(
         f"{scope}: median {secs(agg['median_s'])}, p99 {secs(agg['p99_s'])}, "
-        f"max {secs(agg['max_s'])}, slow {agg['slow']}"
+        f"max {secs(agg['max_s'])}, slow {agg['slow']}, transients {agg['transients']}"
     )
     return Group(table, line)
 

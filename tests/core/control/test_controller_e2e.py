@@ -217,6 +217,7 @@ def test_a_healthy_job_s_transients_start_no_validation(tmp_path: Path) -> None:
     control, ring_dir, stop_file, _job, procs = _spawn(tmp_path, "life", pause_timeout="10")
     done = threading.Event()
     controller: Controller | None = None
+    journal: list[dict] = []  # what the controller hands its observers (the run's journal)
     threads: list[threading.Thread] = []
     try:
         _wait_for_rings(ring_dir)
@@ -229,7 +230,7 @@ def test_a_healthy_job_s_transients_start_no_validation(tmp_path: Path) -> None:
             if controller is None and publisher.iterations.get(0, 0) >= 100:
                 controller = Controller(
                     control, world_size=WORLD, log_dir=tmp_path / "logs",
-                    detection=DetectionConfig(threshold=2.0),
+                    detection=DetectionConfig(threshold=2.0), on_event=journal.append,
                 )  # fmt: skip
                 publisher.on_event = controller.wake.set
                 controller.wake_publisher = publisher.ask
@@ -280,6 +281,16 @@ def test_a_healthy_job_s_transients_start_no_validation(tmp_path: Path) -> None:
         assert not (hit and injected), f"an injected transient was reported: {hit}; {why}"
     if not onsets:  # nothing was slow: the controller never left tracking
         assert {t.state for t in controller.history} == {State.TRACKING}, why
+    # every transient was published (as a transient, not an onset), and the controller put
+    # those it read into the journal - and did nothing else with them
+    published = [
+        control.get_json(f"{keys.NODE}/{keys.TRANSIENTS}/{n}")
+        for n in range(1, control.add(f"{keys.NODE}/{keys.TRANSIENTS}", 0) + 1)
+    ]
+    assert len(published) == sum(s.transients for s in publisher.analyzer.ranks.values()), why
+    fields = ("rank", "start", "end", "detected_at", "before_s", "after_s")
+    journaled = [tuple(e[k] for k in fields) for e in journal if e["kind"] == "transient"]
+    assert journaled and set(journaled) <= {tuple(r[k] for k in fields) for r in published}, why
     for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"rank {r}:\n{out[-3000:]}\n{why}"
 

@@ -112,6 +112,7 @@ class Controller:
         self.history: list[Transition] = [Transition(State.TRACKING, time.time())]
         self.diagnoses: list[Diagnosis] = []
         self._seen_events = store.add(f"{node_prefix}/onsets", 0)
+        self._seen_transients = store.add(f"{node_prefix}/{keys.TRANSIENTS}", 0)
         self._onsets: list[dict[str, Any]] = []
         self._suspects: list[Any] = []
         self._pending: Diagnosis | None = None
@@ -199,6 +200,7 @@ class Controller:
             if record is not None:
                 new.append(record)
                 self._emit("onset", **{k: v for k, v in record.items() if k != "wall"})
+        self._journal_transients()
         relief = any(r.get("type") == "relief" for r in new)
         onsets = [r for r in new if r.get("type") == "onset"]
         compound = self._compound(onsets)
@@ -227,6 +229,19 @@ class Controller:
             self._held = []
             self._onsets = onsets
             self._enter(State.PROFILING, onsets=onsets)
+
+    def _journal_transients(self) -> None:
+        """The nodes' transients new since the last tick, into the journal - and nowhere else:
+        a slowdown over before it persisted starts no round (issue 47)."""
+        prefix = f"{self.node_prefix}/{keys.TRANSIENTS}"
+        count = self.store.add(prefix, 0)
+        while self._seen_transients < count:
+            self._seen_transients += 1
+            key = f"{prefix}/{self._seen_transients}"
+            self.store.wait([key], 1.0)
+            record = self.store.get_json(key)
+            if record is not None:
+                self._emit("transient", **{k: v for k, v in record.items() if k != "wall"})
 
     def _compound(self, onsets: list[dict[str, Any]]) -> bool:
         """Whether one of ``onsets`` starts from the slow level of the fail-slow diagnosed

@@ -13,6 +13,9 @@ Events are JSON-able dicts with ``kind`` and ``wall`` (Unix time):
 - ``{"kind": "state", "state": "profiling", "detail": {...}}`` - a controller transition;
 - ``{"kind": "onset", "rank", "type": "onset"|"relief", "iteration", "before_s", "after_s"}`` -
   a node's change point as the controller took it in;
+- ``{"kind": "transient", "rank", "start", "end", "detected_at", "before_s", "after_s"}`` - a
+  slowdown a node's detector verified that was over before it persisted (issue 47): recorded
+  here, never acted on;
 - ``{"kind": "diagnosis", "diagnosis": {kind, slow_ranks, slow_links, evidence}}``;
 - ``{"kind": "steps", "steps": [[step, seconds], ...]}`` - step times new to the mitigator
   (rank 0's; a synchronous job has one step time);

@@ -24,6 +24,9 @@ NODE = "failslow/node"
 PROFILE = "profile"
 """Below the node prefix: the controller's counter of summary requests, and per request ``n``
 ``profile/{n}/ranks``, the ranks whose publishers answered (:mod:`failslow.node.publisher`)."""
+TRANSIENTS = "transients"
+"""Below the node prefix: a counter of transients and ``transients/{n}``, each one's record
+(slowdowns over before they persisted, issue 47: journaled, never acted on)."""
 PLANS = "failslow/plans"
 """The two-phase plan channel (:mod:`failslow.core.control.plan_channel`)."""
 STANDBYS = "failslow/standbys"

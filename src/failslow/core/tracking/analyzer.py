@@ -21,6 +21,7 @@ import numpy as np
 from failslow.core.localize.summaries import GroupSummarizer, GroupSummary
 from failslow.core.ring import RingFormatError, RingReader, find_rings, ring_process
 from failslow.core.tracking import ChangeEvent, FailSlowDetector, IterationTracker
+from failslow.core.tracking.persistence import Transient
 from failslow.core.tracking.reorder import ReorderBuffer
 
 
@@ -79,6 +80,8 @@ class RankUpdate:
     first_iteration: int  # index of new_times[0] in the rank's iteration sequence
     events: list[ChangeEvent]
     reported_at: list[int]  # iteration index at which each event was reported (its latency)
+    transients: list[Transient] = field(default_factory=list)
+    """Slowdowns this poll saw end before they persisted (issue 47): recorded, never events."""
 
 
 class LocalAnalyzer:
@@ -198,18 +201,24 @@ class LocalAnalyzer:
             reported_at: list[int] = []
             skip = min(state.skip, len(times))  # a carried-over rank's first iterations
             state.skip -= skip
+            rule = state.detector.persistence
+            seen = 0 if rule is None else rule.count
+            transients: list[Transient] = []
             for i, (t, n) in enumerate(zip(times.tolist(), calls.tolist(), strict=True)):
                 if i < skip:
                     continue
                 new = state.detector.update(t, n)  # n: the calls it made (special steps)
                 events.extend(new)
                 reported_at.extend([first + i] * len(new))
+                if rule is not None and rule.count != seen:  # rare: a transient just ended
+                    transients += list(rule.transients)[seen - rule.count :]
+                    seen = rule.count
             state.iterations += len(times)
             if self._keep_history:
                 state.iteration_times.extend(times.tolist())
             state.events.extend(events)
             if len(times) or events:
-                updates.append(RankUpdate(rank, times, first, events, reported_at))
+                updates.append(RankUpdate(rank, times, first, events, reported_at, transients))
         return updates
 
     @property
