@@ -140,10 +140,13 @@ def megatron_own_loader_reference(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[int], Any]:
     """:func:`megatron_reference`'s job reading its data through the loop's own Megatron-LM
-    iterator (``--loader own``) instead of ``fs.data_iterator``: the same samples, but not the
-    same rounding - the two jobs differ by 1.02e-6 of a tensor's largest value after 91
-    fault-free steps (rank 2's ``linear_fc1.weight``), so a job on one is compared with a
-    reference on the same one. One run, as long as the first test asks."""
+    iterator (``--loader own``) instead of ``fs.data_iterator``: the same samples per step, but
+    not the same rounding - Megatron-LM's sampler interleaves the replicas' micro-batches
+    (global micro-batch ``j``'s slice ``r``), ``fs.data_iterator`` gives each replica a
+    contiguous block, so each replica sums other samples' gradients before the all-reduce; the
+    two jobs differ by 1.02e-6 of a tensor's largest value after 91 fault-free steps (rank 2's
+    ``linear_fc1.weight``), so a job on one is compared with a reference on the same one. One
+    run, as long as the first test asks."""
     return _reference_runs(
         tmp_path_factory, module="failslow.demo.megatron_worker", preload="megatron.core",
         micro_batch_size="8", minimum=0, load=_megatron_load, loader="own",

@@ -21,10 +21,13 @@ boundary; after the release, find every rank healthy again and switch back to th
 Correctness: every tensor of the model at the end equals that of the same job on the same data
 with no slowdown and no control plane, reading its data the same way (invariant 2; a reference
 run of the job over its own iterator, ``tests/e2e/conftest.py``: the job over
-``fs.data_iterator`` reads the same samples but rounds otherwise, 1.02e-6 apart after 91
-fault-free steps - which this test once mistook for the plan's): fp32, <= 1e-6 relative to the
-tensor's largest value - the same per-sample gradients summed in another grouping (rounding
-only).
+``fs.data_iterator`` reads the same samples per step but rounds otherwise, 1.02e-6 apart after
+91 fault-free steps - which this test once mistook for the plan's. Why: ``fs.data_iterator``
+gives each replica a contiguous block of the step's global batch, the Megatron-LM sampler
+interleaves - global micro-batch ``j``'s slice ``r`` - so the same samples' gradients are summed
+per replica in another grouping before the all-reduce; seen directly in the samplers' output,
+``adapters/common/data.py``): fp32, <= 1e-6 relative to the tensor's largest value - the same
+per-sample gradients summed in another grouping (rounding only).
 """
 
 from __future__ import annotations

@@ -31,6 +31,13 @@ the plan channel - every plan carries its apply step) and registers their counts
 step whose indices were already handed out still raises instead of silently reading the wrong
 share.
 
+A replica's share is a contiguous block of the step's global batch. Samplers that interleave
+the replicas - Megatron-LM's pretraining sampler (global micro-batch ``j``'s slice ``r``),
+torch's ``DistributedSampler`` (every ``D``-th sample) - read the same samples per step and
+assign them otherwise, so a job moved from one to the other sums the same gradients in another
+grouping: the same model up to rounding, not bitwise (a Megatron job: 1.02e-6 of a tensor's
+largest value after 91 steps, ``tests/e2e/conftest.py``).
+
 **By size** (``by_size=True``; issue 46): where every replica must run the same ``G = M / D``
 micro-batches per step (DeepSpeed ZeRO 2/3 reduce gradients inside every micro-step's backward),
 replica ``r`` reads the same samples a count plan would give it - the ``counts[r] *
