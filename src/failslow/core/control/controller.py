@@ -189,18 +189,14 @@ class Controller:
                 self.wake.clear()  # what set it is in the store already: the next tick reads it
 
     def _track(self) -> None:
-        prefix = self.node_prefix
-        count = self.store.add(f"{prefix}/onsets", 0)
-        new = []
-        while self._seen_events < count:
-            self._seen_events += 1
-            key = f"{prefix}/onsets/{self._seen_events}"
-            self.store.wait([key], 1.0)
-            record = self.store.get_json(key)
-            if record is not None:
-                new.append(record)
-                self._emit("onset", **{k: v for k, v in record.items() if k != "wall"})
-        self._journal_transients()
+        new, self._seen_events = self._journal_new(
+            f"{self.node_prefix}/onsets", "onset", self._seen_events
+        )
+        # transients go to the journal and nowhere else: a slowdown over before it persisted
+        # starts no round (issue 47)
+        _, self._seen_transients = self._journal_new(
+            f"{self.node_prefix}/{keys.TRANSIENTS}", "transient", self._seen_transients
+        )
         relief = any(r.get("type") == "relief" for r in new)
         onsets = [r for r in new if r.get("type") == "onset"]
         compound = self._compound(onsets)
@@ -230,18 +226,22 @@ class Controller:
             self._onsets = onsets
             self._enter(State.PROFILING, onsets=onsets)
 
-    def _journal_transients(self) -> None:
-        """The nodes' transients new since the last tick, into the journal - and nowhere else:
-        a slowdown over before it persisted starts no round (issue 47)."""
-        prefix = f"{self.node_prefix}/{keys.TRANSIENTS}"
-        count = self.store.add(prefix, 0)
-        while self._seen_transients < count:
-            self._seen_transients += 1
-            key = f"{prefix}/{self._seen_transients}"
+    def _journal_new(
+        self, counter: str, kind: str, seen: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The node records under ``counter`` after the ``seen`` first, each journaled as an
+        event of ``kind``; returns them and how many there are now."""
+        count = self.store.add(counter, 0)
+        new = []
+        while seen < count:
+            seen += 1
+            key = f"{counter}/{seen}"
             self.store.wait([key], 1.0)
             record = self.store.get_json(key)
             if record is not None:
-                self._emit("transient", **{k: v for k, v in record.items() if k != "wall"})
+                new.append(record)
+                self._emit(kind, **{k: v for k, v in record.items() if k != "wall"})
+        return new, seen
 
     def _compound(self, onsets: list[dict[str, Any]]) -> bool:
         """Whether one of ``onsets`` starts from the slow level of the fail-slow diagnosed
