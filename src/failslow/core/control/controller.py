@@ -5,7 +5,8 @@ controller --store URL``). It only reads what the nodes publish (:mod:`.publishe
 reliefs, per-group summaries) and what the ranks' agents report (:mod:`.agent`: their position
 on the pause group, validation results):
 
-- TRACKING: wait for a new onset (one counter read per tick). Onsets soon after a round
+- TRACKING: wait for a new onset (one counter read per tick; one more for the nodes'
+  transients, which are journaled and nothing else - issue 47). Onsets soon after a round
   (``cooldown_s``) are absorbed as that fail-slow's own; while a plan is in effect a round
   re-validates every ``recheck_every_s`` or at a relief. An onset that steps up from the slow
   level of the fail-slow diagnosed last (:meth:`Controller._compound`: a ladder's next rung, or
