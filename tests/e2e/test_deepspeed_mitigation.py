@@ -51,7 +51,7 @@ from _s2_checks import (
     check_same_model,
 )
 
-from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
+from failslow.demo.mitigation import MitigationDemoOptions, rank_record, run_mitigation_demo
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -94,9 +94,13 @@ def test_a_deepspeed_straggler_is_mitigated_and_the_model_is_unchanged(tmp_path:
     # reads and weight), measured against its prediction, and walked back to the even split -
     # after the release, or during the slowdown where the closed loop measured it short (in CI,
     # loaded: a probe [4, 5, 3, 4] measured 0.590 s against 0.592 s before it)
-    check_s2_climbed_and_came_back(
+    first = check_s2_climbed_and_came_back(
         summary, out=tmp_path / "mitigated", start=START, end=END, slow=SLOW
     )
+    # ... at the steps the plans named (rank 0's record of what it applied, and when)
+    back = [a for a in summary["actions"] if a["action"] == "revert"][-1]
+    steps = [a[1] for a in rank_record(tmp_path / "mitigated", 0)["applied"] if a[1] is not None]
+    assert first["apply_step"] in steps and back["apply_step"] in steps, steps
     # how much it helped is measured by benchmarks/straggler_mitigation.py, not asserted here
 
     # the model is the one the even split trains on the same data
