@@ -10,8 +10,6 @@ When it is missing the Redis tests fail with a message saying so, unless
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
 import shutil
 import socket
@@ -221,47 +219,15 @@ def make_redis(tmp_path: Path) -> Iterator[Any]:
 
 
 SPAWNED_GROUP = "spawned-worlds"
-"""``./dev test`` runs ``pytest -n 2 --dist loadgroup``, and :func:`pytest_xdist_make_scheduler`
-makes every module that spawns a world (one with a test marked ``multiprocess``) one unit of
-work: those modules run one after another on one worker, as without xdist - their module-scoped
-worlds and shared reference runs are built once, and no two worlds compete for the 2 cores -
-while the modules that spawn none run test by test on the second worker beside them (issue 49:
-the single-process tests are ~250 s of the suite, at ~0.4 of a core). xdist's own
-``xdist_group`` marker does not group under pytest 9 (it rewrites ``item._nodeid``, which
-pytest 9 no longer reads), hence the scheduler."""
-
-
-@functools.cache
-def spawns_a_world(module: Path) -> bool:
-    """Whether the test module at ``module`` marks a test ``multiprocess``.
-    The xdist controller sees node ids, not markers, so it reads the source;
-    :func:`pytest_collection_modifyitems` checks the rule against the markers on every run."""
-    return "mark.multiprocess" in module.read_text(encoding="utf-8")
+"""The xdist group of every module that spawns a world (``./dev test`` runs ``-n 2 --dist
+loadgroup``): those modules run one after another on one worker, as without xdist - their
+module-scoped worlds and shared reference runs are built once, and no two worlds compete for
+the 2 cores - while the modules that spawn none run on the second worker beside them (issue 49:
+the single-process tests are ~250 s of the suite, at ~0.4 of a core)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    spawning = {item.module for item in items if item.get_closest_marker("multiprocess")}
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        if item.get_closest_marker("multiprocess") and not spawns_a_world(config.rootpath / module):
-            raise pytest.UsageError(
-                f"{module} marks tests multiprocess without the text 'mark.multiprocess' "
-                "(tests/conftest.py: spawns_a_world reads it to schedule the module)"
-            )
-
-
-if importlib.util.find_spec("xdist") is not None:
-
-    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-        if config.getvalue("dist") != "loadgroup":
-            return None
-        from xdist.scheduler import LoadScopeScheduling
-
-        class SpawnedWorldsFirst(LoadScopeScheduling):  # type: ignore[misc]
-            """One unit for every module that spawns a world (the largest unit, so xdist's
-            scope reordering hands it out first), one unit per test elsewhere."""
-
-            def _split_scope(self, nodeid: str) -> str:
-                module = nodeid.split("::", 1)[0]
-                return SPAWNED_GROUP if spawns_a_world(config.rootpath / module) else nodeid
-
-        return SpawnedWorldsFirst(config, log)
+        if getattr(item, "module", None) in spawning:
+            item.add_marker(pytest.mark.xdist_group(SPAWNED_GROUP))
