@@ -216,18 +216,3 @@ def make_redis(tmp_path: Path) -> Iterator[Any]:
     finally:
         for server in servers:
             server.stop()
-
-
-SPAWNED_GROUP = "spawned-worlds"
-"""The xdist group of every module that spawns a world (``./dev test`` runs ``-n 2 --dist
-loadgroup``): those modules run one after another on one worker, as without xdist - their
-module-scoped worlds and shared reference runs are built once, and no two worlds compete for
-the 2 cores - while the modules that spawn none run on the second worker beside them (issue 49:
-the single-process tests are ~250 s of the suite, at ~0.4 of a core)."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    spawning = {item.module for item in items if item.get_closest_marker("multiprocess")}
-    for item in items:
-        if getattr(item, "module", None) in spawning:
-            item.add_marker(pytest.mark.xdist_group(SPAWNED_GROUP))
