@@ -11,7 +11,12 @@ ITERATION = [1, 2, 3, 2, 3, 4, 5]  # repeated tokens inside one iteration, as in
 
 
 def training_tokens(
-    n_iter: int, *, startup: int = 0, log_every: int = 0, eval_every: int = 0, swaps: float = 0.0,
+    n_iter: int,
+    *,
+    startup: int = 0,
+    log_every: int = 0,
+    eval_every: int = 0,
+    swaps: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
     rng = np.random.default_rng(seed)
@@ -73,3 +78,63 @@ def test_bad_tokens(bad: np.ndarray) -> None:
 def test_bad_threshold() -> None:
     with pytest.raises(ValueError, match=r"1\.5"):
         find_period(training_tokens(10), threshold=1.5)
+
+
+# -- what the call-log hold-out missed (issue 47): tokens with sizes, as the tracker sees them --
+
+
+def _with_sizes(steps: list[list[tuple[int, int]]], prefix: list[tuple[int, int]] = ()):  # type: ignore[assignment]
+    calls = [*prefix, *(c for step in steps for c in step)]
+    tokens = np.array([tok for tok, _ in calls], dtype=np.int64)
+    nbytes = np.array([b for _, b in calls], dtype=np.float64)
+    return tokens, nbytes
+
+
+def test_identical_layers_are_anchored_by_a_sequence_of_calls() -> None:
+    """FSDP over identical layers, no loss all-reduce: an all-gather per layer forward, an
+    all-gather and a reduce-scatter per layer backward - no call occurs once per step, so the
+    anchor is the step's last reduce-scatter followed by its next all-gathers."""
+    ag, rs, layers = (1, 8 << 20), (2, 4 << 20), 6
+    step = [ag] * layers + [ag] + [ag, rs] * (layers - 1) + [rs]
+    tokens, nbytes = _with_sizes([step] * 200)
+    pattern = dominant_pattern(tokens, nbytes=nbytes)
+    assert pattern is not None and pattern.period == len(step)
+    assert pattern.context  # a sequence, not one call
+    gram = [*pattern.context, pattern.anchor]
+    kinds = [tok for tok, _ in step * 2]
+    hits = [i for i in range(len(step)) if kinds[i : i + len(gram)] == gram]
+    assert len(hits) == 1  # once per step
+
+
+def test_reordered_prefetches_are_found_by_a_call_once_per_step() -> None:
+    """ZeRO-3 prefetching: adjacent calls swap in most steps, so no lag's ACF reaches 0.95;
+    the embedding's reduce-scatter still recurs once per step, one step's calls apart."""
+    rng = np.random.default_rng(4)
+    modules = [(10 + k, (3 + k) << 20) for k in range(3)]
+    fwd = [(1, 90 << 20)] + [(t, b) for _ in range(6) for t, b in modules]
+    bwd = [c for t, b in reversed(modules * 6) for c in ((t, b), (t + 10, b))] + [(2, 90 << 20)]
+    steps = []
+    for _ in range(150):
+        step = fwd + bwd + [(3, 4)]
+        for k in np.flatnonzero(rng.random(len(step) - 1) < 0.3):
+            step[k], step[k + 1] = step[k + 1], step[k]
+        steps.append(step)
+    tokens, nbytes = _with_sizes(steps)
+    period = len(fwd + bwd) + 1
+    assert acf(tokens, 2 * period).max() < 0.95  # no lag's ACF reaches the threshold
+    pattern = dominant_pattern(tokens, nbytes=nbytes)
+    assert pattern is not None and pattern.period == period
+    assert find_period(tokens) == period  # sizes unknown: the same
+
+
+def test_a_pipeline_step_is_closed_by_its_gradient_reduce_scatter_after_a_warm_up() -> None:
+    """The last stage of a 1F1B pipeline: receive, send for each of 16 micro-batches, then
+    small gradient buckets (under a tenth of the step's bytes) once per step; before the first
+    step, a warm-up loop of small all-reduces and an evaluation of 40 batches (its receives
+    look like the micro-batches). The step, not the micro-batch, is the period."""
+    recv, send = (1, 16 << 20), (2, 16 << 20)
+    step = [recv, send] * 16 + [(3, 20 << 20), (4, 4), (5, 4), (6, 20 << 20)]
+    prefix = [(7, 1024)] * 150 + [recv] * 16 * 40
+    tokens, nbytes = _with_sizes([step] * 200, prefix)
+    pattern = dominant_pattern(tokens[:8192], nbytes=nbytes[:8192])
+    assert pattern is not None and pattern.period == len(step)

@@ -189,12 +189,16 @@ def test_between_markers_the_acf_is_fed_in_batches_and_sees_a_new_pattern_soon()
 
 
 def test_markers_measure_a_step_without_a_once_per_step_call() -> None:
-    """Identical layers and no light call: the ACF finds no anchor, the markers still give
-    every iteration and the calls between them give the period."""
+    """Identical layers and no light call: no call occurs once per step. The ACF anchors on
+    a sequence (the last reduce-scatter, then the first all-gather); the markers give every
+    iteration exactly and the calls between them the period."""
     layers = [(OpCode.ALLGATHER, 1, 1 << 20, 0.01 + 0.02 * k) for k in range(8)]
     layers += [(OpCode.REDUCE_SCATTER, 1, 1 << 22, 0.17 + 0.01 * k) for k in range(8)]
-    plain, _ = make_records(300, calls=layers)
-    assert len(iteration_times(plain[plain["op"] != int(OpCode.BROADCAST)])) == 0
+    plain, truth = make_records(300, calls=layers)
+    shim_only = iteration_times(plain[plain["op"] != int(OpCode.BROADCAST)])
+    assert shim_only.period_calls == len(layers) and len(shim_only) >= 297
+    # from one step's first all-gather to the next one's: each step after the first, exactly
+    np.testing.assert_allclose(shim_only.seconds, truth[1 : 1 + len(shim_only)], rtol=1e-6)
     rec, truth = make_records(300, calls=layers, markers=(5,))
     result = iteration_times(rec)
     np.testing.assert_allclose(result.seconds, truth[1:], rtol=1e-6)

@@ -39,10 +39,46 @@ period that includes it. An eval-only call every 100 steps moves a far smaller s
 A light call that occurs exactly once per period (a loss or grad-norm all-reduce of every step)
 is not bookkeeping: it is re-admitted, counted in the period, and may anchor it - in a step of
 identical layers (FSDP) it is the only call that occurs once per step (tracking v2).
+
+What a hold-out of call logs found missing (issue 47; ``benchmarks/call_log_accuracy.py``):
+
+Anchor sequences. FSDP over identical layers with no loss all-reduce makes no call once per
+step: every all-gather and reduce-scatter has the same key. The period is still found (the
+step repeats exactly); a call left out of the pattern that recurs once per period joins it
+first (a root module's all-gather), else the anchor is the shortest sequence of 2-4 kept calls
+that occurs once per period (the step's last reduce-scatter, then its first all-gathers):
+``Pattern.context`` holds the calls before the anchor, and the tracker counts an anchor only
+after them.
+
+Reordered calls. ZeRO-3's prefetcher issues a module's all-gather before or after its
+neighbour's reduce-scatter from one step to the next; when most steps differ somewhere, no
+lag's ACF reaches the threshold. Then the period comes from a call that recurs once per step:
+its gaps, in calls, are one period give or take the calls that swapped around it, the calls
+between two of its occurrences are the same in most steps (whatever their order), and its
+occurrences tile the sequence (a per-layer call recurs regularly too, but covers a fraction).
+
+Start-up calls that repeat. A warm-up loop of identical all-reduces, or an evaluation before
+the first step, repeats as regularly as a step does; with a pipeline's micro-batches it can
+make the micro-batch (receive, send) look like the period. A step closed by small gradient
+buckets moves little of the data, so a left-out call that recurs every so many periods like
+clockwork closes the iteration as well as a heavy one; a pattern that keeps under 85% of the
+calls is checked for a longer one that keeps more; and where start-up calls hold the ACF under
+the threshold, it is taken again from the first call only steps make.
+
+The step boundary. Among equally regular anchors the one followed by the longest pause in the
+calls is taken (the optimizer and the next forward's data come between two steps): an
+iteration measured from a call in the middle of the step mixes two steps' times, so one slow
+step shows as two half-slow iterations - twice as many slow iterations in a window as there
+were (DDP's first bucket, issued mid-backward, against its last). The tracker moves to a more
+regular anchor at a re-check (an anchor picked before the first evaluation may be a call the
+evaluation makes too), and keeps a pattern that still holds when a window's evaluation
+batches suggest a shorter one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +135,9 @@ class Pattern:
     kept: np.ndarray  # token values that belong to the dominant pattern
     anchor: int | None  # token that occurs once per period, most regularly (None: none does)
     calls_per_period: float  # raw calls (incl. occasional extras) per period, on average
+    context: tuple[int, ...] = ()
+    """The kept tokens right before the anchor, when the anchor token alone recurs within the
+    period: the anchor is then the sequence ``(*context, anchor)`` (see "Anchor sequences")."""
 
 
 def _check_threshold(threshold: float) -> None:
@@ -121,7 +160,9 @@ def bookkeeping_mask(tokens: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     values, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
     size = np.zeros(values.size)
     np.maximum.at(size, inverse, b)
-    recurring = counts >= 3  # one-off start-up calls set no scale
+    # One-off start-up calls set no scale: a few broadcasts of the whole model before the
+    # first step would otherwise make every bucket of the step look light.
+    recurring = counts >= max(3.0, counts.max() / 64)
     if not recurring.any():
         return np.zeros(y.size, dtype=bool)
     heavy = size >= size[recurring].max() * LIGHT_FRACTION
@@ -150,19 +191,128 @@ def dominant_pattern(
     b = None if nbytes is None else np.asarray(nbytes, dtype=np.float64)
     options = (max_lag, threshold, coarse_threshold, min_share)
     if b is None or not y.size:
+        keep = np.ones(y.size, dtype=bool)
         found = _dominant(y, t, b, *options)
-        return found if found is not None and found.anchor is not None else None
-    light = bookkeeping_mask(y, b)
-    keep = ~light
-    found = _dominant(y[keep], None if t is None else t[keep], b[keep], *options)
-    if found is not None and light.any():
+    else:
+        keep = ~bookkeeping_mask(y, b)
+        found = _dominant(y[keep], None if t is None else t[keep], b[keep], *options)
+    light = ~keep
+    if found is not None and light.any() and b is not None:
         per_step = _once_per_step(y, light, found)
         if per_step.size:  # light calls of every step belong to it (and can anchor it)
             keep |= np.isin(y, per_step)
             wider = _dominant(y[keep], None if t is None else t[keep], b[keep], *options)
             if wider is not None and wider.anchor is not None:
                 found = wider
-    return found if found is not None and found.anchor is not None else None
+    yk, tk = y[keep], None if t is None else t[keep]
+    lag_cap = max(1, yk.size // 3) if max_lag is None else max(1, int(max_lag))
+    if found is not None and found.anchor is None:
+        found = _anchored(yk, tk, found, threshold, lag_cap)
+    if found is None:
+        found = _by_gaps(yk, tk)
+    if found is None or found.anchor is None:
+        return None
+    return _complete(y, found) if not found.context else found
+
+
+def _complete(y: np.ndarray, found: Pattern) -> Pattern:
+    """The pattern with every call that every step makes: a left-out token that occurs ``c``
+    times between consecutive anchors on average (within 0.05), and ``c`` give or take one in
+    95% of the steps (ZeRO-3's embedding all-gathers, twice per step among dozens of per-layer
+    calls), joins it, so that the period is the calls of a whole step."""
+    pos = np.flatnonzero(y == found.anchor)
+    if pos.size < 4:
+        return found
+    inner = y[pos[0] : pos[-1]]
+    step = np.searchsorted(pos, np.arange(pos[0], pos[-1]), side="right") - 1
+    values, inverse = np.unique(inner, return_inverse=True)
+    per = np.zeros((pos.size - 1, values.size), dtype=np.int64)
+    np.add.at(per, (step, inverse.ravel()), 1)
+    add = []
+    for j in np.flatnonzero(~np.isin(values, found.kept)):
+        mean = float(per[:, j].mean())  # a call swapped across the anchor moves to the next
+        c = round(mean)  # step: the counts 2 and 0 keep the mean
+        if c >= 1 and abs(mean - c) <= 0.05 and np.mean(np.abs(per[:, j] - c) <= 1) >= 0.95:
+            add.append((int(values[j]), c))
+    if not add:
+        return found
+    kept = np.union1d(found.kept, [v for v, _ in add])
+    period = found.period + sum(c for _, c in add)
+    return dataclasses.replace(found, period=period, kept=kept)
+
+
+def _anchored(
+    y: np.ndarray, t: np.ndarray | None, found: Pattern, threshold: float, lag_cap: int
+) -> Pattern:
+    """An anchor for a period that has none among its kept tokens (see "Anchor sequences"):
+    a left-out call that recurs once per period joins the pattern; else a short sequence of
+    kept calls that occurs once per period anchors it."""
+    outside = ~np.isin(y, found.kept)
+    extra = _once_per_step(y, outside, found)
+    if extra.size:
+        kept = np.union1d(found.kept, extra)
+        wider = _period_and_anchor(y, t, kept, threshold, lag_cap)
+        if wider is not None and wider[1] is not None:
+            per_period = np.count_nonzero(np.isin(y, kept)) / wider[0]
+            return Pattern(wider[0], kept, wider[1], y.size / max(per_period, 1.0))
+    mask = np.isin(y, found.kept)
+    yf, tf = y[mask], None if t is None else t[mask]
+    for k in range(2, MAX_CONTEXT + 2):
+        if yf.size < 3 * k:
+            break
+        grams = np.lib.stride_tricks.sliding_window_view(yf, k)
+        _, coded = np.unique(grams, axis=0, return_inverse=True)
+        coded = coded.ravel()
+        pick = _pick_anchor(coded, found.period, None if tf is None else tf[k - 1 :])
+        if pick is not None:
+            at = int(np.flatnonzero(coded == pick)[0])
+            gram = grams[at].tolist()
+            return dataclasses.replace(found, anchor=int(gram[-1]), context=tuple(gram[:-1]))
+    return found
+
+
+MAX_CONTEXT = 3
+"""Kept calls before the anchor that an anchor sequence may use (sequences of 2-4 calls)."""
+
+
+def _by_gaps(y: np.ndarray, t: np.ndarray | None) -> Pattern | None:
+    """The period and anchor from a call that recurs once per step, where no lag's ACF does
+    (see "Reordered calls"): its gaps, counted in calls, are one period give or take the
+    calls that swapped around it, and what lies between two of its occurrences holds the same
+    calls in most steps, whatever their order."""
+    if y.size < 12:
+        return None
+    values, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+    best: tuple[int, float, int, np.ndarray] | None = None
+    for v in np.flatnonzero(counts >= 4):
+        pos = np.flatnonzero(inverse == v)
+        gaps = np.diff(pos)
+        g = int(np.median(gaps))
+        if g < 2 or np.mean(np.abs(gaps - g) <= max(2, g // 20)) < 0.8:
+            continue
+        bags = np.stack(
+            [np.bincount(inverse[a:b], minlength=values.size) for a, b in itertools.pairwise(pos)]
+        )
+        rows, seen = np.unique(bags, axis=0, return_counts=True)
+        usual = rows[int(np.argmax(seen))]
+        slack = 2 if g >= 10 else 0  # a call swapped across the anchor (in a long step)
+        same = np.abs(bags - usual).sum(axis=1) <= slack
+        in_bag = usual > 0
+        if np.mean(same) < 0.8 or counts[v] * g < 0.9 * y.size:  # steps tile the calls
+            continue
+        spread = 0.0
+        if t is not None:
+            dt = np.diff(t[pos]).astype(np.float64)
+            med = float(np.median(dt))
+            spread = float(np.median(np.abs(dt - med)) / med) if med > 0 else np.inf
+        key = (int(usual.sum()), spread, int(values[v]), values[in_bag])
+        if best is None or key[:3] < best[:3]:
+            best = key
+    if best is None:
+        return None
+    period, _, anchor, kept = best
+    per_period = np.count_nonzero(np.isin(y, kept)) / period
+    return Pattern(period, kept, anchor, y.size / max(per_period, 1.0))
 
 
 def _once_per_step(y: np.ndarray, light: np.ndarray, found: Pattern) -> np.ndarray:
@@ -213,19 +363,70 @@ def _dominant(
     found = _period_and_anchor(y, t, kept, threshold, lag_cap)
     if found is None:
         return None
-    if b is not None:  # an infrequent call moving much of the data closes the iteration
+    if b is not None:  # an infrequent call moving much of the data closes the iteration ...
         volume = np.zeros(values.size)
         np.add.at(volume, inverse, b)
         excluded = ~np.isin(values, kept) & (counts >= 3)
         closing = excluded & (volume >= CLOSING_SHARE * volume[np.isin(values, kept)].sum())
-        if closing.any():
-            wider = values[counts >= 0.5 * counts[closing].min()]
-            coarse = _period_and_anchor(y, t, wider, threshold, lag_cap)
+        closers = np.flatnonzero(closing)
+        rate = counts[closers].min() if closers.size else 0
+        if not rate:  # or one that recurs every so many periods, like clockwork
+            in_kept = np.cumsum(np.isin(y, kept))
+            regular = [
+                v for v in np.flatnonzero(excluded) if _every(in_kept[inverse == v], found[0])
+            ]
+            rate = max((counts[v] for v in regular), default=0)
+            closers = np.asarray([v for v in regular if counts[v] == rate], dtype=np.int64)
+        if rate:
+            wider = values[counts >= 0.5 * rate]
+            coarse = _settled(y, t, wider, values[closers], threshold, lag_cap)
             if coarse is not None and coarse[1] is not None:
                 kept, found = wider, coarse
+    covered = np.count_nonzero(np.isin(y, kept)) / n
+    if covered < MIN_COVERED:  # a sub-pattern (see "Start-up calls that repeat")
+        wider = values[counts >= 0.5 * min_share * n / p0]
+        rarest = wider[np.argmin(counts[np.isin(values, wider)])]
+        coarse = _settled(y, t, wider, np.array([rarest]), threshold, lag_cap)
+        if coarse is not None and coarse[0] > found[0]:
+            kept, found = wider, coarse
     period, anchor = found
     per_period = np.count_nonzero(np.isin(y, kept)) / period
     return Pattern(period, kept, anchor, n / max(per_period, 1.0))
+
+
+MIN_COVERED = 0.85
+"""A pattern whose kept calls are fewer than this share of all calls is checked for a longer
+one that keeps more (see "Start-up calls that repeat")."""
+
+
+def _settled(
+    y: np.ndarray,
+    t: np.ndarray | None,
+    kept: np.ndarray,
+    first: np.ndarray,
+    threshold: float,
+    lag_cap: int,
+) -> tuple[int, int | None] | None:
+    """Period and anchor (None: no single call) of the ``kept`` calls; where start-up calls
+    before the first step hold the ACF under the threshold (they may repeat too), of those
+    from the first call of ``first`` (a call that only steps make) on."""
+    found = _period_and_anchor(y, t, kept, threshold, lag_cap)
+    if found is None or found[1] is None:
+        start = int(np.flatnonzero(np.isin(y, first))[0])
+        tail = None if t is None else t[start:]
+        found = _period_and_anchor(y[start:], tail, kept, threshold, lag_cap) or found
+    return found
+
+
+def _every(at: np.ndarray, period: int) -> bool:
+    """Whether a call seen after these counts of kept calls recurs every so many periods: a
+    pipeline's gradient reduce-scatter after each step's micro-batches, whatever its size."""
+    gaps = np.diff(at)
+    if gaps.size < 2:
+        return False
+    values, seen = np.unique(gaps, return_counts=True)
+    g = int(values[np.argmax(seen)])
+    return g > period and g % period == 0 and seen.max() >= 0.8 * gaps.size
 
 
 def _period_and_anchor(
@@ -240,25 +441,30 @@ def _period_and_anchor(
 
 
 def _pick_anchor(yf: np.ndarray, period: int, times: np.ndarray | None) -> int | None:
-    """The token occurring once per period whose spacing is most regular."""
+    """The token occurring once per period whose spacing is most regular; among equally
+    regular ones, the one followed by the longest pause in the calls (see "The step
+    boundary"), then the one whose times are the most regular."""
     values, counts = np.unique(yf, return_counts=True)
     per = yf.size / period
-    best: tuple[float, float, int] | None = None
+    best: tuple[float, float, float, int] | None = None
     for value in values[(counts >= 0.8 * per) & (counts <= 1.2 * per)]:
         pos = np.flatnonzero(yf == value)
         if pos.size < 2:
             continue
         gaps = np.diff(pos)
         exact = float(np.mean(gaps == period))
-        spread = 0.0
+        spread, pause = 0.0, 0.0
         if times is not None:
             dt = np.diff(times[pos]).astype(np.float64)
             med = float(np.median(dt))
             spread = float(np.median(np.abs(dt - med)) / med) if med > 0 else np.inf
-        key = (-round(exact, 2), round(spread, 3), int(value))
+            nxt = pos[pos + 1 < times.size]
+            if med > 0 and nxt.size:
+                pause = float(np.median(times[nxt + 1] - times[nxt])) / med
+        key = (-round(exact, 2), -round(pause, 2), round(spread, 3), int(value))
         if best is None or key < best:
             best = key
-    return None if best is None or best[0] > -0.5 else best[2]
+    return None if best is None or best[0] > -0.5 else best[3]
 
 
 def find_period(

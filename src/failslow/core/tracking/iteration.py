@@ -165,6 +165,7 @@ class IterationTracker:
         self._hold: np.ndarray | None = None  # calls not fed to the ACF yet (ACF_EVERY) ...
         self._held_calls = 0  # ... in its first this many entries
         self._deferred_marks = 0  # step markers since they were last fed
+        self._tail = _NO_TOKENS  # the last kept tokens fed (an anchor sequence's context)
 
     @property
     def period_calls(self) -> int | None:
@@ -351,7 +352,7 @@ class IterationTracker:
         self._total += tok.size
         if self._pattern is None:
             return _none()
-        pos = (tok == self._pattern.anchor).nonzero()[0]
+        pos, self._tail = _anchor_positions(self._pattern, tok, self._tail)
         if pos.size == 0:
             return _none()
         self._last_anchor_idx = start + int(pos[-1])
@@ -402,7 +403,10 @@ class IterationTracker:
         # closes each iteration (a pipeline's gradient all-reduce) may not have recurred yet.
         self._recheck_gap = self.min_tokens
         self._next_recheck = self._total + self._recheck_gap
-        pos = np.flatnonzero(tok == pattern.anchor)
+        pos, self._tail = _anchor_positions(pattern, tok, _NO_TOKENS)
+        if pos.size == 0:  # cannot happen: the pattern's anchor was found in these calls
+            self._pattern = None
+            return _none()
         self._last_anchor_idx = first + int(pos[-1])
         self._last_anchor_t, self._last_anchor_at = int(t[pos[0]]), first + int(pos[0])
         return self._emit(t[pos[1:]], first + pos[1:])
@@ -416,16 +420,58 @@ class IterationTracker:
         )
         if pattern is None or self._pattern is None:
             return
-        if pattern.period == self._pattern.period and self._pattern.anchor in pattern.kept:
-            # Same pattern: keep measuring from the same anchor (switching loses an iteration).
-            pattern = dataclasses.replace(pattern, anchor=self._pattern.anchor)
+        old = self._pattern
+        if pattern.period < old.period and _regularity(old, tok) >= 0.8:
+            return  # still every step: a shorter period is the window's (evaluation batches)
+        if pattern.period == old.period and np.isin([old.anchor, *old.context], pattern.kept).all():
+            # Same pattern: keep measuring from the same anchor (switching may lose an
+            # iteration), unless the new one keeps its period better on what came since: an
+            # anchor picked before the job's first evaluation may be a call evaluations make too.
+            same = dataclasses.replace(pattern, anchor=old.anchor, context=old.context)
+            if _regularity(same, tok) + 0.01 >= _regularity(pattern, tok):
+                pattern = same
         elif self._marker_key is None:  # between markers, the times stay what they were
             self.epoch += 1
-        if pattern.anchor != self._pattern.anchor:
-            pos = np.flatnonzero(tok == pattern.anchor)
+        pos, tail = _anchor_positions(pattern, tok, _NO_TOKENS)
+        if pos.size == 0:  # the old anchor no longer in this window: keep measuring as before
+            return
+        if (pattern.anchor, pattern.context) != (old.anchor, old.context):
             self._last_anchor_idx = first + int(pos[-1])
             self._last_anchor_t, self._last_anchor_at = int(t[pos[-1]]), first + int(pos[-1])
-        self._pattern = pattern
+        self._pattern, self._tail = pattern, tail
+
+
+_NO_TOKENS = np.empty(0, dtype=np.int64)
+
+
+def _anchor_positions(
+    pattern: Pattern, tok: np.ndarray, tail: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where in ``tok`` the pattern's anchor occurs, and the kept tokens to carry to the next
+    call (``tail``: the last kept tokens before ``tok``). An anchor with a context is a
+    sequence of kept calls (:mod:`.acf`, "Anchor sequences"): its last call, where the kept
+    calls before it are the context."""
+    if not pattern.context:
+        return np.flatnonzero(tok == pattern.anchor), tail
+    k = len(pattern.context)
+    idx = np.flatnonzero(np.isin(tok, pattern.kept))
+    seq = np.concatenate((tail, tok[idx]))
+    if seq.size <= k:
+        return _NO_TOKENS, seq
+    gram = np.asarray((*pattern.context, pattern.anchor), dtype=seq.dtype)
+    windows = np.lib.stride_tricks.sliding_window_view(seq, k + 1)
+    hit = np.flatnonzero((windows == gram).all(axis=1))
+    return idx[hit + k - tail.size], seq[-k:]
+
+
+def _regularity(pattern: Pattern, tok: np.ndarray) -> float:
+    """The share of the anchor's consecutive occurrences in ``tok`` exactly one period of kept
+    calls apart."""
+    pos, _ = _anchor_positions(pattern, tok, _NO_TOKENS)
+    if pos.size < 2:
+        return 0.0
+    kept = np.cumsum(np.isin(tok, pattern.kept))
+    return float(np.mean(np.diff(kept[pos]) == pattern.period))
 
 
 def iteration_times(records: np.ndarray, **tracker_options: int | float) -> IterationTimes:
