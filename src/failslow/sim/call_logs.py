@@ -42,6 +42,7 @@ Jobs with restarts are left out (a restart is a new process and a new log).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,7 +87,7 @@ class CallLog:
     startup_calls: int
 
 
-def _spread(calls: list[tuple[int, int, int]], lo: float, hi: float) -> list[Call]:
+def _spread(calls: Sequence[tuple[int, int, int]], lo: float, hi: float) -> list[Call]:
     n = len(calls)
     return [
         Call(op, g, b, lo + (hi - lo) * (k + 0.5) / max(n, 1)) for k, (op, g, b) in enumerate(calls)
