@@ -283,12 +283,27 @@ def _by_gaps(y: np.ndarray, t: np.ndarray | None) -> Pattern | None:
     if y.size < 12:
         return None
     values, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+    inverse = inverse.ravel()
+    # Every token's occurrences at once (grouped by token, in order), and a first sieve: the
+    # share of its gaps that are about as long as the next one (few for calls at random
+    # times, most for a call of every step).
+    order = np.argsort(inverse, kind="stable")
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    gaps_all = np.diff(order)
+    owner = inverse[order[1:]]
+    inside = inverse[order[:-1]] == owner  # not across two tokens' groups
+    pair = inside[:-1] & inside[1:]  # gaps k and k + 1 of one token
+    alike = pair & (np.abs(np.diff(gaps_all)) <= np.maximum(2, gaps_all[:-1] // 20))
+    share = np.bincount(owner[:-1][alike], minlength=values.size) / np.maximum(counts - 2, 1)
     best: tuple[int, float, int, np.ndarray] | None = None
-    for v in np.flatnonzero(counts >= 4):
-        pos = np.flatnonzero(inverse == v)
+    for v in np.flatnonzero((counts >= 4) & (share >= 0.5)):
+        pos = order[starts[v] : ends[v]]
         gaps = np.diff(pos)
         g = int(np.median(gaps))
-        if g < 2 or np.mean(np.abs(gaps - g) <= max(2, g // 20)) < 0.8:
+        if g < 2 or counts[v] * g < 0.9 * y.size:  # its steps must tile the calls
+            continue
+        if np.mean(np.abs(gaps - g) <= max(2, g // 20)) < 0.8:
             continue
         bags = np.stack(
             [np.bincount(inverse[a:b], minlength=values.size) for a, b in itertools.pairwise(pos)]
@@ -298,7 +313,7 @@ def _by_gaps(y: np.ndarray, t: np.ndarray | None) -> Pattern | None:
         slack = 2 if g >= 10 else 0  # a call swapped across the anchor (in a long step)
         same = np.abs(bags - usual).sum(axis=1) <= slack
         in_bag = usual > 0
-        if np.mean(same) < 0.8 or counts[v] * g < 0.9 * y.size:  # steps tile the calls
+        if np.mean(same) < 0.8:
             continue
         spread = 0.0
         if t is not None:
