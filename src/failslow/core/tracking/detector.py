@@ -71,9 +71,7 @@ Detection v3 (issue 47): what is reported is what is worth acting on.
   (20) points clears the line, newer half too, is an onset even when the one-level rules turn
   it down (flapping congestion: slow a few iterations, then not, slow on average); a climb
   over three windows of 20 points from the window before them is one too (a ramp:
-  :meth:`FailSlowDetector._ramp`). A ramp fast enough for the one-level rules is verified
-  once enough of it clears the line; its change point is moved back to where its 5-point
-  median first did (:meth:`FailSlowDetector._crossed`).
+  :meth:`FailSlowDetector._ramp`).
 - Actionable onsets (:mod:`.persistence`): a verified onset is held until the slowdown has
   persisted past the job's own transients (10-14 points, learned per job); shorter episodes are
   recorded as transients and never reported. The onset keeps its change point; its
@@ -631,7 +629,7 @@ class FailSlowDetector(Detector):
                 ref = self._baseline
             if ref is not None and self._confirmed(c, raw, post, ref):
                 self._baseline = ref
-                return [self._enter(self._crossed(c, ref), t, "onset", ref, after)]
+                return [self._enter(c, t, "onset", ref, after)]
             return None
         assert self._baseline is not None
         ref = self._ref(c, 1)
@@ -656,23 +654,6 @@ class FailSlowDetector(Detector):
                 self._level = after
                 return []
         return None
-
-    def _crossed(self, c: int, ref: float) -> int:
-        """Where a slowdown verified at ``c`` first crossed the line: a slowdown that builds
-        up (a ramp) is verified as a step only once enough of it clears the line, several
-        iterations after it did; the points before ``c`` whose 5-point median is already above
-        the line belong to it. A step's points before it do not (the usual case: ``c``)."""
-        line = ref + self.log_threshold
-        lo = max(self._seg_start, c - self.sustain)
-        if c - lo < 3:
-            return c
-        x = self.history.window(lo, c + 3)
-        start = c
-        for j in range(c - lo - 1, 1, -1):  # x[j] is history point lo + j
-            if median(x[j - 2 : j + 3]) < line:
-                break
-            start = lo + j
-        return start
 
     def _noise(self, c: int) -> float:
         """Robust noise scale (log units) before ``c``, from successive differences.
