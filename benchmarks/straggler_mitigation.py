@@ -7,7 +7,8 @@ Usage::
         [--slow-start 60] [--repeat 1] [--loop user|train_batch] [--hog N]
         [--micro-batch-size N] [--width N] [--loader failslow|own|prepared] [--zero 1|2]
         [--mesh hsdp|full]
-        [--launcher demo|failslow-run]
+        [--launcher demo|failslow-run] [--fault compute|device] [--device-factor 4]
+        [--world-size 4] [--slow-rank 2]
 
 ``--framework deepspeed`` (default) runs ``failslow demo --framework deepspeed``'s job: 4 ranks,
 ZeRO-1, CPU/gloo, 4 micro-batches of 128 per replica per step, trained by the loop DeepSpeed's
@@ -30,7 +31,10 @@ MLP trained by Lightning's ``Trainer.fit()`` (strategy ddp, ``accumulate_grad_ba
 S2 by size over the loader Lightning built.
 ``--framework fsdp`` runs the HSDP 2 x 2 job (``--mesh full``: pure FSDP2 over the 4 ranks, S2
 by size). Rank 2 is
-SIGSTOP/SIGCONT-cycled from outside (75% stopped, ~4x slower) from ``--slow-start`` to the end.
+SIGSTOP/SIGCONT-cycled from outside (75% stopped, ~4x slower) from ``--slow-start`` to the end;
+``--fault device``: instead its device computes ``--device-factor`` times slower while its host
+and its part in the collectives run at full speed (:mod:`failslow.demo.slow_device`, a
+throttled GPU).
 Both runs train on the same data; the unmitigated run has no control plane, the failslow run
 detects, validates, plans and applies S2 by itself. Printed (ratios, since the machine is
 shared): the healthy step (steps 10 to slow-start, both runs), the slowed step without
@@ -128,6 +132,10 @@ def one_pair(
     zero: int | None = None,
     launcher: str = "demo",
     mesh: str | None = None,
+    fault: str = "compute",
+    device_factor: float = 4.0,
+    world_size: int = 4,
+    slow_rank: int = 2,
 ) -> dict[str, Any]:
     runs = {}
     for name, mitigate in (("unmitigated", False), ("failslow", True)):
@@ -148,9 +156,13 @@ def one_pair(
                 zero=zero,
                 mesh=mesh,
                 launcher=launcher,
+                fault=fault,
+                device_factor=device_factor,
+                world_size=world_size,
+                slow_rank=slow_rank,
             )
         )
-        runs[name] = (summary, step_times_of(out, 4))
+        runs[name] = (summary, step_times_of(out, world_size))
     (_, u_times), (f_summary, f_times) = runs["unmitigated"], runs["failslow"]
     healthy = statistics.median([*u_times[10:start], *f_times[10:start]])
     applied = [a["apply_step"] for a in f_summary["actions"] if a["action"] == "apply"]
@@ -164,7 +176,7 @@ def one_pair(
     rel = 0.0
     whole = ("deepspeed", "accelerate", "transformers", "lightning", "fsdp")  # rank 0: all
     files = ["parameters.npz"] if framework in whole else [
-        f"parameters-rank{r}.npz" for r in range(4)
+        f"parameters-rank{r}.npz" for r in range(world_size)
     ]  # fmt: skip
     for name in files:
         got, want = np.load(base / "failslow" / name), np.load(base / "unmitigated" / name)
@@ -218,6 +230,22 @@ def main() -> None:
         default="demo",
         help="failslow-run: plain torchrun vs failslow run --controller 4 -- torchrun",
     )
+    parser.add_argument(
+        "--fault",
+        choices=("compute", "device"),
+        default="compute",
+        help="compute: rank 2 SIGSTOP-cycled (75%%); device: rank 2's compute --device-factor "
+        "times slower, its collectives at full speed (failslow.demo.slow_device)",
+    )
+    parser.add_argument("--device-factor", type=float, default=4.0)
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=4,
+        help="ranks (2: one per core here - ranks that share cores share their CPU, which no "
+        "plan moves)",
+    )
+    parser.add_argument("--slow-rank", type=int, default=2)
     args = parser.parse_args()
     console = Console(width=230)
     job = job_name(args.framework, zero=args.zero, mesh=args.mesh)
@@ -229,7 +257,11 @@ def main() -> None:
                                               ("mesh", args.mesh),
                                               ("launcher", args.launcher))
                     if v)  # fmt: skip
-    table = Table(title=f"{job}, 4 ranks, rank 2 stopped 75% (CPU/gloo){loop}{hogs}{shape}")
+    slow = (
+        f"rank {args.slow_rank}'s device {args.device_factor:g}x slower"
+        if args.fault == "device" else f"rank {args.slow_rank} stopped 75%"
+    )  # fmt: skip
+    table = Table(title=f"{job}, {args.world_size} ranks, {slow} (CPU/gloo){loop}{hogs}{shape}")
     for col in (
         "run",
         "healthy",
@@ -251,7 +283,8 @@ def main() -> None:
             console.print(f"run {i + 1}/{args.repeat}: unmitigated, then failslow ...")
             r = one_pair(Path(tmp), args.steps, args.slow_start, args.loop, args.framework,
                          args.micro_batch_size, args.width, args.loader, args.zero,
-                         args.launcher, args.mesh)  # fmt: skip
+                         args.launcher, args.mesh, args.fault,
+                         args.device_factor, args.world_size, args.slow_rank)  # fmt: skip
         table.add_row(
             str(i + 1),
             f"{r['healthy_s']:.3f} s",

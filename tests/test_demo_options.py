@@ -21,7 +21,8 @@ def test_the_link_fault_needs_root_and_says_so(monkeypatch):
     ("options", "message"),
     [
         ({"framework": "deepspeed", "fault": "link"}, "--fault link needs --framework megatron"),
-        ({"framework": "megatron", "fault": "disk"}, "--fault must be compute or link"),
+        ({"framework": "megatron", "fault": "disk"}, "--fault must be compute, device or link"),
+        ({"fault": "device", "device_factor": 0.5}, "--device-factor must be >= 1, got 0.5"),
         ({"framework": "deepspeed", "loader": "own"}, "--loader own is not one of --framework d"),
         ({"framework": "megatron", "loader": "prepared"}, "megatron's: ['failslow', 'own']"),
         ({"framework": "megatron", "zero": 2}, "--zero 2: the DeepSpeed job and the Trainer"),
@@ -52,6 +53,7 @@ def test_bad_fault_options_are_one_line(options, message):
         (["--framework", "fsdp", "--fault", "nan"], "--fault nan needs --framework deepspeed"),
         (["--framework", "megatron", "--fault", "sdc"], "--fault sdc needs --framework deeps"),
         (["--framework", "accelerate", "--fault", "slow"], "slow needs --framework deepspeed or"),
+        (["--framework", "torch", "--fault", "device"], "--fault device needs a framework's job"),
     ],
 )
 def test_bad_strategies_are_one_line_before_anything_starts(argv, message, capsys):

@@ -92,8 +92,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             )
         )
         return 0 if summary["parameters"].get("equal", True) else 1
-    if args.fault != "compute" and args.framework == "torch":
+    if args.fault not in ("compute", "device") and args.framework == "torch":
         raise SystemExit("failslow demo: --fault link needs --framework megatron or fsdp")
+    if args.fault == "device" and args.framework == "torch":
+        raise SystemExit(
+            "failslow demo: --fault device needs a framework's job (--framework deepspeed, "
+            "megatron, accelerate, fsdp, transformers or lightning)"
+        )
     if args.framework != "torch":  # the mitigation demos
         from failslow.demo.mitigation import MitigationDemoOptions, run_mitigation_demo
 
@@ -115,6 +120,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 launcher=args.launcher,
                 fault=args.fault,
                 link_rate=args.link_rate,
+                device_factor=args.device_factor,
                 failslow={"planner": {"strategies": strategies}} if strategies else {},
             )
         )
@@ -188,9 +194,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--fault",
-        choices=("compute", "link", "kill", "hang", "nan", "sdc", "matmul", "slow"),
+        choices=("compute", "device", "link", "kill", "hang", "nan", "sdc", "matmul", "slow"),
         default="compute",
-        help="compute - the slow rank is SIGSTOP-cycled (S2); link (megatron or fsdp, root) - "
+        help="compute - the slow rank is SIGSTOP-cycled (S2); device - the slow rank's "
+        "device computes --device-factor times slower, its host and collectives at full speed "
+        "(a throttled GPU: S2 by size takes effect in full); link (megatron or fsdp, root) - "
         "every rank in its own network namespace, the link between ranks 0 and 1 shaped with "
         "tc (S3 swaps roles in place); kill (deepspeed or megatron) - --slow-rank and another "
         "rank are SIGKILLed at 2/7 and 9/14 of the run, the job restarts from memory on warm "
@@ -209,6 +217,12 @@ def register(sub: Any) -> None:
         "--slow-rank's rank spends 0.6 s per step in a slow data loader, every rank healthy in "
         "the validation round: rounds of stack samples name its machine, evicted onto the "
         "standby",
+    )
+    p.add_argument(
+        "--device-factor",
+        type=float,
+        default=4.0,
+        help="--fault device: how many times slower the slow rank's compute runs (4)",
     )
     p.add_argument(
         "--no-standby",

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from failslow import envvars
+from failslow.demo import slow_device
 from failslow.demo.journal_follow import JournalFollower
 from failslow.demo.run_dir import new_run_dir
 from failslow.demo.worker_io import launch_env
@@ -102,7 +103,12 @@ class MitigationDemoOptions:
     """``compute``: ``slow_rank`` is SIGSTOP/SIGCONT-cycled from outside (S2 mitigates it);
     ``link`` (Megatron, root): every rank in its own network namespace and host, and the link
     between ranks 0 and 1 - stage 0 of two replicas, their gradient all-reduce - shaped to
-    ``link_rate`` (S3 swaps roles so that link carries no DP traffic)."""
+    ``link_rate`` (S3 swaps roles so that link carries no DP traffic); ``device``:
+    ``slow_rank``'s device computes ``device_factor`` times slower while its host and its part
+    in the collectives run at full speed (:mod:`failslow.demo.slow_device`: a throttled GPU,
+    where S2's size form can take effect in full)."""
+    device_factor: float = 4.0
+    """``fault="device"``: how many times slower the slow rank's compute runs."""
     link_rate: str | None = None
     """Default: Megatron 25mbit; FSDP 200mbit (its shard groups move every layer's shards per
     micro-batch, so a slower link makes a step take seconds)."""
@@ -182,8 +188,12 @@ class MitigationDemoOptions:
                 f"demo: the {self.framework} job has 2 pipeline stages / replicas; --world-size "
                 f"must be even, got {self.world_size}"
             )
-        if self.fault not in ("compute", "link"):
-            raise FailslowError(f"demo: --fault must be compute or link, got {self.fault!r}")
+        if self.fault not in ("compute", "link", "device"):
+            raise FailslowError(
+                f"demo: --fault must be compute, device or link, got {self.fault!r}"
+            )
+        if self.fault == "device" and not self.device_factor >= 1.0:
+            raise FailslowError(f"demo: --device-factor must be >= 1, got {self.device_factor}")
         if self.fault == "link" and not (megatron or fsdp):
             raise FailslowError(
                 "demo: --fault link needs --framework megatron or fsdp (the topology swap, S3, "
@@ -346,6 +356,9 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
                 if opts.inject and fault is None and run.step >= opts.slow_start:
                     if net is not None:
                         fault = ShapedLink(net, SHAPED_LINK, opts.link_rate)
+                    elif opts.fault == "device":
+                        fault = SlowedDevice(out / DEVICE_SWITCH, opts.slow_rank,
+                                             opts.device_factor)  # fmt: skip
                     else:
                         fault = DutyCycleThrottle(
                             _rank_pid(opts, procs, out), opts.stopped_fraction,
@@ -402,6 +415,28 @@ def _rank_pid(opts: MitigationDemoOptions, procs: list[Any], out: Path) -> int:
     if opts.framework not in LAUNCHED and opts.launcher == "demo":
         return int(procs[opts.slow_rank].pid)
     return int((out / f"pid-rank{opts.slow_rank}").read_text())
+
+
+DEVICE_SWITCH = "slow-device.json"
+"""``--fault device``: the switch file in the run directory (:func:`slow_device.switch`)."""
+
+
+class SlowedDevice:
+    """The ``device`` fault from the launcher's side: ``rank``'s device ``factor`` times slower
+    while active (the rank switches at its next step boundary); the same start/stop/active as
+    the compute throttle."""
+
+    def __init__(self, path: Path, rank: int, factor: float) -> None:
+        self.path, self.rank, self.factor = path, rank, factor
+        self.active = False
+
+    def start(self) -> None:
+        slow_device.switch(self.path, self.rank, self.factor)
+        self.active = True
+
+    def stop(self) -> None:
+        slow_device.switch(self.path, None)
+        self.active = False
 
 
 class ShapedLink:
@@ -585,6 +620,9 @@ def _job_env(
         env["FAILSLOW_DEMO_MESH"] = opts.mesh
     if opts.mitigate:
         env["FAILSLOW_STORE"] = store_url
+    if opts.fault == "device":  # every rank looks at the switch at its step boundaries
+        env[slow_device.ENV] = str(out / DEVICE_SWITCH)
+        env[envvars.PLUGINS] = slow_device.__name__
     if opts.until_mitigated is not None:
         env["FAILSLOW_DEMO_STOP_FILE"] = str(out / "stop")
     return env

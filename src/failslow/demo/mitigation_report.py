@@ -41,6 +41,10 @@ def live_view(run: Any, *, enabled: bool) -> Iterator[Callable[[], None]]:
         injected = "not yet"
         if start is not None and opts.fault == "link":
             injected = f"link 0-1 shaped to {opts.link_rate} from step {start}"
+        elif start is not None and opts.fault == "device":
+            injected = (
+                f"rank {opts.slow_rank}'s device {opts.device_factor:g}x slower from step {start}"
+            )
         elif start is not None:
             share = f"{opts.stopped_fraction:.0%}"
             injected = f"rank {opts.slow_rank} stopped {share} from step {start}"
