@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -378,3 +379,21 @@ def test_a_native_library_that_does_not_load_leaves_the_numpy_update_and_says_so
         monkeypatch.undo()
         native._load.cache_clear()
     assert native.status()[0] == "ok"  # this venv's build, loaded again
+
+
+def test_a_fail_slow_that_goes_on_past_an_early_relief_is_reported() -> None:
+    """A DDP job's iterations from its collective calls (the seed-2 call-log hold-out,
+    ``ordinary-1-node-69``): a checkpoint at 1208 and its tail, then flapping congestion
+    (1.29x, 1-6 iterations on and off) from 1210 on. The detector verifies the checkpoint's
+    episode, sees it end as a transient at 1225 and re-bases the regime at 1213 - inside the
+    flapping. The regime's median then climbed to the slow level without an onset (12 points
+    later, where a logging step held out shifted the level's re-estimate) and nothing was ever
+    reported; the level a relief settled at is now the floor for a while (``_floor``)."""
+    data = np.load(Path(__file__).parents[2] / "data" / "ddp_flapping_after_checkpoint.npz")
+    seconds, calls = data["seconds"], data["calls"]
+    det = FailSlowDetector()
+    events = detect(seconds, det, calls)
+    assert [(t.start, t.end) for t in det.transients] == [(1208, 1225)]
+    first = onsets(events)
+    assert first, "the flapping fail-slow from 1210 was never reported"
+    assert 1210 <= first[0].iteration <= 1240 and first[0].detected_at <= 1260

@@ -269,6 +269,7 @@ class FailSlowDetector(Detector):
         self._reported_from = (0, 1.0)  # the reported fail-slow's change point and level before
         self._blind_until = warmup  # no change is looked for before this history index
         self.sustain = sustain  # window of the rule for slowdowns that are not one level (0: off)
+        self._relieved_at: int | None = None  # history index where the newest relief was entered
 
     @property
     def slow(self) -> bool:
@@ -290,6 +291,7 @@ class FailSlowDetector(Detector):
         self._blind_until = self.history.n + self.warmup
         self._seg_start = self.history.n
         self._level = None
+        self._relieved_at = None
         self._held.clear()
         self._pending = []
         if self._slow and not self._reported:
@@ -466,7 +468,9 @@ class FailSlowDetector(Detector):
         probs = self.bocd.update(y, self._level)
         if self._level is None or t % 8 == 0:
             seg = self.history.window(max(self._seg_start, t - self.ref_window), t + 1)
-            self._level = median(seg)
+            level, floor = median(seg), self._floor(t)
+            if floor is None or level - floor < self.log_threshold:
+                self._level = level
         if t < self._blind_until:
             return self._settled_relief(t) if self._slow else []
         for c in self._candidates(probs, t):
@@ -513,6 +517,20 @@ class FailSlowDetector(Detector):
         self._slow = False
         return [self._enter(c, t, "relief", self._slow_level, after)]
 
+    def _floor(self, t: int) -> float | None:
+        """The level a relief settled at, while it is recent (within ``ref_window`` points) and
+        nothing is slow: the regime after a relief starts at its change point, and where a
+        fail-slow goes on past an early relief (flapping congestion after a checkpoint's tail
+        ended as a transient) the regime's median climbs to the slow level within a few
+        points - the level and the reference of :meth:`_sustained` must not follow it there
+        without an onset (a seed-2 call log of a DDP job: the level took the 1.29x flapping
+        level 12 points after the relief and nothing was ever reported)."""
+        if self._slow or self._baseline is None or self._relieved_at is None:
+            return None
+        if t - self._relieved_at > self.ref_window:
+            return None
+        return self._baseline
+
     def _sustained(self, t: int) -> list[ChangeEvent]:
         """An onset that is not one new level (issue 47): a ramp (thermal throttling) or
         flapping congestion (slow for a few iterations, then not, slow on average), which
@@ -531,6 +549,9 @@ class FailSlowDetector(Detector):
         ref = self._ref(start, self.min_ref)
         if ref is None:
             return []
+        floor = self._floor(t)
+        if floor is not None:
+            ref = min(ref, floor)
         raw = self.history.window(start, t + 1)
         after = median(raw)
         margin = self.margin_z * 1.2533 * self._noise(start) / math.sqrt(w)
@@ -716,6 +737,8 @@ class FailSlowDetector(Detector):
             # The healthy level is what the job runs at now: over a long fail-slow it drifts,
             # and a stale baseline would make the recovered level look like a new onset.
             self._baseline = after
+        if kind == "relief":
+            self._relieved_at = t
         self._seg_start = c
         self._level = after
         return ChangeEvent(
