@@ -10,11 +10,10 @@ On the CPU demos a "device" is the rank's training thread: :class:`SlowDevice` i
 ``backward`` and carries the mode with its thread-local state - and the optimizer) and then
 waits ``factor - 1`` times as long, as a device whose kernels take ``factor`` times as long
 would keep its host waiting. CPU time, not wall time: where ranks share cores (4 ranks on the
-2 cores here) an operator's wall time depends on how busy the others are, and a slowdown in
-wall time would grow and shrink with the load a plan moves (measured: the slowed step wandered
-between 0.6 and 0.8 s under one plan); the thread's own CPU time is the work it did, which a
-slower device takes ``factor`` times as long for whatever the others do (one intra-op thread
-per rank, as the demos run: the thread's CPU time is the operator's). The
+2 cores here) an operator's wall time depends on how busy the others are, so a slowdown in
+wall time grows and shrinks with the load a plan moves; the thread's own CPU time is the work
+it did, which a slower device takes ``factor`` times as long whatever the others do (one
+intra-op thread per rank, as the demos run: the thread's CPU time is the operator's). The
 communication operators (``c10d``, ``_c10d_functional``: gloo's all-reduce, reduce-scatter,
 all-gather, p2p) pass untimed, so a collective takes as long as on a healthy rank and a share
 of work taken off the rank shrinks its step in proportion - the fault S2's size form is for
