@@ -109,8 +109,9 @@ class SlowDevice:
 
 
 _active: SlowDevice | None = None
-_seen: tuple[int, int] | None = None
-"""The switch file's (mtime_ns, size) when last read: read again only when it changed."""
+_seen: tuple[tuple[int, int], float | None] | None = None
+"""The switch file's (mtime_ns, size) when last read, and this rank's factor from it: the
+file is read again only when it changed (one ``stat`` per step on every rank)."""
 
 
 def _wanted() -> float | None:
@@ -125,15 +126,15 @@ def _wanted() -> float | None:
         _seen = None
         return None
     key = (st.st_mtime_ns, st.st_size)
-    if key == _seen and _active is not None:
-        return _active.factor
-    _seen = key
+    if _seen is not None and _seen[0] == key:
+        return _seen[1]
     try:
         spec: Any = json.loads(Path(path).read_text())
         rank, factor = int(spec["rank"]), float(spec["factor"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # mid-replace or gone: as if off, read again next step
-    return factor if str(rank) == os.environ.get("RANK") else None
+    _seen = (key, factor if str(rank) == os.environ.get("RANK") else None)
+    return _seen[1]
 
 
 @hookimpl
