@@ -59,19 +59,37 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     relief_latency = summary["relief_latency_iterations"]
     assert onset_latency is not None, why
     assert 0 <= onset_latency <= 25, why
-    assert relief_latency is not None, why
     # Relief, in two parts: where the detector puts the recovery, and how long it took to say
     # so. The job itself can stay slower for a while after the throttle ends (a suite run:
     # 0.173-0.18 s per iteration for the 18 iterations after it against 0.164 s before, then
     # 0.16 s; the relief's change point was iteration 132 of 110, reported 10 later - 32 from
     # the end, over the former bound of 30 on the sum). A noisy recovery is confirmed once 12
     # settled iterations sit back at the baseline.
+    # Both bounds hold where the job comes back to its level before the onset. Where the
+    # machine itself stays slower (a CI run: its whole job slowed from 0.307 to 0.40 s ten
+    # iterations before the throttle, and ran at 0.343 s after it - 1.12x the baseline, above
+    # the 10% line), the detector first takes the drop for a partial recovery and reports the
+    # relief once that level has settled within half the slowdown, which the noise decides:
+    # 16 iterations after its change point in that run; `python benchmarks/relief_latency.py`
+    # - back to the baseline at the demo's noise (0.07-0.13 per iteration): at most 13; back to
+    # 1.1-1.13x: up to 46, or not within 50 iterations in up to 1 run in 6. There only the
+    # change point is checked, when a relief came.
     end = summary["injected"]["end_iteration"]
+    start = summary["injected"]["start_iteration"]
+    baseline = next(  # the level before the onset the demo reports as the injected one
+        e["before_s"] for e in summary["detected"]
+        if e["type"] == "onset" and start <= e["reported_at"] <= end
+    )  # fmt: skip
+    back = float(np.median(times[end + 3 : end + 33])) <= 1.1 * baseline
+    why += f"; the job came back {'within' if back else 'above'} 1.1x the baseline {baseline:.3f} s"
     reliefs = [e for e in summary["detected"] if e["type"] == "relief" and e["reported_at"] >= end]
-    relief = reliefs[0]
-    assert relief["reported_at"] - end == relief_latency >= 0, why  # the one the demo reports
-    assert relief["iteration"] - end <= 30, why
-    assert 0 <= relief["reported_at"] - relief["iteration"] <= 15, why
+    assert relief_latency is not None or not back, why
+    if reliefs:
+        relief = reliefs[0]
+        assert relief["reported_at"] - end == relief_latency >= 0, why  # the one the demo reports
+        assert relief["iteration"] - end <= 30, why
+        if back:
+            assert 0 <= relief["reported_at"] - relief["iteration"] <= 15, why
     errors = summary["iteration_time_rel_error"]
     # 10-iteration means track the ranks' own step timers closely; single iterations carry the
     # scheduling noise of 4 ranks on 2 cores, so they are only checked to be in the right range.

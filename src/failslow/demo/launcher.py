@@ -87,6 +87,7 @@ class DemoState:
     inject_end_iter: int | None = None
     detected: list[DetectedEvent] = field(default_factory=list)
     pending: dict[tuple[str, int], tuple] = field(default_factory=dict)  # (kind, rank) -> vote
+    rank_events: list[dict] = field(default_factory=list)  # every rank's own reports, in order
 
 
 def _free_store() -> tuple[object, int]:
@@ -140,6 +141,10 @@ def _merge_event(state: DemoState, rank: int, event, at_iteration: int, reported
     slower still (a CI run's machine slowed every rank 20 iterations before the injection began,
     and the injected step up came on top of it).
     """
+    state.rank_events.append({
+        "rank": rank, "type": event.type, "iteration": at_iteration, "reported_at": reported_at,
+        "before_s": float(event.before_s), "after_s": float(event.after_s),
+    })
     current = state.detected[-1] if state.detected else None
     expected = "relief" if current is not None and current.type == "onset" else "onset"
     compound = (current is not None and current.type == "onset" == event.type

@@ -67,11 +67,12 @@ def init_grid(tp: int, pp: int, seed: int) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
+    from failslow.adapters.megatron.grid import destroy_grid
     from failslow.demo.megatron_cpu import redirect_cuda_to_cpu
 
     redirect_cuda_to_cpu()
     if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
+        destroy_grid()  # the old groups too, not only Megatron's references to them
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)

@@ -185,6 +185,7 @@ def write_results(state: DemoState, analyzer: LocalAnalyzer, ring_dir: Path, out
         "onset_latency_iterations": onset.reported_at - start if onset and start else None,
         "relief_latency_iterations": relief.reported_at - end if relief and end else None,
         "other_onsets": [e.__dict__ for e in other_onsets],
+        "rank_events": state.rank_events,  # what each rank's detector reported, and when
         "iteration_time_rel_error": errors,
         "events_exported": n_events,
         "events_lost": lost,

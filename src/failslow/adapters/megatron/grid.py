@@ -53,9 +53,12 @@ def grid_sizes() -> dict[str, Any]:
     }
 
 
-def rebuild_grid(role_of: Sequence[int], sizes: dict[str, Any]) -> None:
-    """Destroy Megatron's groups and build them again with process ``p`` in role ``role_of[p]``;
-    every process calls it with the same arguments."""
+def destroy_grid() -> None:
+    """Forget Megatron's groups and destroy them. ``destroy_model_parallel`` only forgets them:
+    each gloo group it leaves keeps its connection loop thread, two worker threads and a socket
+    per peer, and a process that rebuilds its grid piles them up (the conformance world, which
+    builds the grid ~30 times per rank, held 1,250 threads and 2,000 descriptors per rank by its
+    last layout, whose steps then ran 4-10x slower than in a fresh process)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -64,6 +67,15 @@ def rebuild_grid(role_of: Sequence[int], sizes: dict[str, Any]) -> None:
     for group in old:
         if group in dist.distributed_c10d._world.pg_map:
             dist.destroy_process_group(group)
+
+
+def rebuild_grid(role_of: Sequence[int], sizes: dict[str, Any]) -> None:
+    """Destroy Megatron's groups and build them again with process ``p`` in role ``role_of[p]``;
+    every process calls it with the same arguments."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    destroy_grid()
     process_of = [0] * len(role_of)
     for process, role in enumerate(role_of):
         process_of[role] = process
