@@ -35,16 +35,31 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
         text=True,
         timeout=400,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tail = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "summary.json").is_file(), tail
     summary = json.loads((out / "summary.json").read_text())
     why = "demo summary: " + json.dumps(summary)  # every failure says what the run saw
+    times = np.loadtxt(out / "iteration_times.csv", delimiter=",", skiprows=1)[:, 1]
+    # Did the job come back to its level before the injected onset (within 1.1x: the detector's
+    # line)? Where the machine stays slower, a relief is not the detector's to be sure of - see
+    # the relief's checks below - and the demo exits 1 when it reports none.
+    start, end = summary["injected"]["start_iteration"], summary["injected"]["end_iteration"]
+    injected = [
+        e for e in summary["detected"] if e["type"] == "onset" and start <= e["reported_at"] <= end
+    ]  # fmt: skip
+    assert injected, why  # the onset the demo reports as the injected one
+    baseline = injected[0]["before_s"]
+    after = float(np.median(times[end + 3 : end + 33]))
+    back = after <= 1.1 * baseline
+    why += f"; after the throttle: {after:.3f} s, {after / baseline:.2f}x {baseline:.3f} s before"
+    relief_missed = summary["relief_latency_iterations"] is None
+    assert proc.returncode == 0 or (relief_missed and not back), tail + why
     # An onset other than the injected one is either a real slowdown of this shared machine
     # (seen: +26% for 16 iterations on all four ranks; in one suite run two, +19% at iteration 25
     # and +35% for 30 iterations at 121, by the job's own iteration times) or a false alarm. A
     # real one is right to report; at most one may be a false alarm - a change the job's
     # iteration times do not show (median of the 10 after vs the 12 before, under +10%). The
     # detector's false alarm rate is measured on the labeled corpus (test_corpus.py).
-    times = np.loadtxt(out / "iteration_times.csv", delimiter=",", skiprows=1)[:, 1]
     unseen = [
         o for o in summary["other_onsets"]
         if np.median(times[o["iteration"] : o["iteration"] + 10])
@@ -72,16 +87,10 @@ def test_demo_detects_injected_slowdown(tmp_path) -> None:
     # relief once that level has settled within half the slowdown, which the noise decides:
     # 16 iterations after its change point in that run; `python benchmarks/relief_latency.py`
     # - back to the baseline at the demo's noise (0.07-0.13 per iteration): at most 13; back to
-    # 1.1-1.13x: up to 46, or not within 50 iterations in up to 1 run in 6. There only the
+    # 1.1-1.13x: up to 46, or not within 50 iterations in up to 1 run in 6 (a suite run here:
+    # the job 0.16 s, 0.19 s from iteration 26 - reported - and 0.217 s after the throttle,
+    # 1.14x its level before the injected onset; no relief, the demo exited 1). There only the
     # change point is checked, when a relief came.
-    end = summary["injected"]["end_iteration"]
-    start = summary["injected"]["start_iteration"]
-    baseline = next(  # the level before the onset the demo reports as the injected one
-        e["before_s"] for e in summary["detected"]
-        if e["type"] == "onset" and start <= e["reported_at"] <= end
-    )  # fmt: skip
-    back = float(np.median(times[end + 3 : end + 33])) <= 1.1 * baseline
-    why += f"; the job came back {'within' if back else 'above'} 1.1x the baseline {baseline:.3f} s"
     reliefs = [e for e in summary["detected"] if e["type"] == "relief" and e["reported_at"] >= end]
     assert relief_latency is not None or not back, why
     if reliefs:

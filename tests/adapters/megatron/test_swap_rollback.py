@@ -45,8 +45,10 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
             outcomes.append(getattr(outcome, "value", outcome))
 
     params = {}
+    groups = []  # live process groups after each build: a rebuilt grid destroys the old one's
     for run in ("reference", "failed swap"):
         job = build_gpt(1, 2, seed=3)
+        groups.append(len(dist.distributed_c10d._world.pg_map))
         provider = job.extra["model_provider"]
 
         calls = []
@@ -77,10 +79,13 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
             n: p.detach().numpy().copy() for n, p in job.model[0].module.named_parameters()
         }
         fs.close()
+    groups.append(len(dist.distributed_c10d._world.pg_map))  # after the swap and its rollback
     np.savez(f"{out}/rank{rank}.npz", **{f"{r}/{n}": v for r, p in params.items()
                                          for n, v in p.items()})  # fmt: skip
     with open(f"{out}/rank{rank}.outcomes", "w") as f:
         f.write("\n".join(outcomes))
+    with open(f"{out}/rank{rank}.groups", "w") as f:
+        f.write(" ".join(map(str, groups)))
     dist.destroy_process_group()
 
 
@@ -95,6 +100,11 @@ def test_a_swap_that_fails_on_one_rank_rolls_every_rank_back(tmp_path):
     for rank in range(4):
         outcomes = (tmp_path / f"rank{rank}.outcomes").read_text().splitlines()
         assert outcomes == ["rolled back"], f"rank {rank}: {outcomes}"
+        # Megatron's destroy_model_parallel only forgets its groups; a rebuilt grid (a second
+        # job in the process, a swap, its rollback) destroys them (grid.destroy_grid), or each
+        # gloo group keeps its threads and sockets (the conformance world: 1,250 threads/rank)
+        groups = (tmp_path / f"rank{rank}.groups").read_text().split()
+        assert len(set(groups)) == 1, f"rank {rank}: live groups after each build {groups}"
         saved = np.load(tmp_path / f"rank{rank}.npz")
         names = [k.split("/", 1)[1] for k in saved.files if k.startswith("reference/")]
         assert names
