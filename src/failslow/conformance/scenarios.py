@@ -87,17 +87,21 @@ def weighted(counts: tuple[int, ...], micro_batches: int) -> MicroBatchPlan:
     return MicroBatchPlan(counts=counts, weights=tuple(loss_weights(counts)))
 
 
-def _close(job: AdapterJob) -> None:
-    """Close a job and free it now: a framework's objects sit in reference cycles that hold
-    its process groups, and a gloo group freed only at some later collection keeps its
-    threads and sockets until then. The Megatron world (4 layouts, ~30 jobs per rank) ran
-    298 s in a suite run with 1,250 threads per rank by its last layout, whose steps took
-    4-10x those of its first; with its groups destroyed and collected here, 118-122 s. What
-    is left: Megatron's distributed optimizer outlives its job even after a collection (a
-    plain ``build_gpt(distributed_optimizer=True)``, deleted and collected, stays alive with
-    its 17 groups; Megatron's own, not root-caused)."""
-    job.close()
+def _collect() -> None:
+    """Free the jobs a scenario closed, now, and freeze what is left.
+
+    A framework's objects sit in reference cycles that hold its process groups, and a gloo
+    group freed only at some later collection keeps its threads and sockets until then. The
+    Megatron world (4 layouts, ~30 jobs per rank) ran 298 s in a suite run with 1,250 threads
+    per rank by its last layout, whose steps took 4-10x those of its first. Between scenarios
+    no job is referenced any more, so a collection frees them all; what survives it is live
+    and is frozen (``gc.freeze``): the next collection, here or automatic, walks only what
+    later jobs made, not the ~195,000 objects of the imports (a full collection with torch
+    and deepspeed imported: ~0.1 s). Left: Megatron's distributed optimizer outlives its job
+    even so (a plain ``build_gpt(distributed_optimizer=True)``, deleted and collected, stays
+    alive with its 17 groups; Megatron's own, not root-caused)."""
     gc.collect()
+    gc.freeze()
 
 
 class PlanResults:
@@ -129,13 +133,18 @@ class LayoutRunner:
     def run(self) -> dict[str, Any]:
         try:
             self._reference()
+            _collect()
             if self.result["capabilities"]["microbatch_plans"] == "":
                 self._microbatch()
+                _collect()
             self._pause()
+            _collect()
             if self.result["capabilities"]["topology_plans"] == "":
                 self._swap()
+                _collect()
             if self.result["capabilities"]["snapshots"] == "":
                 self._snapshot()
+                _collect()
         except Exception:
             self.result["error"] = traceback.format_exc()
             raise
@@ -164,7 +173,7 @@ class LayoutRunner:
         )
         self._steps(job, "reference", expect=True)
         self.result["requests"] = request_each(session)
-        _close(job)
+        job.close()
 
     def _microbatch(self) -> None:
         job = self.harness.build(self.layout, SEED)
@@ -179,7 +188,7 @@ class LayoutRunner:
         session.register(results)
         self._steps(job, "microbatch")
         self.result["effects"] = {"microbatch": results.seen}
-        _close(job)
+        job.close()
 
     def _malformed(self, job: AdapterJob, micro_batches: int, dp: int) -> dict[str, Any]:
         """A plan whose counts do not add up to the global batch must be refused at once."""
@@ -193,7 +202,7 @@ class LayoutRunner:
     def _pause(self) -> None:
         job = self.harness.build(self.layout, SEED)
         self._steps(job, "pause", hold=HOLD)
-        _close(job)
+        job.close()
 
     def _swap(self) -> None:
         snapshots = self.result["capabilities"]["snapshots"] == ""
@@ -223,10 +232,10 @@ class LayoutRunner:
             "crowded": refused,
         }
         if not snapshots:
-            _close(job)
+            job.close()
             return
         sealed = session.snapshots.wait_sealed(timeout_s=60.0)
-        _close(job)
+        job.close()
         # a restart in place after the swap: the fresh job starts in its launch role and must
         # resume the swapped placement from the snapshot
         job = self.harness.build(self.layout, SEED, failslow=settings)
@@ -235,7 +244,7 @@ class LayoutRunner:
         if resumed is not None:
             self._steps(job, "swap_resumed", start=resumed)
             self.result["swap"]["coords_resumed"] = list(job.session.topology.coords[self.rank])
-        _close(job)
+        job.close()
 
     def _snapshot(self) -> None:
         directory = self.sync / f"snapshots-{self.layout}"
@@ -243,14 +252,14 @@ class LayoutRunner:
         job = self.harness.build(self.layout, SEED, failslow=settings)
         self._steps(job, "snapshot")
         sealed = job.session.snapshots.wait_sealed(timeout_s=60.0)
-        _close(job)
+        job.close()
         # the restart in place: a fresh job over the same directory resumes from it
         job = self.harness.build(self.layout, SEED, failslow=settings)
         resumed = job.session.resumed_step
         self.result["snapshot"] = {"sealed": sealed, "resumed": resumed}
         if resumed is not None:
             self._steps(job, "resumed", start=resumed)
-        _close(job)
+        job.close()
 
     # ---- one run -----------------------------------------------------------------------------
     def _steps(
