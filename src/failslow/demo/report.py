@@ -184,6 +184,7 @@ def write_results(state: DemoState, analyzer: LocalAnalyzer, ring_dir: Path, out
         "detected": [e.__dict__ for e in state.detected],
         "onset_latency_iterations": onset.reported_at - start if onset and start else None,
         "relief_latency_iterations": relief.reported_at - end if relief and end else None,
+        "injected_onset": onset.__dict__ if onset else None,  # the onset judged the injected one
         "other_onsets": [e.__dict__ for e in other_onsets],
         "rank_events": state.rank_events,  # what each rank's detector reported, and when
         "iteration_time_rel_error": errors,
