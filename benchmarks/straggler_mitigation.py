@@ -110,6 +110,9 @@ def describe(actions: list[dict[str, Any]]) -> tuple[str, str]:
         if outcome.get("measured_s") is not None:
             text += (f", measured {outcome['measured_s']:.3f} vs predicted "
                      f"{outcome.get('predicted_s') or float('nan'):.3f}: {verdict}")  # fmt: skip
+        drift = a.get("drift") or {}
+        if drift.get("measured_s") is not None:
+            text += f"; stopped paying ({drift['measured_s']:.3f} s): {drift.get('then')}"
         lines.append(text)
         later = actions[i + 1 :]
         undone = any(b.get("committed") for b in later)

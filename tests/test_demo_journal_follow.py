@@ -9,6 +9,7 @@ from pathlib import Path
 
 from failslow.core.control.journal import Journal, event
 from failslow.demo.journal_follow import JournalFollower
+from failslow.demo.mitigation_report import effect_text
 
 S2 = "S2 micro-batches"
 
@@ -35,6 +36,9 @@ def test_the_journal_gives_plans_with_their_effect_and_outcome(tmp_path: Path) -
     journal(event("outcome", action="apply", strategy=S2, plan=apply, apply_step=68,
                   before_s=0.41, predicted_s=0.28, measured_s=0.26, verdict="pays",
                   reason="measured 0.260 s"))  # fmt: skip
+    journal(event("drift", action="apply", strategy=S2, plan=apply, apply_step=68,
+                  before_s=0.41, predicted_s=0.28, measured_s=0.40, verdict="stopped paying",
+                  reason="measured 0.400 s", then="revert", then_reason="did not pay"))  # fmt: skip
     journal.close()
     line = json.dumps(event("plan", action="revert", strategy=S2, epoch=3)) + "\n"
     with path.open("a") as f:  # the launcher is writing its next line
@@ -48,6 +52,12 @@ def test_the_journal_gives_plans_with_their_effect_and_outcome(tmp_path: Path) -
     assert first["counts"] == [5, 5, 1, 5] and first["apply_step"] == 68 and first["committed"]
     assert first["reason"] == "ski rental: buy" and first["effect"] == "in effect"
     assert first["outcome"]["verdict"] == "pays" and first["outcome"]["measured_s"] == 0.26
+    # watched after its verdict: it stopped paying later, and what was done is said beside it
+    assert first["drift"] == {"measured_s": 0.40, "reason": "measured 0.400 s", "then": "revert"}
+    assert effect_text(first) == (
+        ", in effect; measured 0.260 s vs 0.280 s predicted (pays); later stopped paying "
+        "(0.400 s): revert"
+    )
     # an uncommitted plan says why it was not (the dispatch's reason), as the demo's view does
     assert not refused["committed"] and refused["reason"] == "refused by rank 1: no swap here"
     assert refused["effect"] is None and refused["outcome"] is None

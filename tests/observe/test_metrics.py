@@ -92,6 +92,13 @@ def test_control_events_become_job_level_series(served) -> None:
             reason="r",
         )
     )  # fmt: skip
+    metrics(
+        event(
+            "drift", action="apply", strategy="S2 micro-batches", plan=plan_to_dict(PLAN),
+            apply_step=100, before_s=1.0, predicted_s=0.5, measured_s=0.9,
+            verdict="stopped paying", reason="r", then="revert", then_reason="did not pay",
+        )
+    )  # fmt: skip
     metrics(event("unavailable", strategy="S3 topology", reason="no model factory"))
     metrics(event("state", state="tracking", detail={}))
     got = scrape(server)
@@ -123,6 +130,8 @@ def test_control_events_become_job_level_series(served) -> None:
     assert got[("failslow_job_step_duration_seconds_count", ())] == 23
     # the outcome against the prediction, and a strategy that cannot take effect here
     assert got[("failslow_plan_outcomes_total", (("strategy", "S2"), ("verdict", "pays")))] == 1
+    stopped = (("strategy", "S2"), ("verdict", "stopped paying"))
+    assert got[("failslow_plan_outcomes_total", stopped)] == 1  # later, watched on
     assert got[("failslow_plan_outcome_predicted_step_seconds", ())] == 0.5
     assert got[("failslow_plan_outcome_measured_step_seconds", ())] == 0.45
     assert got[("failslow_strategy_unavailable", (("strategy", "S3"),))] == 1

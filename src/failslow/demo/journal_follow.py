@@ -65,6 +65,7 @@ class JournalFollower:
                     "effect": None,
                     "effect_detail": None,
                     "outcome": None,
+                    "drift": None,
                     "epoch": ev.get("epoch"),
                 }
             )
@@ -72,6 +73,11 @@ class JournalFollower:
             action = self._find(lambda a: a["epoch"] == ev.get("epoch"))
             if action is not None:
                 action["effect"], action["effect_detail"] = ev.get("state"), ev.get("detail")
+        elif kind == "drift":
+            what, step = ev.get("action"), ev.get("apply_step")
+            action = self._find(lambda a: a["action"] == what and a["apply_step"] == step)
+            if action is not None:
+                action["drift"] = {k: ev.get(k) for k in ("measured_s", "reason", "then")}
         elif kind == "outcome":
             what, step = ev.get("action"), ev.get("apply_step")
             action = self._find(lambda a: a["action"] == what and a["apply_step"] == step)

@@ -723,6 +723,7 @@ def _observe(run: Run, out: Path, plane: Any) -> None:
                 else {"verdict": "not measured", "measured_s": None, "reason": a.unmeasured}
                 if a.unmeasured
                 else None,
+                "drift": a.drift,
             }
             for a in plane.mitigator.actions
         ]

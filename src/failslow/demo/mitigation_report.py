@@ -88,6 +88,9 @@ def effect_text(action: dict[str, Any]) -> str:
     elif outcome.get("verdict") == "not measured":
         why = outcome.get("reason")
         text += "; outcome not measured" + (f": {why}" if why else "")
+    drift = action.get("drift") or {}
+    if drift.get("measured_s") is not None:
+        text += f"; later stopped paying ({drift['measured_s']:.3f} s): {drift.get('then')}"
     return text
 
 

@@ -141,7 +141,7 @@ class ControlMetrics:
         self.outcomes = pc.Counter(
             "failslow_plan_outcomes",
             "Plans measured a few steps after they took effect, by verdict (pays, short: saved "
-            "under half the predicted, unknown)",
+            "under half the predicted, unknown; stopped paying: paid, then fell short later)",
             ["strategy", "verdict"],
             **r,
         )
@@ -199,6 +199,8 @@ class ControlMetrics:
                 self.plans.labels(_short(ev.get("strategy")), str(ev.get("action")),
                                   str(ev.get("state"))).inc()  # fmt: skip
                 self._in_effect(ev.get("in_effect"), ev.get("apply_step"))
+            elif kind == "drift":
+                self.outcomes.labels(_short(ev.get("strategy")), str(ev.get("verdict"))).inc()
             elif kind == "outcome":
                 self.outcomes.labels(_short(ev.get("strategy")), str(ev.get("verdict"))).inc()
                 for gauge, key in (

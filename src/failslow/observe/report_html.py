@@ -236,7 +236,9 @@ def _effect(a: Action) -> str:
     elif outcome and outcome.get("verdict") == "not measured":
         why = outcome.get("reason")
         text += "; outcome not measured" + (f": {why}" if why else "")
-    tag = "ok" if a.effect == "in effect" else "bad"
+    if a.drift:
+        text += f"; later stopped paying ({fmt_s(a.drift.get('measured_s'))}): {a.drift['then']}"
+    tag = "ok" if a.effect == "in effect" and not a.drift else "bad"
     return f'<span class="tag {tag}">{escape(text)}</span>'
 
 

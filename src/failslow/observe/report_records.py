@@ -90,6 +90,8 @@ class Action:
     effect_detail: str = ""
     outcome: dict[str, Any] | None = None
     """The controller's measurement a few steps later: predicted_s, measured_s, verdict."""
+    drift: dict[str, Any] | None = None
+    """Where it paid and later stopped paying: measured_s, reason, then (what was done)."""
 
 
 @dataclass
@@ -225,10 +227,12 @@ def _journal_records(
             view.diagnoses.append(d)
         elif kind == "plan":
             view.actions.append(_journal_action(ev, wall))
-        elif kind in ("effect", "outcome"):
+        elif kind in ("effect", "outcome", "drift"):
             action = _action_of(view.actions, ev)
             if action is not None and kind == "effect":
                 action.effect, action.effect_detail = str(ev["state"]), str(ev.get("detail") or "")
+            elif action is not None and kind == "drift":
+                action.drift = {k: ev.get(k) for k in ("measured_s", "reason", "then")}
             elif action is not None:
                 action.outcome = {
                     k: ev.get(k) for k in ("predicted_s", "measured_s", "verdict", "reason")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from failslow.core.control.closed_loop import (
+    KEEP_STEPS,
     OUTCOME_FIRST,
     OUTCOME_STEPS,
+    STOPPED_PAYING,
     ClosedLoop,
     judge,
     median_before,
@@ -90,3 +92,60 @@ def test_a_plan_replaced_before_its_window_ends_is_not_measured_on_the_newer_pla
     assert loop.outcomes(steps) == []  # the late one is no longer watched; the early one's
     # window (82-86) has no steps known: it waits, until the fail-slow ends
     assert loop.unmeasured() == [early] and loop.watching == []
+
+
+def test_a_plan_that_paid_is_judged_again_and_stops_paying_after_two_short_windows_in_a_row() -> (
+    None
+):
+    """After its verdict a plan that paid stays watched in windows of KEEP_STEPS: one short
+    window (a pause, a checkpoint) is forgiven when the next pays; two in a row are a plan
+    that stopped paying, reported once with the steps and medians it was judged on."""
+    steps = {s: (0.5, 0.0) for s in range(90, 100)}
+    loop = ClosedLoop(store=None, world_size=lambda: 4)  # type: ignore[arg-type]
+
+    class Action:
+        plan = _plan(0.2)
+
+    watched = loop.watch(Action(), 100, steps)
+    first = 100 + OUTCOME_FIRST + OUTCOME_STEPS  # the first kept window
+    for s in range(100, first):
+        steps[s] = (0.25, 0.0)
+    ((_, outcome),) = loop.outcomes(steps)
+    kept = loop.keep(watched, outcome)
+    assert kept.next_step == first and loop.drifts(steps) == []
+    # short (0.4 > 0.35), then paying, then short twice
+    medians = [0.4, 0.26, 0.45, 0.42]
+    for i, seconds in enumerate(medians):
+        for s in range(first + i * KEEP_STEPS, first + (i + 1) * KEEP_STEPS):
+            steps[s] = (seconds, 0.0)
+        if i < len(medians) - 1:
+            assert loop.drifts(steps) == [], i
+    ((again, drift),) = loop.drifts(steps)
+    assert again is kept and loop.kept == [] and loop.drifts(steps) == []
+    assert (drift.verdict, drift.measured_s, drift.before_s, drift.predicted_s) == (
+        STOPPED_PAYING, 0.42, 0.5, 0.2,
+    )  # fmt: skip
+    last = first + len(medians) * KEEP_STEPS - 1
+    assert drift.reason == (
+        "measured 0.420 s per step against 0.500 s before and 0.200 s predicted: saved 0.080 s "
+        f"of the 0.300 s it promised over steps {first + 2 * KEEP_STEPS}-{last} (medians "
+        "0.450, 0.420 s), after 0.250 s at its verdict"
+    )
+
+
+def test_a_kept_plan_is_no_longer_kept_once_a_newer_plan_or_the_end_of_the_fail_slow_came() -> None:
+    steps = {s: (0.5, 0.0) for s in range(90, 100)}
+    loop = ClosedLoop(store=None, world_size=lambda: 4)  # type: ignore[arg-type]
+
+    class Action:
+        plan = _plan(0.2)
+
+    for s in range(100, 110):
+        steps[s] = (0.25, 0.0)
+    watched = loop.watch(Action(), 100, steps)
+    ((_, outcome),) = loop.outcomes(steps)
+    loop.keep(watched, outcome)
+    assert loop.unmeasured(100) == [] and len(loop.kept) == 1  # a plan from its own step on
+    assert loop.unmeasured(150) == [] and loop.kept == []  # a newer plan replaced it
+    loop.keep(watched, outcome)
+    assert loop.unmeasured() == [] and loop.kept == []  # the fail-slow ended

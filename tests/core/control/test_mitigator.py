@@ -21,6 +21,7 @@ from test_plan_channel import (  # the fixture: autouse here too
 
 from failslow.config import load_config
 from failslow.core.control import keys
+from failslow.core.control.closed_loop import KEEP_STEPS, OUTCOME_FIRST, OUTCOME_STEPS
 from failslow.core.control.mitigator import Mitigator
 from failslow.core.control.store import Store, open_store
 from failslow.core.diagnosis.record import Diagnosis, Kind, SlowLink, SlowRank
@@ -729,6 +730,114 @@ def test_the_size_form_probes_then_sizes_the_split_from_two_measured_counts(url:
     assert sized.result is not None and sized.result.verdict == "pays"
     assert sized.result.before_s == pytest.approx(0.3)
     assert len(mitigator.actions) == 2 and mitigator.in_effect == sized.plan
+
+
+def _paid_then(
+    store: Store, slow: tuple[int, float], healthy: tuple[int, float], measured_s: float
+) -> tuple[Mitigator, list[dict[str, Any]], Any, int]:
+    """Rank 2 2x slower (profiles: 4 micro-batches 0.05 s apart, its peers' 0.025 s): S2 buys
+    [5, 5, 2, 4] (0.125 s predicted against 0.3 s before), which pays (0.13 s); then the
+    profiles turn to ``slow`` and ``healthy`` (rank 2's and rank 0's micro-batches per step and
+    spacing) and the job runs at ``measured_s`` per step for two kept windows. Returns the
+    mitigator once it acted on that, its events, the bought action and the step after the
+    windows."""
+    config = load_config({"planner": {"microbatch_apply_s": 0.0}}, environ={})
+
+    def profiles(store: Store, slow: tuple[int, float], healthy: tuple[int, float]) -> None:
+        for rank, (calls, spacing) in ((2, slow), (0, healthy)):
+            store.set_json(f"{keys.VALIDATE}/progress/{rank}", {"step": 1, "profile": {
+                "calls": calls, "spacing": spacing, "rest": 0.0, "rest_low": 0.0}})  # fmt: skip
+
+    _job(store, SUPPORTED)
+    profiles(store, (4, 0.05), (4, 0.025))
+    mitigator = Mitigator(store, config.planner, world_size=4)
+    mitigator.tick()  # the healthy steps, then ten slow ones since rank 2's onset
+    diagnosis = _diagnosis()
+    time.sleep(0.01)
+    _steps_after(store, 20, 0.3, 10)
+    mitigator.tick()
+    mitigator.on_diagnosis(diagnosis)
+    events = _events_of(mitigator)
+    mitigator.tick()
+    (bought,) = mitigator.actions
+    assert bought.plan.counts == (5, 5, 2, 4)  # type: ignore[attr-defined]
+    step = _passed(store, bought)
+    _tick_until(mitigator, lambda: bought.effect == "in effect")
+    _steps_after(store, step + 1, 0.13, 8)
+    _tick_until(mitigator, lambda: bought.result is not None)
+    assert bought.result is not None and bought.result.verdict == "pays"
+    assert mitigator.loop.kept and len(mitigator.actions) == 1
+    profiles(store, slow, healthy)
+    first = step + OUTCOME_FIRST + OUTCOME_STEPS
+    # one short window is forgiven (a pause, a checkpoint): nothing done
+    _steps_after(store, first, measured_s, KEEP_STEPS)
+    _ = [mitigator.tick() for _ in range(3)]
+    assert len(mitigator.actions) == 1 and bought.drift is None
+    _steps_after(store, first + KEEP_STEPS, measured_s, KEEP_STEPS)
+    _tick_until(mitigator, lambda: bought.drift is not None)
+    return mitigator, events, bought, first + 2 * KEEP_STEPS
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[Store]:
+    """A store beside four ranks running the real plan receiver."""
+    ranks = _ranks(url, 4, first_step=FIRST)
+    try:
+        with open_store(url, timeout_s=CONNECT_S) as store:
+            yield store
+    finally:
+        _stop(ranks)
+
+
+def test_a_plan_that_stops_paying_because_the_fault_grew_is_replanned(
+    store: Store,
+) -> None:
+    """Issue 44/46: nothing watched a plan after its five-step verdict. Rank 2 goes from 2x to
+    6x slower under [5, 5, 2, 4]: the job runs at 0.3 s per step again; two windows later the
+    plan is re-planned from what the ranks measure now ([5, 5, 1, 5], 0.15 s), and the journal
+    says what was measured and what was done."""
+    mitigator, events, bought, _ = _paid_then(store, (2, 0.15), (5, 0.025), 0.3)
+    assert bought.drift["verdict"] == "stopped paying" and bought.drift["then"] == "replan"
+    assert bought.drift["measured_s"] == pytest.approx(0.3)
+    replan = mitigator.actions[-1]
+    assert replan.action == "replan" and replan.plan.counts == (5, 5, 1, 5)  # type: ignore[attr-defined]
+    assert replan.plan.step_time_s == pytest.approx(0.15)
+    (drift,) = [e for e in events if e["kind"] == "drift"]
+    assert drift["apply_step"] == bought.outcome.apply_step and drift["then"] == "replan"
+    assert drift["reason"].startswith("measured 0.300 s per step against 0.300 s before")
+
+
+def test_a_plan_that_stops_paying_where_the_even_split_is_as_fast_now_is_reverted(
+    store: Store,
+) -> None:
+    """Rank 2 back to its peers' speed while they got slower (a load on their cores), and no
+    relief seen yet: [5, 5, 2, 4] now costs 0.3 s, the profiles put the even split at 0.24 s
+    - reverted, "did not pay", and S2 is not bought again for this fail-slow."""
+    mitigator, _, bought, after = _paid_then(store, (2, 0.05), (5, 0.06), 0.3)
+    assert bought.drift["then"] == "revert", bought.drift
+    revert = mitigator.actions[-1]
+    assert revert.action == "revert" and revert.plan.counts == (4, 4, 4, 4)  # type: ignore[attr-defined]
+    assert revert.reason.startswith("did not pay: measured 0.300 s per step")
+    _steps_after(store, after, 0.3, 10)
+    _ = [mitigator.tick() for _ in range(3)]
+    assert mitigator.actions[-1] is revert
+
+
+def test_a_plan_that_stops_paying_but_still_beats_the_even_split_is_kept(
+    store: Store,
+) -> None:
+    """Every replica slower (a machine-wide load) and rank 2 still 2.5x its peers: [5, 5, 2,
+    4] gives 0.3 s, short of its promise against the 0.3 s before it, and no other split is
+    faster, but the profiles put the even split at 0.6 s: kept, judged from now on against
+    that, and said so."""
+    mitigator, events, bought, _ = _paid_then(store, (2, 0.15), (5, 0.06), 0.3)
+    assert bought.drift["then"] == "kept", bought.drift
+    assert "even split at 0.600 s" in bought.drift["then_reason"]
+    assert len(mitigator.actions) == 1 and mitigator.in_effect == bought.plan
+    (kept,) = mitigator.loop.kept
+    assert kept.before_s == pytest.approx(0.6) and kept.predicted_s == pytest.approx(0.3)
+    (drift,) = [e for e in events if e["kind"] == "drift"]
+    assert drift["then"] == "kept" and drift["verdict"] == "stopped paying"
 
 
 def test_a_plan_a_rank_refuses_disables_its_strategy_with_the_reason(url: str) -> None:

@@ -15,6 +15,13 @@ what was observed, in two stages this module watches:
    (:func:`predicted_step_s`) and the steps before it. :func:`judge` calls a plan short when
    it saved less than half of what it predicted; the mitigator then re-plans from the measured
    per-replica costs or reverts, and the planner judges the strategy by what it measured.
+3. **kept** - a plan that paid is not left alone after its verdict: a load that arrives later,
+   or a fault that changes, can take its saving away. Its steps are judged again in windows of
+   :data:`KEEP_STEPS` against the same before-time and prediction; :data:`KEEP_STRIKES`
+   windows in a row that fall short mean it *stopped paying* (:meth:`ClosedLoop.drifts`), and
+   the mitigator re-plans from the profiles measured now, keeps it where those say the even
+   split would be slower still, or reverts it. One window is not enough: a validation pause or
+   a checkpoint can sit in one.
 
 Step times are rank 0's (a synchronous job has one step time), as the mitigator reads them:
 nothing here grows with the world size.
@@ -25,7 +32,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from failslow.core.control import keys
@@ -42,6 +49,12 @@ BEFORE_STEPS = 5
 """Steps before the apply step whose median is the step time the plan set out to improve."""
 PAYS_SHARE = 0.5
 """A plan pays when its measured saving is at least this share of the predicted one."""
+KEEP_STEPS = 10
+"""Steps per window a plan that paid is judged again over, after its verdict."""
+KEEP_STRIKES = 2
+"""Windows in a row that fall short before a plan that paid is said to have stopped paying."""
+STOPPED_PAYING = "stopped paying"
+"""The verdict of a kept plan whose later windows fell short (:meth:`ClosedLoop.drifts`)."""
 
 StepTimes = Mapping[int, tuple[float, float]]
 """step -> (seconds, wall time the controller first saw it): the mitigator's record."""
@@ -125,6 +138,24 @@ class Watched:
     predicted_s: float | None
 
 
+@dataclass
+class Kept:
+    """A plan that paid, watched after its verdict, window by window."""
+
+    action: Any
+    apply_step: int
+    before_s: float | None
+    predicted_s: float | None
+    verdict_s: float
+    """What it measured at its verdict."""
+    next_step: int
+    """The first step of its next window."""
+    strikes: int = 0
+    """Windows in a row that fell short."""
+    short: list[float] = field(default_factory=list)
+    """Those windows' medians."""
+
+
 class ClosedLoop:
     """The committed plans awaiting their effect and the plans in effect awaiting their
     outcome. ``world_size()`` is the job's now (a job that went on with fewer ranks counts
@@ -148,6 +179,7 @@ class ClosedLoop:
         self._clock = clock
         self.awaiting: list[Awaited] = []
         self.watching: list[Watched] = []
+        self.kept: list[Kept] = []
 
     def committed(self, action: Any, epoch: int, apply_step: int) -> None:
         """``action``'s plan was committed as plan ``epoch``, to take effect at ``apply_step``."""
@@ -210,11 +242,59 @@ class ClosedLoop:
             done.append((watched, outcome))
         return done
 
+    def keep(self, watched: Watched, outcome: Outcome) -> Kept:
+        """Go on watching ``watched``'s plan after ``outcome`` (it paid): from the step after
+        its outcome window, against the same before-time and prediction."""
+        kept = Kept(
+            watched.action, watched.apply_step, outcome.before_s, outcome.predicted_s,
+            outcome.measured_s, watched.apply_step + OUTCOME_FIRST + OUTCOME_STEPS,
+        )  # fmt: skip
+        self.kept.append(kept)
+        return kept
+
+    def drifts(self, steps: StepTimes) -> list[tuple[Kept, Outcome]]:
+        """The kept plans that stopped paying: :data:`KEEP_STRIKES` complete windows of
+        :data:`KEEP_STEPS` in a row whose median :func:`judge` calls short. Each once, with an
+        outcome of verdict :data:`STOPPED_PAYING` measured over the last window; no longer
+        kept. O(plans kept) per call, each window's steps read once."""
+        done = []
+        for kept in list(self.kept):
+            window = range(kept.next_step, kept.next_step + KEEP_STEPS)
+            while all(s in steps for s in window):
+                measured = statistics.median(steps[s][0] for s in window)
+                verdict, reason = judge(kept.before_s, kept.predicted_s, measured)
+                kept.next_step += KEEP_STEPS
+                if verdict != "short":
+                    kept.strikes, kept.short = 0, []
+                else:
+                    kept.strikes += 1
+                    kept.short.append(measured)
+                if kept.strikes >= KEEP_STRIKES:
+                    self.kept.remove(kept)
+                    first = kept.next_step - KEEP_STRIKES * KEEP_STEPS
+                    why = (
+                        f"{reason} over steps {first}-{kept.next_step - 1} "
+                        f"(medians {', '.join(f'{m:.3f}' for m in kept.short)} s), after "
+                        f"{kept.verdict_s:.3f} s at its verdict"
+                    )
+                    outcome = Outcome(
+                        kept.apply_step, kept.before_s, kept.predicted_s, measured,
+                        STOPPED_PAYING, why,
+                    )  # fmt: skip
+                    done.append((kept, outcome))
+                    break
+                window = range(kept.next_step, kept.next_step + KEEP_STEPS)
+        return done
+
     def unmeasured(self, before_step: int | None = None) -> list[Watched]:
         """Stop watching the plans whose window is not complete before ``before_step`` (a
         newer plan's apply step, a restart's; None: all of them - the fail-slow is over): their
         steps from then on are another plan's or a healthy job's, no outcome of theirs. Returns
-        them, each once, for the record."""
+        them, each once, for the record. The kept plans in effect before ``before_step`` are
+        no longer kept (they have their outcome)."""
+        self.kept = [
+            k for k in self.kept if before_step is not None and k.apply_step >= before_step
+        ]
         gone = [
             w for w in self.watching
             if before_step is None or before_step < w.apply_step + OUTCOME_FIRST + OUTCOME_STEPS

@@ -31,6 +31,10 @@ Events are JSON-able dicts with ``kind`` and ``wall`` (Unix time):
   "predicted_s", "measured_s", "verdict": "pays"|"short"|"unknown"|"not measured", "reason"}``
   - a plan's measured step time a few steps after it took effect, beside its prediction; "not
   measured" (``measured_s`` None) when a newer plan or the fail-slow's end came first;
+- ``{"kind": "drift", "action", "strategy", "plan", "apply_step", "before_s", "predicted_s",
+  "measured_s", "verdict": "stopped paying", "reason", "then": "replan"|"kept"|"revert"|"none",
+  "then_reason"}`` - a plan that paid at its outcome and, watched on, stopped paying (the
+  closed loop's kept windows), and what the mitigator did about it;
 - ``{"kind": "unavailable", "strategy", "reason"}`` - a strategy whose plan could not take
   effect in this job: never planned again.
 
@@ -151,7 +155,7 @@ class StatusBoard:
                 if last and last.get("apply_step") == ev.get("apply_step"):
                     effect = {"effect": ev["state"], "effect_detail": ev["detail"]}
                     s["last_action"] = {**last, **effect}
-            elif kind == "outcome":
+            elif kind in ("outcome", "drift"):
                 last = s["last_action"]
                 if last and last.get("apply_step") == ev.get("apply_step"):
                     keep = ("predicted_s", "measured_s", "verdict")

@@ -23,7 +23,9 @@ is in effect, :meth:`on_healthy`):
   (the plan confirmed before, or a topology swap's reverse), and its strategy is disabled for
   this job with that reason. A plan in effect is measured a few steps later against its
   prediction; one that saved less than half of it is re-planned once from the ranks' newer
-  step profiles (S2) or reverted, and the planner judges the strategy by what it measured;
+  step profiles (S2) or reverted, and the planner judges the strategy by what it measured. One
+  that paid stays watched (:meth:`~.closed_loop.ClosedLoop.drifts`): when it stops paying it is
+  re-planned, kept where the profiles put the even split slower still, or reverted;
 - a restart (S4) is in effect when the job registered again without the evicted hosts.
 
 ``hooks`` (a pluggy hook relay, optional) gets ``failslow_choose_plan`` (a site policy may
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from failslow.core.control import job_record, keys
-from failslow.core.control.closed_loop import ClosedLoop, Outcome, Watched
+from failslow.core.control.closed_loop import ClosedLoop, Kept, Outcome, Watched
 from failslow.core.control.journal import event
 from failslow.core.control.plan_channel import PlanOutcome, PlanResult, dispatch, horizon_steps
 from failslow.core.control.store import Store
@@ -92,6 +94,9 @@ class Action:
     result: Outcome | None = None
     """Its measured step time against its prediction (plans bought or re-planned)."""
     unmeasured: str = ""
+    drift: dict[str, Any] | None = None
+    """Where it paid and later stopped paying: that outcome's fields, and ``then`` (replan,
+    kept, revert) with ``then_reason``."""
     """Why it has no ``result``: a newer plan, or the fail-slow's end, came inside its window."""
     replans: int = 0
     before: Topology | None = None
@@ -283,7 +288,7 @@ class Mitigator:
         self._restarted = False
         self.topology = self.planner.topology = Topology.from_dict(job["topology"])
 
-    def _measure(self, diagnosis: Diagnosis) -> MeasuredSteps | None:
+    def _measure(self, diagnosis: Diagnosis | None = None) -> MeasuredSteps | None:
         """The job's per-replica step model from the ranks' step profiles
         (:mod:`failslow.core.planner.measured_step`: the diagnosed ranks' progress records and
         one healthy replica's, measured under the plan every rank reported running); None
@@ -457,7 +462,10 @@ class Mitigator:
         for awaited, state, why in self.loop.effects(self.step_times):
             self._effect(awaited.action, state, why)
         for watched, outcome in self.loop.outcomes(self.step_times):
-            self._outcome(watched.action, outcome)
+            if self._outcome(watched.action, outcome):
+                self.loop.keep(watched, outcome)
+        for kept, outcome in self.loop.drifts(self.step_times):
+            self._drifted(kept, outcome)
         if self._restart_check is not None:
             self._check_restart(*self._restart_check)
 
@@ -544,9 +552,10 @@ class Mitigator:
                           measured_s=None, verdict="not measured", reason=why)
                 )  # fmt: skip
 
-    def _outcome(self, action: Action, outcome: Outcome) -> None:
+    def _outcome(self, action: Action, outcome: Outcome) -> bool:
         """``action``'s plan measured ``outcome`` while in effect: keep it, re-plan it from the
-        ranks' newer profiles, or revert it; the planner judges its strategy by it from now."""
+        ranks' newer profiles, or revert it; the planner judges its strategy by it from now.
+        True where it paid and stays in effect (the closed loop keeps watching it)."""
         action.result = outcome
         if self.on_event is not None:
             # what the ranks measured under the plan, beside what it was sized from (the plan
@@ -561,9 +570,9 @@ class Mitigator:
             )  # fmt: skip
         log.info("failslow: %s outcome: %s", action.strategy, outcome.reason)
         if self.planner is None or not self.active:
-            return
+            return False
         if not same_change(action.plan, self.in_effect):
-            return  # replaced since: its outcome is a record only
+            return False  # replaced since: its outcome is a record only
         self.planner.ski.measured(action.strategy, outcome.measured_s)
         bought_nothing = outcome.before_s is not None and outcome.measured_s >= (
             outcome.before_s * (1.0 - self.config.min_gain)
@@ -571,25 +580,86 @@ class Mitigator:
         if isinstance(action.plan, TopologyPlan):
             if bought_nothing:  # a swap is not re-planned: back to the placement before it
                 self._revert(action, outcome)
-            return
+                return False
+            return outcome.verdict == "pays"
         if not isinstance(action.plan, MicroBatchPlan):
-            return
+            return False
         if outcome.verdict == "unknown" and bought_nothing:  # no prediction, and no faster
             self._revert(action, outcome)
-            return
+            return False
         if outcome.verdict != "short":
             if action.detail.get("probe") and action.replans < REPLANS:
                 # what it measured sizes the split; kept where that split is this one
                 replan = self._replan(action, outcome)
                 if replan is not None:
                     replan.replans = action.replans + 1
-            return
+                    return False
+            return outcome.verdict == "pays"
         if action.replans < REPLANS:
             replan = self._replan(action, outcome)
             if replan is not None and replan.outcome is not None and replan.outcome.committed:
                 replan.replans = action.replans + 1
-                return  # else: the ranks still run the plan that fell short - revert it
+                return False  # else: the ranks still run the plan that fell short - revert it
         self._revert(action, outcome)
+        return False
+
+    def _drifted(self, kept: Kept, outcome: Outcome) -> None:
+        """``kept``'s plan paid at its verdict and has since stopped paying (a load arrived, the
+        fault changed): re-plan it from the profiles the ranks measure now; where that gives
+        nothing new, keep it if those profiles put the even split slower still (the fault grew:
+        the plan saves less than it promised against a before-time that is out of date), else
+        revert it. The journal's ``drift`` event says what was measured and what was done."""
+        action = kept.action
+        then, why = "none", "no longer the plan in effect"
+        if self.planner is not None and self.active and same_change(action.plan, self.in_effect):
+            self.planner.ski.measured(action.strategy, outcome.measured_s)
+            then, why = self._after_drift(kept, outcome)
+        log.warning("failslow: %s stopped paying: %s; %s: %s", action.strategy, outcome.reason,
+                    then, why)  # fmt: skip
+        action.drift = {**outcome.to_dict(), "then": then, "then_reason": why}
+        if self.on_event is not None:
+            self.on_event(
+                event("drift", action=action.action, strategy=action.strategy,
+                      plan=plan_to_dict(action.plan), then=then, then_reason=why,
+                      **outcome.to_dict())
+            )  # fmt: skip
+
+    def _after_drift(self, kept: Kept, outcome: Outcome) -> tuple[str, str]:
+        """What :meth:`_drifted` does: ``(replan | kept | revert, why)``."""
+        action = kept.action
+        if isinstance(action.plan, MicroBatchPlan) and action.replans <= REPLANS:
+            replan = self._replan(action, outcome)
+            if replan is not None and replan.outcome is not None and replan.outcome.committed:
+                replan.replans = action.replans + 1
+                return "replan", f"re-planned from measured step profiles: {replan.plan}"
+        even = self._even_plan()
+        model = self._measure() if isinstance(action.plan, MicroBatchPlan) else None
+        if model is not None and even is not None:
+            assert isinstance(action.plan, MicroBatchPlan)
+            even_s, plan_s = model.step_s(even.counts), model.step_s(action.plan.counts)
+            if even_s > outcome.measured_s * (1.0 + self.config.min_gain):
+                # judged from now on against the even split the profiles predict
+                self.loop.keep(
+                    Watched(action, kept.apply_step, even_s, plan_s),
+                    Outcome(kept.apply_step, even_s, plan_s, outcome.measured_s, "pays", ""),
+                )
+                return "kept", (
+                    f"the ranks' step profiles now put the even split at {even_s:.3f} s per "
+                    f"step, slower than the {outcome.measured_s:.3f} s measured under the plan"
+                )
+        before = outcome.before_s
+        if (
+            isinstance(action.plan, TopologyPlan)
+            and before is not None
+            and (outcome.measured_s < before * (1.0 - self.config.min_gain))
+        ):
+            self.loop.keep(
+                Watched(action, kept.apply_step, before, outcome.measured_s),
+                Outcome(kept.apply_step, before, outcome.measured_s, outcome.measured_s, "", ""),
+            )  # judged from now on by what it measures now
+            return "kept", "still faster than before the swap; a swap back costs a pause"
+        self._revert(action, outcome)
+        return "revert", f"did not pay: {outcome.reason}"
 
     def _revert(self, action: Action, outcome: Outcome) -> None:
         """``action``'s plan did not pay what it measured: undo it (the even split; a swap's
