@@ -39,6 +39,7 @@ _ZERO_OK = (
     "min_gain",
     "cooldown_s",
     "microbatch_apply_s",
+    "keep_steps",
     "every_steps",
     "metrics_port",
     "communication_mean_s",

@@ -149,3 +149,5 @@ def test_a_kept_plan_is_no_longer_kept_once_a_newer_plan_or_the_end_of_the_fail_
     assert loop.unmeasured(150) == [] and loop.kept == []  # a newer plan replaced it
     loop.keep(watched, outcome)
     assert loop.unmeasured() == [] and loop.kept == []  # the fail-slow ended
+    unwatched = ClosedLoop(store=None, world_size=lambda: 4, keep_steps=0)  # type: ignore[arg-type]
+    assert unwatched.keep(watched, outcome) is None and unwatched.kept == []  # planner.keep_steps

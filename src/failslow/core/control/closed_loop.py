@@ -50,7 +50,8 @@ BEFORE_STEPS = 5
 PAYS_SHARE = 0.5
 """A plan pays when its measured saving is at least this share of the predicted one."""
 KEEP_STEPS = 10
-"""Steps per window a plan that paid is judged again over, after its verdict."""
+"""Steps per window a plan that paid is judged again over, after its verdict (the default of
+``planner.keep_steps``)."""
 KEEP_STRIKES = 2
 """Windows in a row that fall short before a plan that paid is said to have stopped paying."""
 STOPPED_PAYING = "stopped paying"
@@ -168,6 +169,7 @@ class ClosedLoop:
         world_size: Callable[[], int],
         prefix: str = keys.PLANS,
         grace_s: float = 10.0,
+        keep_steps: int = KEEP_STEPS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -176,6 +178,8 @@ class ClosedLoop:
         self.grace_s = grace_s
         """How long after rank 0 passed a plan's apply step every rank must have reported
         (their poll threads send within a poll or two; generous for loaded machines)."""
+        self.keep_steps = keep_steps
+        """Steps per window of a kept plan (0: plans are not watched after their verdict)."""
         self._clock = clock
         self.awaiting: list[Awaited] = []
         self.watching: list[Watched] = []
@@ -242,9 +246,12 @@ class ClosedLoop:
             done.append((watched, outcome))
         return done
 
-    def keep(self, watched: Watched, outcome: Outcome) -> Kept:
+    def keep(self, watched: Watched, outcome: Outcome) -> Kept | None:
         """Go on watching ``watched``'s plan after ``outcome`` (it paid): from the step after
-        its outcome window, against the same before-time and prediction."""
+        its outcome window, against the same before-time and prediction (None: not watched,
+        ``keep_steps`` is 0)."""
+        if self.keep_steps <= 0:
+            return None
         kept = Kept(
             watched.action, watched.apply_step, outcome.before_s, outcome.predicted_s,
             outcome.measured_s, watched.apply_step + OUTCOME_FIRST + OUTCOME_STEPS,
@@ -254,16 +261,16 @@ class ClosedLoop:
 
     def drifts(self, steps: StepTimes) -> list[tuple[Kept, Outcome]]:
         """The kept plans that stopped paying: :data:`KEEP_STRIKES` complete windows of
-        :data:`KEEP_STEPS` in a row whose median :func:`judge` calls short. Each once, with an
+        :attr:`keep_steps` in a row whose median :func:`judge` calls short. Each once, with an
         outcome of verdict :data:`STOPPED_PAYING` measured over the last window; no longer
         kept. O(plans kept) per call, each window's steps read once."""
         done = []
         for kept in list(self.kept):
-            window = range(kept.next_step, kept.next_step + KEEP_STEPS)
+            window = range(kept.next_step, kept.next_step + self.keep_steps)
             while all(s in steps for s in window):
                 measured = statistics.median(steps[s][0] for s in window)
                 verdict, reason = judge(kept.before_s, kept.predicted_s, measured)
-                kept.next_step += KEEP_STEPS
+                kept.next_step += self.keep_steps
                 if verdict != "short":
                     kept.strikes, kept.short = 0, []
                 else:
@@ -271,7 +278,7 @@ class ClosedLoop:
                     kept.short.append(measured)
                 if kept.strikes >= KEEP_STRIKES:
                     self.kept.remove(kept)
-                    first = kept.next_step - KEEP_STRIKES * KEEP_STEPS
+                    first = kept.next_step - KEEP_STRIKES * self.keep_steps
                     why = (
                         f"{reason} over steps {first}-{kept.next_step - 1} "
                         f"(medians {', '.join(f'{m:.3f}' for m in kept.short)} s), after "
@@ -283,7 +290,7 @@ class ClosedLoop:
                     )  # fmt: skip
                     done.append((kept, outcome))
                     break
-                window = range(kept.next_step, kept.next_step + KEEP_STEPS)
+                window = range(kept.next_step, kept.next_step + self.keep_steps)
         return done
 
     def unmeasured(self, before_step: int | None = None) -> list[Watched]:

@@ -144,7 +144,10 @@ class Mitigator:
         self.unavailable: dict[str, str] = {}
         """Strategy -> why its plan could not take effect in this job (never planned again)."""
         self.loop = ClosedLoop(
-            store, world_size=lambda: job_record.world_size(store, world_size), clock=clock
+            store,
+            world_size=lambda: job_record.world_size(store, world_size),
+            keep_steps=config.keep_steps,
+            clock=clock,
         )
         self._restart_check: tuple[Action, float] | None = None
         """A committed restart and its wall time, until the job registered again."""

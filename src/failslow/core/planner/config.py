@@ -47,6 +47,10 @@ class PlannerConfig:
     """State transfer bandwidth between hosts, Gbit/s."""
     plan_timeout_s: float = 60.0
     """Every rank must accept a plan within this long, or it is aborted everywhere."""
+    keep_steps: int = 10
+    """After a plan's verdict it is judged again over windows of this many steps; two short
+    windows in a row and it *stopped paying* (re-planned, kept or reverted:
+    :mod:`failslow.core.control.closed_loop`). 0: a plan is not watched after its verdict."""
     horizon_s: float = 1.0
     """A plan takes effect about this long after every rank accepted it (in steps at the
     job's step rate, at least 2 steps): ranks never block while the decision travels."""
