@@ -109,6 +109,10 @@ class MitigationDemoOptions:
     where S2's size form can take effect in full)."""
     device_factor: float = 4.0
     """``fault="device"``: how many times slower the slow rank's compute runs."""
+    device_factor_then: tuple[int, float] | None = None
+    """``fault="device"``: ``(step, factor)`` - from that step on the device runs ``factor``
+    times slower instead (a fault that grows or fades while a plan is in effect;
+    ``benchmarks/plan_watch.py``)."""
     link_rate: str | None = None
     """Default: Megatron 25mbit; FSDP 200mbit (its shard groups move every layer's shards per
     micro-batch, so a slower link makes a step take seconds)."""
@@ -194,6 +198,13 @@ class MitigationDemoOptions:
             )
         if self.fault == "device" and not self.device_factor >= 1.0:
             raise FailslowError(f"demo: --device-factor must be >= 1, got {self.device_factor}")
+        if self.device_factor_then is not None:
+            step, factor = self.device_factor_then
+            if self.fault != "device" or not factor >= 1.0 or step <= self.slow_start:
+                raise FailslowError(
+                    "demo: a device factor that changes needs --fault device, a factor >= 1 and "
+                    f"a step after the slow start ({self.slow_start}); got {step}:{factor}"
+                )
         if self.fault == "link" and not (megatron or fsdp):
             raise FailslowError(
                 "demo: --fault link needs --framework megatron or fsdp (the topology swap, S3, "
@@ -291,6 +302,8 @@ class Run:
     throttle: dict[str, Any] | None = None
     """The compute fault as its helper did it: how it was scheduled, the fraction of the time
     the rank was stopped and the longest it ran between two stops (None: no compute fault)."""
+    fault_changed: tuple[int, float] | None = None
+    """The step the device fault's factor changed at, and the new factor."""
     controller_state: str = "-"
     actions: list[dict[str, Any]] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
@@ -366,6 +379,14 @@ def _run(opts: MitigationDemoOptions, net: Any) -> dict[str, Any]:
                         )  # fmt: skip
                     fault.start()
                     run.injected = (run.step, None)
+                then = opts.device_factor_then
+                if (
+                    isinstance(fault, SlowedDevice) and fault.active and then is not None
+                    and run.step >= then[0] and run.fault_changed is None
+                ):  # fmt: skip
+                    fault.factor = then[1]
+                    fault.start()  # the rank switches at its next step boundary
+                    run.fault_changed = (run.step, then[1])
                 if fault is not None and fault.active and _release_due(run):
                     fault.stop()
                     run.injected = (run.injected[0], run.step)

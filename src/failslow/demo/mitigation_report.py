@@ -130,6 +130,7 @@ def summarize(run: Any, out: Path) -> dict[str, Any]:
         "stopped_fraction": opts.stopped_fraction,
         "injected": list(run.injected),
         "throttle": run.throttle,
+        "fault_changed": list(run.fault_changed) if run.fault_changed else None,
         "steps_run": len(times),
         "phases": rows,
         "actions": run.actions,
