@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/plan_watch.py [--framework deepspeed] [--zero 1|2] [--world-size 2]
-        [--slow-rank 1] [--steps 260] [--slow-start 60] [--factor 2] [--then 150:6]
+        [--slow-rank 1] [--steps 260] [--slow-start 60] [--factor 3] [--then 150:9]
         [--repeat 1] [--launcher failslow-run|demo]
 
 The job of ``failslow demo --framework deepspeed`` (the user's loop, ZeRO-1 by default: S2 by
@@ -116,10 +116,11 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--steps", type=int, default=260)
     parser.add_argument("--slow-start", type=int, default=60)
-    parser.add_argument("--factor", type=float, default=2.0)
-    parser.add_argument("--then", default="150:6", help="STEP:FACTOR")
+    parser.add_argument("--factor", type=float, default=3.0)
+    parser.add_argument("--then", default="150:9", help="STEP:FACTOR")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--launcher", choices=("demo", "failslow-run"), default="failslow-run")
+    parser.add_argument("--keep", type=Path, help="keep the runs' directories here")
     args = parser.parse_args()
     step, factor = args.then.split(":")
     then = (int(step), float(factor))
@@ -136,7 +137,8 @@ def main() -> None:
     for i in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="failslow-watch-") as tmp:
             console.print(f"round {i + 1}/{args.repeat}: unmitigated, no watch, watched ...")
-            rows = one_round(Path(tmp), args, then)
+            base = args.keep / f"round-{i + 1}" if args.keep else Path(tmp)
+            rows = one_round(base, args, then)
         for r in rows:
             table.add_row(
                 str(i + 1),
