@@ -155,6 +155,8 @@ def test_the_kill_demo_restarts_from_memory_and_keeps_the_model(tmp_path) -> Non
     assert second["restored_from"] == "own snapshot", why
     assert summary["parameters"]["compared"] and summary["parameters"]["equal"], why
     assert "bitwise equal" in proc.stdout
+    # the controller ran (its journal is there) and bought nothing: a plan would change the sums
+    assert (out / "events.jsonl").is_file() and summary["plans"] == [], why
 
 
 @pytest.mark.multiprocess

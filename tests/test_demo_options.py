@@ -97,6 +97,26 @@ def test_kill_demo_options_are_checked_in_one_line():
         assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_the_fault_demos_job_buys_no_plan_its_model_is_compared_bitwise(tmp_path):
+    """Issue 49: the kill demo on a busy machine ended 1.4e-8 apart from its reference - its job
+    ran with S2 allowed, and a micro-batch plan bought on noise sums the gradients in another
+    order. Every fault of the demo (kills and the injected ones) runs with no strategy and every
+    step snapshotted, whatever the fault."""
+    from failslow.demo.failstop import FailstopDemoOptions, chaos_env
+
+    for options in [
+        {},
+        {"framework": "megatron"},
+        *[{"injected": (kind, 2, 100), "kill_steps": (), "victims": ()}
+          for kind in ("hang", "nan", "sdc", "matmul", "slow")],
+    ]:  # fmt: skip
+        opts = FailstopDemoOptions(**options)
+        opts.validate()
+        settings = json.loads(chaos_env(opts, tmp_path / "job")["FAILSLOW_DEMO_CONFIG"])
+        assert settings["planner"]["strategies"] == [], options
+        assert settings["checkpoint"]["every_steps"] == 1, options
+
+
 def test_the_kill_demo_names_odyssey_s_choice_and_compares_a_model_split_over_ranks(tmp_path):
     import numpy as np
 

@@ -79,6 +79,7 @@ from typing import Any
 import numpy as np
 
 from failslow import envvars
+from failslow.core.control.journal import JOURNAL, read_journal
 from failslow.core.diagnosis.stacks import DeclineTally
 from failslow.demo import fault_plugin, rank_launch
 from failslow.demo.rank_launch import READY, RESUMED
@@ -216,6 +217,9 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
             found = tmp / "chaos-state" / name
             if found.exists():
                 (out / name).write_text(found.read_text())
+        journal = tmp / "chaos-rings" / "diagnoses" / JOURNAL  # the controller's
+        if journal.exists():
+            (out / JOURNAL).write_text(journal.read_text())
         stops += _rollbacks(out)
     summary = _summary(opts, run, stops, out, reference)
     _restore_sources(summary, (out / "job.log").read_text(errors="replace"))
@@ -224,17 +228,26 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
     return summary
 
 
-def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: Any) -> None:
-    job_out = out / "job"
+def chaos_env(opts: FailstopDemoOptions, job_out: Path) -> dict[str, str]:
+    """The environment of the job with the fault: :data:`rank_launch.COMPARED` settings (every
+    step snapshotted, no mitigation strategy) - its model is compared bitwise with the reference
+    run's, and a micro-batch plan bought on a busy machine (the controller still detects and
+    validates; on shared cores noise can read as a straggler) would sum the gradients in another
+    order: parameters 1e-8 apart, not bitwise (issue 49's kill demo under load)."""
     fault = {}
-    kind = opts.injected[0] if opts.injected is not None else None
     if opts.injected is not None:
-        _, slot, step = opts.injected
+        kind, slot, step = opts.injected
         fault[fault_plugin.ENV] = json.dumps({"kind": kind, "slot": slot, "step": step})
         fault[envvars.PLUGINS] = fault_plugin.__name__  # its stop-time check hook, too
         if kind == "slow":  # one GEMM at a time in the validation round (2 shared cores)
             fault["FAILSLOW__VALIDATION__GEMM_SERIAL"] = "true"
-    env = rank_launch.job_env(job_out, opts.steps, opts.framework, **fault)
+    return rank_launch.job_env(job_out, opts.steps, opts.framework, rank_launch.COMPARED, **fault)
+
+
+def _chaos(opts: FailstopDemoOptions, tmp: Path, out: Path, run: _Run, refresh: Any) -> None:
+    job_out = out / "job"
+    kind = opts.injected[0] if opts.injected is not None else None
+    env = chaos_env(opts, job_out)
     argv = rank_launch.command(
         tmp, "chaos", world_size=opts.world_size, standbys=opts.standbys,
         restarts=max(1, len(opts.kill_steps)), min_ranks=opts.min_ranks,
@@ -394,8 +407,22 @@ def _summary(
         "lost_steps": sum(r["lost_steps"] or 0 for r in restarts),
         "downtime_s": sum(r["downtime_s"] or 0.0 for r in restarts),
         "failstops": [s for s in stops if "rung" not in s],
+        "plans": _plans(out),
         "parameters": parameters,
     }
+
+
+def _plans(out: Path) -> list[dict[str, Any]]:
+    """Every plan the controller decided in the job with the fault (its journal's ``plan``
+    events): none is allowed (:func:`chaos_env`), and the summary shows that none ran."""
+    found = out / JOURNAL
+    if not found.exists():
+        return []
+    return [
+        {k: e.get(k) for k in ("action", "strategy", "apply_step", "committed", "reason")}
+        for e in read_journal(found)
+        if e.get("kind") == "plan"
+    ]
 
 
 def _hang_summary(out: Path) -> dict[str, Any]:
@@ -571,4 +598,9 @@ def _print_table(summary: dict[str, Any], out: Path) -> None:
             verdict = f"equal within {p['tolerance']}" if p["equal"] else "DIFFER"
         verdict += f" (max |diff| {p['max_abs_diff']:.3g})"
         console.print(f"final parameters vs the same job without the fault: {verdict}")
+    for plan in summary["plans"]:  # none expected: chaos_env allows no strategy
+        console.print(
+            f"controller plan: {plan['action']} {plan['strategy']} at step {plan['apply_step']} "
+            f"({plan['reason']})"
+        )
     console.print(f"summary: {out / 'summary.json'}")
