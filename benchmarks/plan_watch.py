@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/plan_watch.py [--framework deepspeed] [--zero 1|2] [--world-size 2]
         [--slow-rank 1] [--steps 260] [--slow-start 60] [--factor 3] [--then 150:9]
-        [--repeat 1] [--launcher failslow-run|demo]
+        [--repeat 1] [--micro-batches 4] [--launcher failslow-run|demo]
 
 The job of ``failslow demo --framework deepspeed`` (the user's loop, ZeRO-1 by default: S2 by
 count), ``--world-size`` ranks; from ``--slow-start`` rank ``--slow-rank``'s device computes
@@ -80,6 +80,7 @@ def one_round(
                 device_factor_then=then,
                 world_size=args.world_size,
                 slow_rank=args.slow_rank,
+                micro_batches_per_replica=args.micro_batches,
                 failslow=settings,
             )
         )
@@ -119,6 +120,12 @@ def main() -> None:
     parser.add_argument("--factor", type=float, default=3.0)
     parser.add_argument("--then", default="150:9", help="STEP:FACTOR")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        default=4,
+        help="micro-batches per replica per step (more: a finer split for the plans)",
+    )
     parser.add_argument("--launcher", choices=("demo", "failslow-run"), default="failslow-run")
     parser.add_argument("--keep", type=Path, help="keep the runs' directories here")
     args = parser.parse_args()
@@ -127,7 +134,8 @@ def main() -> None:
     console = Console(width=230)
     job = job_name(args.framework, zero=args.zero)
     table = Table(
-        title=f"{job}, {args.world_size} ranks, rank {args.slow_rank}'s device {args.factor:g}x "
+        title=f"{job}, {args.world_size} ranks x {args.micro_batches} micro-batches, rank "
+        f"{args.slow_rank}'s device {args.factor:g}x "
         f"slower from step {args.slow_start}, {then[1]:g}x from step {then[0]} (CPU/gloo, "
         f"launcher {args.launcher})"
     )
