@@ -27,10 +27,12 @@ the demand). What each fault's demo promises, and what is read from its ``summar
 
 Printed per fault: rounds finished (the demo exited 0 - it exits 1 where its own parameter
 check failed), the diagnosis right (the machine named is the slow rank's; for ``kill``: every
-kill seen and resumed), parameters equal (the demo's comparison: bitwise unless it states its
-tolerance), lost steps and downtime (median and max over the rounds), and the wall time per
-round; then every failed round's directory and reason. ``--keep DIR`` keeps the run
-directories (default: deleted after each round unless it failed).
+kill seen and resumed), the plans the controller bought (none may be: each of these demos
+compares its model bitwise, and a micro-batch plan changes the gradient sums' order),
+parameters equal (the demo's comparison: bitwise unless it states its tolerance), lost steps
+and downtime (median and max over the rounds), and the wall time per round; then every failed
+round's directory and reason. ``--keep DIR`` keeps the run directories (default: deleted after
+each round unless it failed).
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ def judge(fault: str, rc: int, summary: dict[str, Any] | None) -> dict[str, Any]
         row["diagnosis"] = named == [SLOW_RANK] if fault != "nan" else bool(summary.get("rungs"))
         if not row["diagnosis"]:
             row["why"].append(f"named {named}")
+    row["plans"] = len(summary.get("plans") or [])  # none allowed (failstop.chaos_env)
+    if row["plans"]:
+        row["why"].append(f"the controller bought {row['plans']} plan(s): {summary['plans']}")
     parameters = summary.get("parameters") or {}
     row["equal"] = bool(parameters.get("equal")) if parameters.get("compared") else None
     if row["equal"] is False:
@@ -189,7 +194,8 @@ def main() -> None:
     )
     columns = (
         "fault", "finished", "diagnosis right", "parameters equal",
-        "lost steps (median / max)", "downtime s (median / max)", "wall s per round",
+        "plans bought", "lost steps (median / max)", "downtime s (median / max)",
+        "wall s per round",
     )  # fmt: skip
     for col in columns:
         table.add_column(col)
@@ -201,6 +207,7 @@ def main() -> None:
             f"{sum(r['finished'] for r in got)}/{n}",
             f"{sum(bool(r['diagnosis']) for r in got)}/{n}",
             f"{sum(r['equal'] for r in compared)}/{len(compared)}" if compared else "-",
+            str(sum(r.get("plans") or 0 for r in got)) if fault != "compute" else "-",
             _median_max([float(r["lost"]) for r in got if r["lost"] is not None]),
             _median_max([float(r["downtime"]) for r in got if r["downtime"] is not None]),
             _median_max([r["wall_s"] for r in got]),
