@@ -230,10 +230,12 @@ def run_failstop_demo(opts: FailstopDemoOptions) -> dict[str, Any]:
 
 def chaos_env(opts: FailstopDemoOptions, job_out: Path) -> dict[str, str]:
     """The environment of the job with the fault: :data:`rank_launch.COMPARED` settings (every
-    step snapshotted, no mitigation strategy) - its model is compared bitwise with the reference
-    run's, and a micro-batch plan bought on a busy machine (the controller still detects and
-    validates; on shared cores noise can read as a straggler) would sum the gradients in another
-    order: parameters 1e-8 apart, not bitwise (issue 49's kill demo under load)."""
+    step snapshotted, no mitigation strategy), for the ranks and for the launcher's controller
+    (:func:`~failslow.demo.worker_io.launch_env`) - its model is compared bitwise with the
+    reference run's, and a micro-batch plan bought on a busy machine (the controller still
+    detects and validates; on shared cores noise can read as a straggler) sums the gradients in
+    another order: parameters 3.7e-9 apart, not bitwise (issue 49's kill demo under load,
+    reproduced in ``benchmarks/soak.py``: two S2 plans applied and reverted)."""
     fault = {}
     if opts.injected is not None:
         kind, slot, step = opts.injected

@@ -679,9 +679,8 @@ def _failslow_run(
     environment (``FAILSLOW__SECTION__KEY``, what a user would set), the ranks from their
     framework's config as well; its journal and diagnoses go to ``<ring_dir>/diagnoses``. All
     output in ``launch.log``."""
-    env = _job_env(opts, settings, ring_dir, out, "")
+    env = _job_env(opts, settings, ring_dir, out, "")  # the settings as FAILSLOW__ too
     env.pop(envvars.STORE, None)  # failslow run hosts the store and tells the ranks
-    env.update(_settings_env(settings))
     job = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(opts.world_size), "-m", JOBS[opts.framework][0],
@@ -692,22 +691,6 @@ def _failslow_run(
     ] if opts.mitigate else job  # fmt: skip
     with open(out / "launch.log", "wb") as log:
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def _settings_env(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """``settings`` as ``FAILSLOW__SECTION__KEY`` variables (lists as JSON)."""
-    found: dict[str, str] = {}
-    for key, value in settings.items():
-        name = f"{prefix}__{key.upper()}" if prefix else f"{envvars.CONFIG_PREFIX}{key.upper()}"
-        if isinstance(value, dict):
-            found.update(_settings_env(value, name))
-        elif isinstance(value, list | tuple):
-            found[name] = json.dumps(list(value))
-        elif isinstance(value, bool):
-            found[name] = "true" if value else "false"
-        else:
-            found[name] = str(value)
-    return found
 
 
 def _observe(run: Run, out: Path, plane: Any) -> None:

@@ -11,6 +11,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from failslow import envvars
+
 
 @dataclass(frozen=True)
 class WorkerEnv:
@@ -48,7 +50,12 @@ def worker_env() -> WorkerEnv:
 def launch_env(out: Path, steps: int, **extra: str) -> dict[str, str]:
     """The environment a launcher starts a demo worker with (what :func:`worker_env` reads):
     this process's without failslow's variables, one thread, DeepSpeed on the CPU, the steps,
-    the output directory and ``extra``."""
+    the output directory and ``extra``. The job's failslow block (``FAILSLOW_DEMO_CONFIG``, which
+    the ranks put in their framework's config) is set as ``FAILSLOW__SECTION__KEY`` variables
+    too, unless ``extra`` sets one itself: a ``failslow run --controller`` launcher reads its
+    settings from the environment, and without them its controller planned with the defaults -
+    every strategy - while the ranks were told none (issue 49: a micro-batch plan bought on a
+    busy machine in a job whose model is compared bitwise)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAILSLOW")}
     env.update(
         OMP_NUM_THREADS="1",
@@ -57,7 +64,27 @@ def launch_env(out: Path, steps: int, **extra: str) -> dict[str, str]:
         FAILSLOW_DEMO_OUT=str(out),
         **extra,
     )
+    for name, value in settings_env(json.loads(extra.get("FAILSLOW_DEMO_CONFIG", "{}"))).items():
+        env.setdefault(name, value)
     return env
+
+
+def settings_env(settings: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``settings`` as ``FAILSLOW__SECTION__KEY`` variables (lists as JSON): how a launcher's
+    controller takes a demo job's failslow block (the ranks read it from their framework's
+    config as well)."""
+    found: dict[str, str] = {}
+    for key, value in settings.items():
+        name = f"{prefix}__{key.upper()}" if prefix else f"{envvars.CONFIG_PREFIX}{key.upper()}"
+        if isinstance(value, dict):
+            found.update(settings_env(value, name))
+        elif isinstance(value, list | tuple):
+            found[name] = json.dumps(list(value))
+        elif isinstance(value, bool):
+            found[name] = "true" if value else "false"
+        else:
+            found[name] = str(value)
+    return found
 
 
 def announce_start(rank: int, resumed: int | None) -> None:
