@@ -51,7 +51,7 @@ from failslow.demo.mitigation import (
     step_times_of,
 )
 
-RUNS = (
+RUNS: tuple[tuple[str, bool, dict[str, Any]], ...] = (
     ("unmitigated", False, {}),
     ("no watch", True, {"planner": {"keep_steps": 0}}),
     ("watched", True, {}),

@@ -109,10 +109,10 @@ def judge(fault: str, rc: int, summary: dict[str, Any] | None) -> dict[str, Any]
         if not row["diagnosis"]:
             row["why"].append(f"{len(restarts)} restart(s): {restarts}")
     else:
-        named = _named(summary)
-        row["diagnosis"] = named == [SLOW_RANK] if fault != "nan" else bool(summary.get("rungs"))
+        suspects = _named(summary)
+        row["diagnosis"] = suspects == [SLOW_RANK] if fault != "nan" else bool(summary.get("rungs"))
         if not row["diagnosis"]:
-            row["why"].append(f"named {named}")
+            row["why"].append(f"named {suspects}")
     row["plans"] = len(summary.get("plans") or [])  # none allowed (failstop.chaos_env)
     if row["plans"]:
         row["why"].append(f"the controller bought {row['plans']} plan(s): {summary['plans']}")
