@@ -71,7 +71,10 @@ Detection v3 (issue 47): what is reported is what is worth acting on.
   (20) points clears the line, newer half too, is an onset even when the one-level rules turn
   it down (flapping congestion: slow a few iterations, then not, slow on average); a climb
   over three windows of 20 points from the window before them is one too (a ramp:
-  :meth:`FailSlowDetector._ramp`).
+  :meth:`FailSlowDetector._ramp`, judged on the climb's level now). A ramp fast enough for the
+  one-level rules is verified as a step once enough of it clears the line; its change point
+  is moved back to where its 5-point median crossed, if the points before it climb
+  (:meth:`FailSlowDetector._crossed`).
 - Actionable onsets (:mod:`.persistence`): a verified onset is held until the slowdown has
   persisted past the job's own transients (10-14 points, learned per job); shorter episodes are
   recorded as transients and never reported. The onset keeps its change point; its
@@ -567,13 +570,18 @@ class FailSlowDetector(Detector):
         """An onset that builds up over tens of iterations (issue 47: thermal throttling):
         measured against the window just before it, a climb never clears the line, since that
         reference climbs with it. Here the reference is the median of the ``sustain`` points
-        before the newest three windows of ``sustain`` points; the newest window's median must
-        clear the line over it by ``margin_z`` standard errors, and each window must be higher
-        than the one before by :data:`RAMP_RISE` of the threshold and by ``margin_z``
-        standard errors of the difference - a climb, not a healthy drift of a few percent per
-        hundred iterations, nor a sub-threshold shift on top of one (one large rise, not
-        three). The change point is where the climb first crossed the line (5-point
-        medians).
+        before the newest three windows of ``sustain`` points; the climb's level now must clear
+        the line over it by ``margin_z`` standard errors (the newest window's median is its
+        level ``sustain / 2`` points ago: it is carried to the newest point along the line
+        through the medians of the first and the newest window, Tukey's resistant line, which
+        reports a ramp 6-10 iterations sooner), the newest five points too, and each window
+        must be higher than the one before by :data:`RAMP_RISE` of the threshold and by
+        ``margin_z`` standard errors of the difference - a climb, not a healthy drift of a
+        few percent per hundred iterations, nor a sub-threshold shift on top of one (one
+        large rise, not three). The change point is where the climb last crossed the line
+        (5-point medians: an earlier crossing is the noise before it, and the regime from
+        there would settle back at once - an onset and its relief on consecutive
+        iterations).
 
         Not caught in time: ramps slower than about 0.07% per iteration (benchmarks/README.md,
         "Detection v3")."""
@@ -588,7 +596,16 @@ class FailSlowDetector(Detector):
             return []
         floor, m1, m2, m3 = (median(raw[k * w : (k + 1) * w]) for k in range(4))
         scale = self.margin_z * 1.2533 * self._noise(first + w)
-        if m3 - floor - self.log_threshold < scale / math.sqrt(w):
+        # the level now: the newest window's median is the climb's level ``w / 2`` points ago,
+        # carried to the newest point along the line through the medians of windows 1 and 3
+        # (Tukey's resistant line); its standard error is 1.26 times the median's
+        lead = (w - 1) / (4 * w)
+        now = m3 + lead * (m3 - m1)
+        noise = math.hypot(1 + lead, lead) * scale / math.sqrt(w)
+        if (
+            now - floor - self.log_threshold < noise
+            or median(raw[-5:]) - floor < self.log_threshold
+        ):
             return []
         # each rise: a share of the threshold, and clear of the noise (margin_z standard
         # errors of a difference of two medians of w points)
@@ -596,8 +613,10 @@ class FailSlowDetector(Detector):
         if m3 - m2 < rise or m2 - m1 < rise or m1 - floor < rise:
             return []
         smooth = np.array([median(raw[max(0, k - 2) : k + 3]) for k in range(raw.size)])
-        crossed = np.flatnonzero(smooth - floor >= self.log_threshold)
-        c = first + int(crossed[0]) if crossed.size else t + 1 - w
+        below = np.flatnonzero(smooth - floor < self.log_threshold)  # the climb's last crossing
+        c = first + (int(below[-1]) + 1 if below.size else 0)
+        if c > t:
+            c = t + 1 - w
         self._baseline = floor
         return [self._enter(c, t, "onset", floor, m3)]
 
@@ -650,7 +669,7 @@ class FailSlowDetector(Detector):
                 ref = self._baseline
             if ref is not None and self._confirmed(c, raw, post, ref):
                 self._baseline = ref
-                return [self._enter(c, t, "onset", ref, after)]
+                return [self._enter(self._crossed(c, ref, after), t, "onset", ref, after)]
             return None
         assert self._baseline is not None
         ref = self._ref(c, 1)
@@ -675,6 +694,34 @@ class FailSlowDetector(Detector):
                 self._level = after
                 return []
         return None
+
+    def _crossed(self, c: int, ref: float, after: float) -> int:
+        """Where a slowdown verified at ``c`` first crossed the line, if it climbed to it.
+
+        A ramp (thermal throttling) is verified as a step only once enough of it clears the
+        line, 3-11 iterations after it crossed; the points before ``c`` whose 5-point median is
+        already above the line belong to it, and its persistence counts from there. They do
+        only if they climb: the step lands near the line (under twice the threshold: a slow
+        climb's top, where the noise hides the rise), or the 5-point median rose at least
+        half the way from the crossing to the step's level. A burst on a busy machine's 10-20%
+        (flat before it, then 2x) is a step of its own and keeps ``c``; so does a step whose
+        points before it are below the line (the usual case)."""
+        line = ref + self.log_threshold
+        lo = max(self._seg_start, c - self.sustain)
+        if c - lo < 3:
+            return c
+        x = self.history.window(lo, c + 3)
+        smooth = [median(x[j - 2 : j + 3]) for j in range(2, c - lo)]  # points lo+2 .. c-1
+        above = 0
+        while above < len(smooth) and smooth[-1 - above] >= line:
+            above += 1
+        if not above:
+            return c
+        first, last = smooth[-above], smooth[-1]
+        near = after - ref < 2 * self.log_threshold
+        if not near and last - first < 0.5 * (after - first):
+            return c
+        return c - above
 
     def _noise(self, c: int) -> float:
         """Robust noise scale (log units) before ``c``, from successive differences.
