@@ -206,7 +206,11 @@ def test_a_healthy_job_s_transients_start_no_validation(tmp_path: Path) -> None:
     recorded as transients, and none of them is published as an onset - so none starts a
     profiling round or a validation pause. (A slowdown of the shared machine itself may still
     be one, a real one: onsets are checked against the injected episodes and their 2-5x
-    levels; reported at once, before issue 47, the episodes fail this.)"""
+    levels, and an episode that the machine dragged on - the rank's own iterations after it
+    10% slower than before it, until the onset was reported - is one too; reported at once,
+    before issue 47, the episodes fail this.)"""
+    import numpy as np
+
     from failslow.core.control import keys
     from failslow.core.control.controller import Controller, State
     from failslow.core.localize.config import DetectionConfig
@@ -278,7 +282,22 @@ def test_a_healthy_job_s_transients_start_no_validation(tmp_path: Path) -> None:
         # the injected episodes are 2-5x; what a busy machine adds around them, 1.1-1.3x for
         # tens of iterations, is a slowdown of its own (a real one: it persisted)
         injected = onset["type"] == "onset" and onset["after_s"] >= 1.5 * onset["before_s"]
-        assert not (hit and injected), f"an injected transient was reported: {hit}; {why}"
+        if hit and injected:
+            # ... and so is an episode the starved cores drag on: beside a 2-process CPU hog
+            # (6 processes on 2 cores) a 2x burst's iterations after it ran at 1.5-2x until the
+            # onset was reported (14 slow iterations: enough to persist). The rank's own times
+            # say which: the iterations from the episode's end to the report, against the 20
+            # before it - the detector's threshold (10%) over them is a real slowdown
+            times = publisher.analyzer.ranks[onset["rank"]].iteration_times
+            start, end = hit[0][0] - offset, hit[0][0] + hit[0][1] - offset
+            before = float(np.median(times[max(0, start - 20) : start]))
+            after = times[end : onset["reported_at"] + 1]  # none: reported while it lasted
+            dragged = float(np.median(after)) if after else 0.0
+            assert dragged >= 1.1 * before, (
+                f"an injected transient was reported: {hit}, rank {onset['rank']} "
+                f"{1e3 * dragged:.0f} ms per iteration after it vs {1e3 * before:.0f} before; "
+                f"{why}"
+            )
     if not onsets:  # nothing was slow: the controller never left tracking
         assert {t.state for t in controller.history} == {State.TRACKING}, why
     # every transient was published (as a transient, not an onset), and the controller put
