@@ -662,8 +662,14 @@ def test_a_megatron_grid_that_loses_ranks_goes_on_in_the_layout_odyssey_chose(
         env_extra=sdc,
     )  # fmt: skip
     job = Job(tmp_path, proc, out)
-    job.wait(lambda: len(job.stops()) == 1, timeout=400)
-    rungs = [json.loads(line) for line in (tmp_path / "chaos-state" / "incidents.jsonl").open()]
+    incidents = tmp_path / "chaos-state" / "incidents.jsonl"
+    # the replay rung evicts the machine it names (the fail-stop record), then its agent
+    # journals the replay's result: wait for both (a suite run beside a CPU hog read the
+    # journal between the two)
+    job.wait(
+        lambda: len(job.stops()) == 1 and '"replay result"' in incidents.read_text(), timeout=400
+    )
+    rungs = [json.loads(line) for line in incidents.open()]
     assert [(r["rung"], r["before_step"]) for r in rungs] == [
         ("diagnose", 10), ("checks result", 10), ("reattempt", 10), ("replay", 10),
         ("replay result", 10),
