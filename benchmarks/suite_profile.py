@@ -10,8 +10,9 @@ files) with a pytest plugin that logs every test's start and end, while a thread
 ``/proc/stat`` every 2 s. Prints the slowest tests with the share of the machine's CPU that was
 idle during each (a test at a few percent idle is CPU-bound: only less work makes it faster;
 one at 50% or more waits - on a throttled rank, a timeout, a poll), and the suite's total,
-then the same per group: the tests marked ``multiprocess`` (a spawned world) and the rest - the
-idle core-seconds under the rest are what running them beside the others could take up.
+then the same per group: the tests marked ``multiprocess`` (a spawned world) and the rest.
+``./dev test`` runs the two groups side by side on two xdist workers (``tests/conftest.py``), so
+a test's idle share is the machine's while it ran, beside whatever the other worker ran.
 ``--log PATH`` keeps every test's row (seconds, idle share, multiprocess, test id) as TSV.
 """
 
@@ -33,10 +34,16 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = """import os, time
 _F = open(os.environ["FAILSLOW_SUITE_TIMELOG"], "a", buffering=1)
+_WORKER = False
+def pytest_configure(config):
+    global _WORKER
+    _WORKER = hasattr(config, "workerinput")  # an xdist worker: its controller logs the times
 def pytest_runtest_logstart(nodeid, location):
-    _F.write(f"start\\t{time.time():.3f}\\t{nodeid}\\n")
+    if not _WORKER:
+        _F.write(f"start\\t{time.time():.3f}\\t{nodeid}\\n")
 def pytest_runtest_logfinish(nodeid, location):
-    _F.write(f"end\\t{time.time():.3f}\\t{nodeid}\\n")
+    if not _WORKER:
+        _F.write(f"end\\t{time.time():.3f}\\t{nodeid}\\n")
 def pytest_runtest_setup(item):
     if item.get_closest_marker("multiprocess") is not None:
         _F.write(f"multiprocess\\t0\\t{item.nodeid}\\n")

@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,63 @@ REDIS_MISSING = (
     "redis-server is not installed: install the Debian package "
     "(apt-get install -y redis-server, which ./dev test does) or set FAILSLOW_SKIP_REDIS=1"
 )
+
+
+SPAWNED_WORLDS = "spawned-worlds"
+"""``./dev test`` runs the suite on two xdist workers (``-n 2 --dist loadgroup``). Every test
+marked ``multiprocess`` (it spawns a world) is one work unit, this one: they run on one worker,
+in collection order, one at a time - each with the machine's cores as in a serial run, less the
+one single-process test beside it - while the other worker runs the single-process tests (issue
+49: the suite's 30 minutes).
+
+xdist's own ``loadgroup`` reads ``xdist_group`` marks from a suffix it adds to each node id, which
+pytest 9.2's structured node ids ignore (pytest-dev/pytest-xdist#1386: the tests are then spread
+as if unmarked). So the workers write the spawned-world tests' ids to a file the controller named
+(:data:`_WORLDS_FILE`) while they collect, and the controller's scheduler
+(:func:`pytest_xdist_make_scheduler`) reads it once every worker has collected."""
+_WORLDS_FILE = "FAILSLOW_TEST_WORLDS_FILE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
+        fd, path = tempfile.mkstemp(prefix="failslow-worlds-", suffix=".txt")
+        os.close(fd)
+        os.environ[_WORLDS_FILE] = path  # the workers start after this and inherit it
+        config.add_cleanup(lambda: os.unlink(path))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A worker's spawned-world tests, written to the controller's file (whole or not at all:
+    both workers write the same ids)."""
+    path = os.environ.get(_WORLDS_FILE)
+    if path is None or not hasattr(config, "workerinput"):
+        return
+    ids = [item.nodeid for item in items if item.get_closest_marker("multiprocess") is not None]
+    part = f"{path}.{config.workerinput['workerid']}"
+    Path(part).write_text("".join(f"{i}\n" for i in ids))
+    os.replace(part, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: xdist's scope scheduler with every spawned-world test in one scope
+    (:data:`SPAWNED_WORLDS`) and every other test a scope of its own."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    path = os.environ[_WORLDS_FILE]
+
+    class SpawnedWorldsTogether(LoadScopeScheduling):
+        worlds: frozenset[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.worlds is None:  # first called once every worker's collection is in
+                self.worlds = frozenset(Path(path).read_text().splitlines())
+            return SPAWNED_WORLDS if nodeid in self.worlds else nodeid
+
+    return SpawnedWorldsTogether(config, log)
 
 
 def free_port() -> int:
