@@ -1,4 +1,5 @@
-"""What several end-to-end modules share: the DeepSpeed demo job run once without faults."""
+"""What several end-to-end modules share: the demo jobs (DeepSpeed, Megatron, FSDP2) run once
+without faults."""
 
 from __future__ import annotations
 
@@ -89,6 +90,23 @@ def deepspeed_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[i
     return _reference_runs(
         tmp_path_factory, module="failslow.demo.ds_worker", preload="deepspeed",
         micro_batch_size="32", minimum=REFERENCE_STEPS, load=load,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def fsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Any]:
+    """The FSDP2 demo job (``failslow.demo.fsdp_worker``: HSDP over 2 replicas x 2 shards, 4
+    micro-batches of 64 per replica) without faults, after a given number of steps: the full
+    parameters rank 0 saved after every step, as :func:`deepspeed_reference`."""
+
+    def load(out: Path, steps: int) -> Any:
+        last = max(int(p.stem.split("step")[1]) for p in out.glob("parameters-step*.npz"))
+        assert _equal(np.load(out / "parameters.npz"), np.load(out / f"parameters-step{last}.npz"))
+        return np.load(out / f"parameters-step{steps}.npz")
+
+    return _reference_runs(
+        tmp_path_factory, module="failslow.demo.fsdp_worker", preload="torch",
+        micro_batch_size="64", minimum=0, load=load,
     )  # fmt: skip
 
 

@@ -77,6 +77,7 @@ WORKERS = {
     # the rank's module, what its warm processes preload, its micro-batch size
     "deepspeed": ("failslow.demo.ds_worker", "deepspeed", "32"),
     "megatron": ("failslow.demo.megatron_worker", "megatron.core", "8"),
+    "fsdp": ("failslow.demo.fsdp_worker", "torch", "64"),
 }
 
 
@@ -870,3 +871,58 @@ def test_a_nan_loss_is_rolled_back_and_a_silent_corruption_climbs_to_replay_whic
     assert "rank 0: resumed at step 12" in text and "replaying from step 31" in text
 
     _bitwise_like_a_run_without_the_fault(reference, out, sorted(out.glob("steps-rank0*.json"))[-1])
+
+
+def test_an_fsdp2_job_rolls_a_nan_back_and_evicts_a_hung_machine_s_shard_group(
+    tmp_path: Path, fsdp_reference: Callable[[int], Any]
+) -> None:
+    """The robust manager on a PyTorch FSDP2 job (issue 49; byterobust 4.1-4.3, 5.1):
+    ``failslow.demo.fsdp_worker`` (HSDP: 2 replicas x 2 shards, ``failslow.fsdp.attach``, the
+    loss handed to ``failslow.report_metrics``) under ``failslow run --nproc-per-node 4`` with
+    two standby slots and ``--hang-after 6``, two incidents:
+
+    1. rank 2's shard of the first parameter gets a NaN when step 12 ends (the first launch
+       only). Its replica's loss of step 13 is NaN: the rank leaves a rollback request and
+       exits 79; the launcher stops the others (no fail-stop, no slot evicted), the stop-time
+       checks pass on every machine, and every rank resumes step 12 from memory (reattempt);
+    2. slot 1's machine hangs after step 24: no collective on any ring for 6 s. py-spy's stacks
+       fall in three groups: ranks 2 and 3 (the other replica) in the replicas' all-reduce,
+       rank 0 in its shard group's all-gather, waiting for rank 1, and rank 1 in
+       ``injected_hang``. The two outliers share a shard group (the job's "TP" dimension), so
+       that group is over-evicted as byterobust 5.1 does - both machines onto the standby
+       slots - and every rank restarts from memory, ranks 0 and 1 from the backups their
+       holders kept of their shards.
+
+    The job finishes with bitwise the model of the run without the faults."""
+    pytest.importorskip("failslow.node.stacks").py_spy()  # a test dependency
+    faults = [{"kind": "nan", "slot": 2, "step": 12}, {"kind": "hang", "slot": 1, "step": 24}]
+    proc, out = _launch(
+        tmp_path, "chaos", 1, standbys=2, framework="fsdp", extra=("--hang-after", "6"),
+        env_extra={"FAILSLOW_DEMO_FAULT": json.dumps(faults)},
+    )  # fmt: skip
+    job = Job(tmp_path, proc, out)
+    job.restarted_then_ended(stops=2, steps_after=6)
+    stops = job.stops()  # the NaN evicted nobody; the hang both machines of rank 1's shard group
+    assert [(s["rank"], s["slot"], s["cause"], s["replaced_by"]) for s in stops] == [
+        (0, 0, "hung", 4), (1, 1, "hung", 5),
+    ], stops  # fmt: skip
+    rungs = [json.loads(line) for line in (tmp_path / "chaos-state" / "incidents.jsonl").open()]
+    assert [(r["rung"], r["before_step"]) for r in rungs] == [
+        ("diagnose", 13), ("checks result", 13), ("reattempt", 13),
+    ], rungs  # fmt: skip
+    assert rungs[1]["checks"]["suspects"] == []
+    nan = rungs[0]["incident"]
+    assert (nan["step"], nan["metric"], nan["kind"]) == (13, "loss", "nan"), nan
+    looks = [json.loads(line) for line in (tmp_path / "chaos-state" / "hangs.jsonl").open()]
+    [hang] = [look for look in looks if look["suspects"] is not None]
+    assert hang["outliers"] == [0, 1] and hang["suspects"]["groups"] == [[0, 1]], hang
+    stuck = {tuple(g["ranks"]): g["signature"] for g in hang["groups"] if g["healthy"] is False}
+    assert "injected_hang" in stuck[(1,)] and "all_gather" in stuck[(0,)], hang
+    text = job.log.read_text()
+    assert "rolls back before step 13" in text and "rank 0: resumed at step 12" in text, job.tail()
+    assert "hung (stack aggregation named it)" in text, job.tail()
+    assert text.count("rank 0: resumed at step") == 2, job.tail()  # the rollback, the eviction
+
+    _bitwise_like_a_run_without_the_fault(
+        fsdp_reference, out, sorted(out.glob("steps-rank0*.json"))[-1]
+    )

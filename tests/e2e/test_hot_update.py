@@ -1,5 +1,5 @@
-"""Hot update of a real DeepSpeed job and a real Megatron-core job, end to end (byterobust 6.1,
-6.3; invariant 5).
+"""Hot update of a real DeepSpeed job, an FSDP2 job and a Megatron-core job, end to end
+(byterobust 6.1, 6.3; invariant 5).
 
 ``failslow run --controller 4 -- torchrun --nproc-per-node 4 -m failslow.demo.ds_worker``: a
 ZeRO-1 job on CPU/gloo with an in-memory snapshot every step (its failslow block). While it
@@ -9,7 +9,9 @@ boundary and exits, the launcher restarts the job in place with the update, and 
 resumes at that step. Then a bad update (the new version crashes at start) is submitted: it is
 rolled back automatically within probation, and the job resumes again from its snapshot.
 
-The same for ``failslow.demo.megatron_worker`` (GPT, TP1 x PP2 x DP2, Megatron DDP, Adam,
+The same for ``failslow.demo.fsdp_worker`` under torchrun (PyTorch FSDP2, HSDP over 2 replicas x 2
+shards, SGD with momentum, ``failslow.fsdp.attach``: each rank's snapshot holds its own shards),
+and for ``failslow.demo.megatron_worker`` (GPT, TP1 x PP2 x DP2, Megatron DDP, Adam,
 scheduler, ``failslow.megatron.attach``), started by failslow's own launcher (``failslow run
 --nproc-per-node 4 --preload megatron.core``): its ranks, the update's and the rollback's, are
 forked from a process that imported Megatron once (``import megatron.core`` costs ~7 CPU-s per
@@ -19,7 +21,8 @@ is the DeepSpeed job's; the failslow launcher's hot update across two nodes is
 
 Correctness: the final parameters (every rank's for Megatron) are bitwise those of the same job
 run without any update - both restarts resumed the exact state (model, optimizer state -
-ZeRO-1 partitions with momentum, Adam moments and step -, scheduler, data position, RNGs), so
+ZeRO-1 partitions with momentum, FSDP2's shards with theirs, Adam moments and step -,
+scheduler, data position, RNGs), so
 the same operations ran on the same values.
 """
 
@@ -46,12 +49,15 @@ SETTINGS = COMPARED  # runs compared bitwise: no mitigation strategy
 WORKERS = {
     # framework: (the rank's module, its micro-batch size, parameter files compared)
     "deepspeed": ("failslow.demo.ds_worker", "32", ["parameters.npz"]),
+    "fsdp": ("failslow.demo.fsdp_worker", "64", ["parameters.npz"]),
     "megatron": ("failslow.demo.megatron_worker", "8", [f"model-rank{r}.npz" for r in range(4)]),
 }
 LAUNCHERS = {
     # framework: how ``failslow run`` starts its 4 ranks
     "deepspeed": ["--", sys.executable, "-m", "torch.distributed.run", "--standalone",
                   "--nproc-per-node", "4"],
+    "fsdp": ["--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc-per-node", "4"],
     "megatron": ["--nproc-per-node", "4", "--preload", "megatron.core", "--no-warm", "--"],
 }  # fmt: skip
 
@@ -120,7 +126,7 @@ def _list(state: Path) -> str:
 def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
     tmp_path: Path, framework: str, request: pytest.FixtureRequest
 ) -> None:
-    module = "deepspeed" if framework == "deepspeed" else "megatron.core"
+    module = {"deepspeed": "deepspeed", "fsdp": "torch", "megatron": "megatron.core"}[framework]
     extra = f"needs the {framework} extra: pip install failslow[{framework}]"
     pytest.importorskip(module, reason=extra)
     # the job without updates, run once for every module (tests/e2e/conftest.py)
@@ -146,10 +152,10 @@ def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
     # after the rollback the job resumed once more, still with the good update's code
     assert text.count("v2 rank 0: resumed at step") == 2
 
-    wanted = reference(STEPS)  # DeepSpeed: rank 0's parameters; Megatron: each rank's model
+    wanted = reference(STEPS)  # DeepSpeed, FSDP: rank 0's parameters; Megatron: each rank's
     for rank, file in enumerate(WORKERS[framework][2]):
         got = np.load(out / file)
-        want = wanted if framework == "deepspeed" else wanted.parts[rank]
+        want = wanted.parts[rank] if framework == "megatron" else wanted
         assert sorted(got.files) == sorted(want.files)
         for name in want.files:
             assert np.array_equal(got[name], want[name]), f"{file}: {name}"

@@ -54,11 +54,14 @@ def injected_hang() -> None:
 
 
 def poison(model: Any) -> None:
-    """One element of ``model``'s first parameter becomes NaN."""
+    """One element of ``model``'s first parameter becomes NaN (of this rank's shard, where the
+    parameter is a sharded DTensor: FSDP2 gathers it into every forward of its replica)."""
     import torch
 
+    parameter = next(iter(model.parameters()))
+    local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
     with torch.no_grad():
-        next(iter(model.parameters())).view(-1)[0] = float("nan")
+        local.view(-1)[0] = float("nan")
 
 
 SDC_FACTOR = 1e4

@@ -11,9 +11,15 @@ topology swap (S3) can rebuild them in place on a new one. The control store com
 injected from outside. At the end every rank writes its step record (with the role it ends in)
 and rank 0 the full parameters.
 
+Its loop hands each step's loss to ``failslow.report_metrics`` (byterobust 4.1: a NaN, Inf or 5x
+jump asks for a rollback); faults come through the plugin API (``$FAILSLOW_DEMO_FAULT``,
+:mod:`failslow.demo.fault_plugin`).
+
 Environment: RANK, WORLD_SIZE, FAILSLOW_DEMO_STORE_PORT (and _HOST), FAILSLOW_DEMO_STEPS,
 FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per replica), FAILSLOW_DEMO_MICRO_BATCH_SIZE,
-FAILSLOW_DEMO_WIDTH, FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end).
+FAILSLOW_DEMO_WIDTH, FAILSLOW_DEMO_CONFIG, FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end);
+FAILSLOW_DEMO_LOG_TAG and FAILSLOW_DEMO_CRASH_AT_START for the hot-update test;
+FAILSLOW_DEMO_SAVE_EVERY_STEP=1 for a reference run (rank 0 saves ``parameters-step<N>.npz``).
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ def main() -> None:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    import failslow
     import failslow.fsdp
+    from failslow.demo import fault_plugin
     from failslow.demo.worker_io import (
         all_ranks_see,
         announce_start,
@@ -87,21 +95,36 @@ def main() -> None:
     )
     data = itertools.chain.from_iterable(itertools.repeat(fs.loader(dataset)))
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
+    # tests and demos: a fault through the plugin API
+    for fault in fault_plugin.from_env(model, lambda: fs.iteration):
+        fs.session.pm.register(fault)
     resumed = fs.session.resumed_step
     announce_start(rank, resumed)
     first = fs.iteration
     step_end: list[float] = [time.time()]
+    every_step = os.environ.get("FAILSLOW_DEMO_SAVE_EVERY_STEP") == "1"
     for step in range(first, steps):
         if stop_file and all_ranks_see(stop_file):
             break  # the launcher ends the job here (every rank at the same step)
-        fs.train_step(data, torch.nn.functional.mse_loss)
+        loss = fs.train_step(data, torch.nn.functional.mse_loss)
+        failslow.report_metrics(step, loss=loss)  # beside the logging line (byterobust 4.1)
         step_end.append(time.time())
         if rank == 0:  # the launcher's view of the job's progress (it injects by step)
             write_progress(out, rank, step_end, first, step)
+        if every_step:  # a reference run: the model after every step (every rank gathers)
+            params = _parameters(model)
+            if rank == 0:
+                import numpy as np
+
+                np.savez(out / f"parameters-step{step + 1}.npz", **params)
     record = run_record(rank, step_end, first, resumed, fs)
     record["coords"] = list(fs.topology.coords[rank])  # the role it ends in (after a swap)
-    params = {n: p.full_tensor().detach().numpy() for n, p in model.named_parameters()}
-    finish(out, rank, record, params, fs)
+    finish(out, rank, record, _parameters(model), fs)
+
+
+def _parameters(model: Any) -> dict[str, Any]:
+    """The full parameters (a collective: every rank gathers every shard)."""
+    return {n: p.full_tensor().detach().numpy() for n, p in model.named_parameters()}
 
 
 if __name__ == "__main__":
