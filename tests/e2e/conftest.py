@@ -74,6 +74,14 @@ def _equal(a: Any, b: Any) -> bool:
     return sorted(a.files) == sorted(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
 
 
+def _rank0_load(out: Path, steps: int) -> Any:
+    """Step ``steps`` of a reference run whose rank 0 saved the parameters after every step
+    (``parameters-step<N>.npz``); the run's last saved step must be its final model."""
+    last = max(int(p.stem.split("step")[1]) for p in out.glob("parameters-step*.npz"))
+    assert _equal(np.load(out / "parameters.npz"), np.load(out / f"parameters-step{last}.npz"))
+    return np.load(out / f"parameters-step{steps}.npz")
+
+
 @pytest.fixture(scope="session")
 def deepspeed_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Any]:
     """The parameters of the DeepSpeed demo job (4 ranks, ZeRO-1, micro-batches of 32) run
@@ -82,14 +90,9 @@ def deepspeed_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[i
     or how they were launched (``failslow run --nproc-per-node``, torchrun, several nodes), so
     step N of a long run is the end of any N-step one."""
 
-    def load(out: Path, steps: int) -> Any:
-        last = max(int(p.stem.split("step")[1]) for p in out.glob("parameters-step*.npz"))
-        assert _equal(np.load(out / "parameters.npz"), np.load(out / f"parameters-step{last}.npz"))
-        return np.load(out / f"parameters-step{steps}.npz")
-
     return _reference_runs(
         tmp_path_factory, module="failslow.demo.ds_worker", preload="deepspeed",
-        micro_batch_size="32", minimum=REFERENCE_STEPS, load=load,
+        micro_batch_size="32", minimum=REFERENCE_STEPS, load=_rank0_load,
     )  # fmt: skip
 
 
@@ -99,14 +102,9 @@ def fsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], 
     micro-batches of 64 per replica) without faults, after a given number of steps: the full
     parameters rank 0 saved after every step, as :func:`deepspeed_reference`."""
 
-    def load(out: Path, steps: int) -> Any:
-        last = max(int(p.stem.split("step")[1]) for p in out.glob("parameters-step*.npz"))
-        assert _equal(np.load(out / "parameters.npz"), np.load(out / f"parameters-step{last}.npz"))
-        return np.load(out / f"parameters-step{steps}.npz")
-
     return _reference_runs(
         tmp_path_factory, module="failslow.demo.fsdp_worker", preload="torch",
-        micro_batch_size="64", minimum=0, load=load,
+        micro_batch_size="64", minimum=0, load=_rank0_load,
     )  # fmt: skip
 
 
