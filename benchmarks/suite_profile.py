@@ -10,10 +10,12 @@ files) with a pytest plugin that logs every test's start and end, while a thread
 ``/proc/stat`` every 2 s. Prints the slowest tests with the share of the machine's CPU that was
 idle during each (a test at a few percent idle is CPU-bound: only less work makes it faster;
 one at 50% or more waits - on a throttled rank, a timeout, a poll), and the suite's total,
-then the same per group: the tests marked ``multiprocess`` (a spawned world) and the rest.
-``./dev test`` runs the two groups side by side on two xdist workers (``tests/conftest.py``), so
-a test's idle share is the machine's while it ran, beside whatever the other worker ran.
-``--log PATH`` keeps every test's row (seconds, idle share, multiprocess, test id) as TSV.
+then the same per group: the timed worlds (tests marked ``multiprocess``), the untimed ones
+(also marked ``untimed``) and the single-process tests. ``./dev test`` runs the timed worlds on
+one xdist worker and the other two groups on the other, at a lower CPU priority
+(``tests/conftest.py``), so a test's idle share is the machine's while it ran, beside whatever
+the other worker ran. ``--log PATH`` keeps every test's row (seconds, idle share, group, test
+id) as TSV.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def pytest_runtest_logfinish(nodeid, location):
         _F.write(f"end\\t{time.time():.3f}\\t{nodeid}\\n")
 def pytest_runtest_setup(item):
     if item.get_closest_marker("multiprocess") is not None:
-        _F.write(f"multiprocess\\t0\\t{item.nodeid}\\n")
+        untimed = item.get_closest_marker("untimed") is not None
+        _F.write(f"{'untimed' if untimed else 'multiprocess'}\\t0\\t{item.nodeid}\\n")
 """
 
 
@@ -97,10 +100,13 @@ def main() -> int:
         begun: dict[str, float] = {}
         rows = []
         spawned: set[str] = set()
+        untimed: set[str] = set()
         for line in log.read_text().splitlines() if log.is_file() else []:
             kind, at, nodeid = line.split("\t", 2)
             if kind == "multiprocess":
                 spawned.add(nodeid)
+            elif kind == "untimed":
+                untimed.add(nodeid)
             elif kind == "start":
                 begun[nodeid] = float(at)
             elif nodeid in begun:
@@ -124,14 +130,19 @@ def main() -> int:
     groups = Table(title="by group (idle core-seconds: seconds x CPUs x idle share)")
     for column in ("group", "tests", "seconds", "idle core-s"):
         groups.add_column(column, justify="left" if column == "group" else "right")
-    for name, marked in (("multiprocess", True), ("single-process", False)):
-        mine = [r for r in rows if (r[1] in spawned) == marked]
+
+    def group(nodeid: str) -> str:
+        return "timed worlds" if nodeid in spawned else (
+            "untimed worlds" if nodeid in untimed else "single-process")  # fmt: skip
+
+    for name in ("timed worlds", "untimed worlds", "single-process"):
+        mine = [r for r in rows if group(r[1]) == name]
         idle_s = sum(s * cpus * i for s, _, i in mine if i == i)  # nan: too short to sample
         groups.add_row(name, str(len(mine)), f"{sum(r[0] for r in mine):.0f}", f"{idle_s:.0f}")
     console.print(groups)
     if args.log is not None:
         args.log.write_text("".join(
-            f"{s:.3f}\t{i:.3f}\t{int(n in spawned)}\t{n}\n" for s, n, i in rows
+            f"{s:.3f}\t{i:.3f}\t{group(n)}\t{n}\n" for s, n, i in rows
         ))  # fmt: skip
     return rc
 

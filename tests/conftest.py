@@ -31,18 +31,38 @@ REDIS_MISSING = (
 
 
 SPAWNED_WORLDS = "spawned-worlds"
-"""``./dev test`` runs the suite on two xdist workers (``-n 2 --dist loadgroup``). Every test
-marked ``multiprocess`` (it spawns a world) is one work unit, this one: they run on one worker,
-in collection order, one at a time - each with the machine's cores as in a serial run, less the
-one single-process test beside it - while the other worker runs the single-process tests (issue
-49: the suite's 30 minutes).
+BESIDE = "beside-the-worlds"
+"""``./dev test`` runs the suite on two xdist workers (``-n 2 --dist loadgroup``) as two work
+units (issue 49: the suite's 30 minutes):
+
+- :data:`SPAWNED_WORLDS`: every test marked ``multiprocess`` (it spawns a world) and not
+  ``untimed``, on one worker, in collection order, one at a time, at normal CPU priority. These
+  are the tests whose outcome a busy machine can move: a straggler found by its step times, a
+  hang by its silence, a healthy job that must raise nothing.
+- :data:`BESIDE`: the single-process tests and the ``untimed`` worlds (what they assert holds at
+  any speed: parameters, records, exit codes, with generous deadlines), on the other worker, in
+  collection order, at a lower CPU priority (:data:`BESIDE_NICE`): they run on what the timed
+  worlds leave idle and cannot take more than a small share from them when both want the cores.
 
 xdist's own ``loadgroup`` reads ``xdist_group`` marks from a suffix it adds to each node id, which
 pytest 9.2's structured node ids ignore (pytest-dev/pytest-xdist#1386: the tests are then spread
-as if unmarked). So the workers write the spawned-world tests' ids to a file the controller named
+as if unmarked). So the workers write the timed worlds' ids to a file the controller named
 (:data:`_WORLDS_FILE`) while they collect, and the controller's scheduler
 (:func:`pytest_xdist_make_scheduler`) reads it once every worker has collected."""
 _WORLDS_FILE = "FAILSLOW_TEST_WORLDS_FILE"
+BESIDE_NICE = 5
+"""The niceness the :data:`BESIDE` worker (and every process it starts) runs at. Linux's
+scheduler weighs nice 0 against nice 5 as 1024 to 335, so when both workers want both cores the
+timed worlds keep three quarters of the CPU - less than a one-core busy loop at nice 0 takes
+from them, beside which the timed e2e tests are checked - and the untimed work still gets a
+quarter (its deadlines are minutes for tests of seconds)."""
+
+
+def _timed_world(item: pytest.Item) -> bool:
+    return (
+        item.get_closest_marker("multiprocess") is not None
+        and item.get_closest_marker("untimed") is None
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -55,36 +75,52 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A worker's spawned-world tests, written to the controller's file (whole or not at all:
+    """A worker's timed-world tests, written to the controller's file (whole or not at all:
     both workers write the same ids)."""
     path = os.environ.get(_WORLDS_FILE)
     if path is None or not hasattr(config, "workerinput"):
         return
-    ids = [item.nodeid for item in items if item.get_closest_marker("multiprocess") is not None]
+    ids = [item.nodeid for item in items if _timed_world(item)]
     part = f"{path}.{config.workerinput['workerid']}"
     Path(part).write_text("".join(f"{i}\n" for i in ids))
     os.replace(part, path)
 
 
+_niced = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On an xdist worker beside another (the :data:`BESIDE` one), lower this process's CPU
+    priority before its first test; the processes its tests start inherit it."""
+    global _niced
+    workerinput = getattr(item.config, "workerinput", None)
+    if _niced or workerinput is None or workerinput.get("workercount", 1) < 2:
+        return
+    if _timed_world(item) or os.environ.get(_WORLDS_FILE) is None:
+        return
+    os.nice(BESIDE_NICE)
+    _niced = True
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup``: xdist's scope scheduler with every spawned-world test in one scope
-    (:data:`SPAWNED_WORLDS`) and every other test a scope of its own."""
+    """``--dist loadgroup``: xdist's scope scheduler with two scopes, :data:`SPAWNED_WORLDS` and
+    :data:`BESIDE` (with more workers than two, the others have nothing to do)."""
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     path = os.environ[_WORLDS_FILE]
 
-    class SpawnedWorldsTogether(LoadScopeScheduling):
+    class TimedWorldsApart(LoadScopeScheduling):
         worlds: frozenset[str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
             if self.worlds is None:  # first called once every worker's collection is in
                 self.worlds = frozenset(Path(path).read_text().splitlines())
-            return SPAWNED_WORLDS if nodeid in self.worlds else nodeid
+            return SPAWNED_WORLDS if nodeid in self.worlds else BESIDE
 
-    return SpawnedWorldsTogether(config, log)
+    return TimedWorldsApart(config, log)
 
 
 def free_port() -> int:

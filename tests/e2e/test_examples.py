@@ -20,7 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.multiprocess,
+    pytest.mark.untimed,
+    pytest.mark.slow,
+]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

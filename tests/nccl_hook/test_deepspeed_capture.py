@@ -13,7 +13,12 @@ import pytest
 from failslow.core.events import OpCode
 
 pytest.importorskip("deepspeed")
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.untimed,
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]
 
 from _worlds import run_world  # noqa: E402
 

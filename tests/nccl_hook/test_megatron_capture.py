@@ -9,7 +9,12 @@ import pytest
 from failslow.core.events import OpCode, group_key
 
 pytest.importorskip("megatron.core")
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.untimed,
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]
 
 from _worlds import run_world  # noqa: E402
 

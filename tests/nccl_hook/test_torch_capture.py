@@ -10,7 +10,12 @@ import pytest
 
 from failslow.core.events import Flags, OpCode
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.untimed,
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]
 
 from _worlds import RankResult, require_native_hook, run_world  # noqa: E402
 

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.multiprocess]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.multiprocess, pytest.mark.untimed]
 
 SCRIPT = r"""
 import sys, time

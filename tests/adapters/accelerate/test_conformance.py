@@ -15,7 +15,12 @@ from failslow.conformance import AbstractAdapterTests
 
 from ._conformance_harness import AccelerateHarness
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.untimed,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
 
 
 class TestAccelerateConformance(AbstractAdapterTests, AccelerateHarness):

@@ -27,7 +27,7 @@ import pytest
 pytest.importorskip("accelerate", reason="needs the Accelerate extra")
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.untimed, pytest.mark.timeout(400)]
 
 
 def test_s2_by_count_over_the_users_prepared_loader_trains_the_same_model(tmp_path: Path):

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("transformers", reason="needs the transformers extra")
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.untimed, pytest.mark.timeout(300)]
 
 REASON = (
     "the training loop sets Accelerate's sync_gradients itself (first from transformers.trainer; "

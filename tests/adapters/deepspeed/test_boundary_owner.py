@@ -20,7 +20,7 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("accelerate")
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.untimed, pytest.mark.timeout(240)]
 
 
 def test_a_loop_that_sets_the_boundary_itself_gets_micro_batch_plans_refused(

@@ -14,7 +14,12 @@ from failslow.conformance import AbstractAdapterTests
 
 from ._conformance_harness import DeepSpeedHarness
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.untimed,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
 
 
 class TestDeepSpeedConformance(AbstractAdapterTests, DeepSpeedHarness):

@@ -33,7 +33,7 @@ WORLD = 4
 REL_TOL = 1e-6
 N, MBS, G, STEPS, PLAN_STEP = 64, 2, 2, 6, 2  # as in _worker.py
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.untimed, pytest.mark.slow]
 
 
 def run_world(tmp: Path, world: int = WORLD, timeout: float = 240.0) -> list[dict[str, Any]]:

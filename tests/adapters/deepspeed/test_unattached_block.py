@@ -19,7 +19,7 @@ from failslow.adapters.deepspeed.unattached import ADVICE
 from failslow.runtime import SITE_DIR
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.untimed, pytest.mark.timeout(240)]
 
 
 def test_a_block_no_engine_reads_is_named_once_and_only_then(

@@ -27,7 +27,7 @@ import pytest
 pytest.importorskip("lightning", reason="needs the lightning extra")
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.untimed, pytest.mark.timeout(400)]
 
 
 def _relative_error(want: dict[str, Any], got: dict[str, Any]) -> float:

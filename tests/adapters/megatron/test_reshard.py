@@ -24,7 +24,12 @@ pytest.importorskip(
     "megatron.core", reason="needs the Megatron extra: pip install failslow[megatron]"
 )
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.untimed,
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+]
 
 SNAPSHOT_AT, STEPS, MICRO_BATCHES = 3, 6, 8
 

@@ -17,7 +17,12 @@ pytest.importorskip(
     "megatron.core", reason="needs the Megatron extra: pip install failslow[megatron]"
 )
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.untimed,
+    pytest.mark.slow,
+    pytest.mark.timeout(400),
+]
 
 STEPS, SWAP_AT = 4, 2
 

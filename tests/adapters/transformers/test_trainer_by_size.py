@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("transformers", reason="needs the transformers extra")
 
 HERE = Path(__file__).resolve().parent
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.untimed, pytest.mark.timeout(400)]
 
 
 def _check_plans(rank: int, plain: dict[str, Any], plans: dict[str, Any]) -> None:

@@ -30,7 +30,12 @@ from failslow.core.topology import Topology
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.untimed,
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+]
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_backup_worker.py"
