@@ -4,6 +4,8 @@ sampler in a ``BatchSampler``), each wrapped as the Trainer adapter wraps it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip("accelerate", reason="needs the Accelerate extra")
@@ -30,9 +32,7 @@ def _recut(n: int, by_count: bool = False) -> list[RecutSampler]:
         inner = BatchSampler(SequentialSampler(range(n)), B, drop_last=False)
         shard = BatchSamplerShard(inner, W, q, split_batches=False, even_batches=True)
         out.append(
-            RecutSampler(
-                shard, replica=q, replicas=W, accumulation=G, unit=B, by_count=by_count
-            )
+            RecutSampler(shard, replica=q, replicas=W, accumulation=G, unit=B, by_count=by_count)
         )
     return out
 
@@ -112,3 +112,62 @@ def test_a_plan_for_a_step_already_handed_out_is_refused() -> None:
 def test_cut_is_as_even_as_it_goes() -> None:
     assert [len(x) for x in cut(list(range(10)), 4)] == [3, 3, 2, 2]
     assert cut([1, 2, 3], 3) == [[1], [2], [3]]
+
+
+def _prepared_loaders(n: int, seedable: bool, skip_steps: int = 0) -> list[Any]:
+    """Accelerate's own prepared loaders of four processes (a shuffled DataLoader with its
+    generator, ``prepare_data_loader`` as ``accelerator.prepare`` calls it), each re-cut as the
+    Accelerate adapter re-cuts the training loader; ``skip_steps``: a rank resumed there."""
+    import torch
+    from accelerate.data_loader import prepare_data_loader
+
+    from failslow.adapters.accelerate.prepared import recut
+    from failslow.adapters.common.microbatch import ReplicaSplit
+
+    loaders = []
+    for q in range(W):
+        plain = torch.utils.data.DataLoader(
+            list(range(n)), batch_size=B, shuffle=True, generator=torch.Generator().manual_seed(5)
+        )
+        loader = prepare_data_loader(
+            plain, torch.device("cpu"), num_processes=W, process_index=q, put_on_device=False,
+            rng_types=None, use_seedable_sampler=seedable,
+        )  # fmt: skip
+        split = ReplicaSplit(replica=q, replicas=W, micro_batches=G * W)
+        why = recut(split, loader, "the loader", start_step=skip_steps, by_count=True,
+                    skip_steps=skip_steps)  # fmt: skip
+        assert why == "", why
+        loaders.append(loader)
+    return loaders
+
+
+def _epochs(loader: Any, epochs: int) -> list[list[list[int]]]:
+    """What a loop that runs ``epochs`` epochs reads, epoch by epoch (batches as lists)."""
+    return [[batch.tolist() for batch in loader] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("seedable", [False, True], ids=["generator", "seedable"])
+@pytest.mark.parametrize("resume_at", [0, 2, 3, 7, 9])
+def test_a_resumed_rank_reads_on_where_the_uninterrupted_run_stood(
+    seedable: bool, resume_at: int
+) -> None:
+    """A rank restarted from a snapshot of step ``resume_at`` builds the loader afresh and its
+    loop starts again at the first epoch: the epochs already trained hand out nothing (each
+    still drawn, and counted), then the loader goes on at the step's first batch - the same
+    batches, epoch by epoch, as the run without the restart. Three steps per epoch (the last
+    one short), so the resumptions fall at an epoch's start, inside it and at its last step;
+    Accelerate's seedable sampler reshuffles by its epoch counter, which an epoch that handed
+    out nothing must still move."""
+    n = W * B * (2 * G + 1)  # 7 batches per process and epoch: steps of 3, 3 and 1
+    epochs = 4
+    for q, (whole, resumed) in enumerate(
+        zip(_prepared_loaders(n, seedable), _prepared_loaders(n, seedable, resume_at), strict=True)
+    ):
+        want = _epochs(whole, epochs)
+        steps = [
+            (e, epoch[i : i + G]) for e, epoch in enumerate(want) for i in range(0, len(epoch), G)
+        ]
+        trained = {e: sum(len(b) for ee, b in steps[:resume_at] if ee == e) for e in range(epochs)}
+        got = _epochs(resumed, epochs)
+        assert got == [want[e][trained[e] :] for e in range(epochs)], (q, resume_at)
+    assert len({str(_epochs(x, 1)) for x in _prepared_loaders(n, seedable)}) == W  # 4 shards

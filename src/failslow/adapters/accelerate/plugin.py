@@ -168,13 +168,20 @@ class AccelerateAdapter(FSDPAdapter):
 
     def recut_prepared(self) -> None:
         """Re-cut the loop's own training loader (the first one ``accelerator.prepare``
-        returned) per plan, in the count form; where it cannot be, refusals name the reason."""
+        returned) per plan, in the count form; where it cannot be, refusals name the reason. A
+        rank resumed from a snapshot walks it over the steps already trained first, so it
+        reads on where the run stopped (:mod:`failslow.adapters.common.recut`)."""
         loaders = self.accelerator._dataloaders
         if not loaders:
             return
         whose = "the first DataLoader accelerator.prepare returned (the training loader)"
         by_count = self.split.by_size is None
-        why = recut(self.split, loaders[0], whose, start_step=self.iteration, by_count=by_count)
+        # a rank resumed from a snapshot (a restart, a hot update) built the loader afresh
+        skip = self.iteration if self.session.resumed_step is not None else 0
+        why = recut(
+            self.split, loaders[0], whose, start_step=self.iteration, by_count=by_count,
+            skip_steps=skip,
+        )  # fmt: skip
         if why:
             self.split.loader_hint = f"{why}; build the training loader with fs.loader(dataset)"
         else:

@@ -30,10 +30,14 @@ def shard_of(loader: Any, whose: str) -> tuple[Any, Any, str]:
     return base, shard, ""
 
 
-def recut(split: Any, loader: Any, whose: str, *, start_step: int, by_count: bool) -> str:
+def recut(
+    split: Any, loader: Any, whose: str, *, start_step: int, by_count: bool, skip_steps: int = 0
+) -> str:
     """Wrap ``loader``'s batch sampler in a :class:`RecutSampler` tracked by ``split`` (units
     of ``split.by_size`` samples in the size form, of the loader's batch in the count form);
-    the reason where it cannot be."""
+    the reason where it cannot be. ``skip_steps``: a rank resumed from a snapshot, whose fresh
+    ``loader`` must first be walked over the steps already trained (the sampler's "a resumed
+    rank"; Accelerate's ``DataLoaderShard`` counts its epochs in ``iteration``)."""
     base, shard, why = shard_of(loader, whose)
     if why:
         return why
@@ -43,6 +47,9 @@ def recut(split: Any, loader: Any, whose: str, *, start_step: int, by_count: boo
             f"{split.replicas} data-parallel replicas (a replica sharded over several processes "
             "reads several processes' batches), which failslow does not re-cut"
         )
+    epoch = None
+    if hasattr(loader, "set_epoch") and hasattr(loader, "iteration"):  # Accelerate's epochs
+        epoch = (lambda: int(loader.iteration), loader.set_epoch)
     unit = shard.batch_size if by_count else split.by_size
     if not unit:
         return f"{whose} has a batch sampler of no fixed batch size, which failslow does not re-cut"
@@ -54,6 +61,8 @@ def recut(split: Any, loader: Any, whose: str, *, start_step: int, by_count: boo
         unit=int(unit),
         start_step=start_step,
         by_count=by_count,
+        skip_steps=skip_steps,
+        epoch=epoch,
     )
     object.__setattr__(base, "batch_sampler", sampler)  # DataLoader forbids it after init
     split.track(sampler)

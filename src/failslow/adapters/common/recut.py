@@ -35,6 +35,20 @@ loader hands it and lets failslow decide the last (Accelerate's ``accumulate``, 
 micro-batches of ``B`` samples - the even split's micro-batches, moved whole between replicas,
 so every micro-loss keeps its ``1 / G`` and shapes do not change. Reads are counted in
 micro-batches.
+
+**A resumed rank** (byterobust 4.3, 6.3: a restart or a hot update from an in-memory snapshot of
+step ``N``) builds the framework's loader afresh, at the start of its first epoch, while training
+goes on at step ``N``. ``skip_steps=N`` makes the sampler walk the framework's sampler over the
+``N`` steps already trained without handing their batches out: epoch by epoch, each of them a
+real iteration of the framework's loader (its shuffle drawn, its per-epoch seeds and state
+synchronised as in the uninterrupted run), a whole epoch already trained handing out nothing
+(the loop's ``for batch in loader`` of that epoch ends at once, and the epoch still counts), the
+epoch of step ``N`` from its first untrained step. So the resumed run reads the same samples at
+the same steps as the run without the restart, where the framework's shuffle depends only on
+the loader's own generator or epoch (``shuffle=True`` with the loader's ``generator``, a
+seedable sampler), not on the process's global random state at each epoch. ``epoch`` (the
+loader's epoch counter and its setter) lets an epoch that handed out nothing still count in a
+loader that counts only epochs that yielded (Accelerate's ``DataLoaderShard``).
 """
 
 from __future__ import annotations
@@ -87,6 +101,8 @@ class RecutSampler(StepPlans):
         unit: int,
         start_step: int = 0,
         by_count: bool = False,
+        skip_steps: int = 0,
+        epoch: tuple[Callable[[], int], Callable[[int], None]] | None = None,
     ) -> None:
         if accumulation < 1 or unit < 1:
             raise ConfigError(
@@ -104,6 +120,14 @@ class RecutSampler(StepPlans):
         """Micro-batches of each recent step, as cut when its first was handed out."""
         self._seen: list[list[int]] = []
         shard.batch_sampler = _Recording(shard.batch_sampler, self._seen)
+        if skip_steps < 0:
+            raise ConfigError(f"RecutSampler: skip_steps must be >= 0, got {skip_steps}")
+        self._skip = skip_steps
+        """Steps already trained whose batches the framework's sampler has yet to be walked
+        over (a resumed rank's; see the module docstring)."""
+        self._epoch = epoch
+        self._empty_epoch: int | None = None
+        """The loader's epoch counter when an epoch handed out nothing (skipped whole)."""
 
     def __getattr__(self, name: str) -> Any:  # the framework reads its sampler's attributes
         if "shard" not in self.__dict__:
@@ -114,12 +138,26 @@ class RecutSampler(StepPlans):
         return len(self.shard)
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self._epoch is not None and self._empty_epoch is not None:
+            counter, set_epoch = self._epoch
+            if counter() == self._empty_epoch:  # the loader did not count the empty epoch
+                set_epoch(self._empty_epoch + 1)
+        self._empty_epoch = None
         own_batches = iter(self.shard)
+        walked = self._skip > 0
+        while self._skip:  # a resumed rank: walk over the steps already trained
+            if not list(itertools.islice(own_batches, self.accumulation)):
+                break  # this epoch was trained whole: it hands out nothing
+            self._skip -= 1
         self._seen.clear()
+        first = True
         while True:
             own = list(itertools.islice(own_batches, self.accumulation))
             if not own:
+                if first and walked and self._epoch is not None:
+                    self._empty_epoch = self._epoch[0]()
                 return
+            first = False
             group, self._seen[:] = list(self._seen), []
             if self.before_step is not None:
                 self.before_step(self.step)
