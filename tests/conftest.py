@@ -44,12 +44,21 @@ units (issue 49: the suite's 30 minutes):
   collection order, at a lower CPU priority (:data:`BESIDE_NICE`): they run on what the timed
   worlds leave idle and cannot take more than a small share from them when both want the cores.
 
+The timed worlds marked ``quiet`` (a healthy job must raise nothing: their outcome moves with
+any load beside them) run last, once every :data:`BESIDE` test has finished: the controller's
+scheduler creates the file ``$FAILSLOW_TEST_BESIDE_DONE`` names then, and the timed worker waits
+for it before a ``quiet`` test (:func:`pytest_runtest_protocol`; by then it is usually there).
+
 xdist's own ``loadgroup`` reads ``xdist_group`` marks from a suffix it adds to each node id, which
 pytest 9.2's structured node ids ignore (pytest-dev/pytest-xdist#1386: the tests are then spread
 as if unmarked). So the workers write the timed worlds' ids to a file the controller named
 (:data:`_WORLDS_FILE`) while they collect, and the controller's scheduler
 (:func:`pytest_xdist_make_scheduler`) reads it once every worker has collected."""
 _WORLDS_FILE = "FAILSLOW_TEST_WORLDS_FILE"
+_BESIDE_DONE = "FAILSLOW_TEST_BESIDE_DONE"
+QUIET_WAIT_S = 1200.0
+"""The longest a ``quiet`` test waits for the :data:`BESIDE` tests (a worker that crashed never
+finishes them: the test then runs beside whatever is left)."""
 BESIDE_NICE = 5
 """The niceness the :data:`BESIDE` worker (and every process it starts) runs at. Linux's
 scheduler weighs nice 0 against nice 5 as 1024 to 335, so when both workers want both cores the
@@ -70,13 +79,17 @@ def pytest_configure(config: pytest.Config) -> None:
         fd, path = tempfile.mkstemp(prefix="failslow-worlds-", suffix=".txt")
         os.close(fd)
         os.environ[_WORLDS_FILE] = path  # the workers start after this and inherit it
-        config.add_cleanup(lambda: os.unlink(path))
+        done = f"{path}.beside-done"
+        os.environ[_BESIDE_DONE] = done  # created by the scheduler, not now
+        config.add_cleanup(lambda: [Path(f).unlink(missing_ok=True) for f in (path, done)])
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A worker's timed-world tests, written to the controller's file (whole or not at all:
-    both workers write the same ids)."""
+    """The ``quiet`` tests last (every process sorts the same way, so the workers' collections
+    stay equal), and a worker's timed-world tests written to the controller's file (whole or not
+    at all: both workers write the same ids)."""
+    items.sort(key=lambda item: item.get_closest_marker("quiet") is not None)  # stable
     path = os.environ.get(_WORLDS_FILE)
     if path is None or not hasattr(config, "workerinput"):
         return
@@ -102,6 +115,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _niced = True
 
 
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Before a ``quiet`` test on an xdist worker beside another, wait until the
+    :data:`BESIDE` tests have finished (before pytest-timeout's clock starts)."""
+    done = os.environ.get(_BESIDE_DONE)
+    workerinput = getattr(item.config, "workerinput", None)
+    if done and workerinput and workerinput.get("workercount", 1) >= 2:
+        if item.get_closest_marker("quiet") is not None:
+            deadline = time.monotonic() + QUIET_WAIT_S
+            while not os.path.exists(done) and time.monotonic() < deadline:
+                time.sleep(1.0)
+    yield
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup``: xdist's scope scheduler with two scopes, :data:`SPAWNED_WORLDS` and
@@ -112,6 +139,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     path = os.environ[_WORLDS_FILE]
 
+    done = os.environ[_BESIDE_DONE]
+
     class TimedWorldsApart(LoadScopeScheduling):
         worlds: frozenset[str] | None = None
 
@@ -119,6 +148,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             if self.worlds is None:  # first called once every worker's collection is in
                 self.worlds = frozenset(Path(path).read_text().splitlines())
             return SPAWNED_WORLDS if nodeid in self.worlds else BESIDE
+
+        def schedule(self) -> None:
+            super().schedule()
+            if self.collection is not None and not any(
+                BESIDE in work for work in self.assigned_work.values()
+            ):
+                Path(done).touch()  # nothing runs beside the timed worlds
+
+        def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+            super().mark_test_complete(node, item_index, duration)
+            beside = self.assigned_work[node].get(BESIDE)
+            if beside is not None and all(beside.values()):
+                Path(done).touch()
 
     return TimedWorldsApart(config, log)
 

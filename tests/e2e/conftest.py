@@ -1,5 +1,5 @@
-"""What several end-to-end modules share: the demo jobs (DeepSpeed, Megatron, FSDP2) run once
-without faults."""
+"""What several end-to-end modules share: the demo jobs (DeepSpeed, Megatron, FSDP2, Accelerate)
+run once without faults."""
 
 from __future__ import annotations
 
@@ -104,6 +104,19 @@ def fsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], 
 
     return _reference_runs(
         tmp_path_factory, module="failslow.demo.fsdp_worker", preload="torch",
+        micro_batch_size="64", minimum=0, load=_rank0_load,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def accelerate_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Any]:
+    """The Accelerate demo job (``failslow.demo.accelerate_worker``: Accelerate's own loop over
+    the shuffled DataLoader it prepared, FSDP2 over 4 ranks through its plugin, 4 micro-batches
+    of 64 per rank) without faults, after a given number of steps: the full parameters rank 0
+    saved after every step, as :func:`deepspeed_reference`."""
+
+    return _reference_runs(
+        tmp_path_factory, module="failslow.demo.accelerate_worker", preload="accelerate",
         micro_batch_size="64", minimum=0, load=_rank0_load,
     )  # fmt: skip
 

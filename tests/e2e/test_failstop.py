@@ -78,6 +78,7 @@ WORKERS = {
     "deepspeed": ("failslow.demo.ds_worker", "deepspeed", "32"),
     "megatron": ("failslow.demo.megatron_worker", "megatron.core", "8"),
     "fsdp": ("failslow.demo.fsdp_worker", "torch", "64"),
+    "accelerate": ("failslow.demo.accelerate_worker", "accelerate", "64"),
 }
 
 
@@ -925,4 +926,54 @@ def test_an_fsdp2_job_rolls_a_nan_back_and_evicts_a_hung_machine_s_shard_group(
 
     _bitwise_like_a_run_without_the_fault(
         fsdp_reference, out, sorted(out.glob("steps-rank0*.json"))[-1]
+    )
+
+
+@pytest.mark.untimed  # records and parameters; no hang watch, no timing (tests/conftest.py)
+def test_an_accelerate_job_over_its_prepared_loader_rolls_a_nan_back_and_restarts_a_killed_rank(
+    tmp_path: Path, accelerate_reference: Callable[[int], Any]
+) -> None:
+    """The robust manager on an Accelerate job written as Accelerate's docs teach (issue 49;
+    byterobust 4.1, 4.3): ``failslow.demo.accelerate_worker`` - ``failslow.accelerate.attach``
+    before ``accelerator.prepare(model, optimizer, loader)`` over the user's shuffled
+    DataLoader, the ``accumulate`` / ``backward`` / ``step`` loop, FSDP2 over the 4 ranks
+    through Accelerate's plugin, the loss handed to ``failslow.report_metrics`` - under
+    ``failslow run --nproc-per-node 4`` with one standby slot, two incidents:
+
+    1. rank 2's shard of the first parameter gets a NaN when step 13 ends (the first launch
+       only): its loss of step 14 is NaN, every rank resumes step 13 from memory (reattempt);
+    2. five steps later rank 3's process is SIGKILLed: its slot is evicted onto the standby and
+       every rank restarts from memory, rank 3 from the backup its holder kept.
+
+    Each resumed rank builds Accelerate's loader afresh at its first epoch (16 batches per
+    rank and epoch: 4 steps, so both resumptions fall inside an epoch, after 3 and 4 whole
+    ones); failslow walks it over the steps already trained. The job finishes with bitwise the
+    model of the run without the faults - which it does not when a resumed loader starts over
+    (the model then trains on step 0's samples again)."""
+    pytest.importorskip("accelerate", reason="needs the accelerate extra")
+    fault = {"kind": "nan", "slot": 2, "step": 13}
+    proc, out = _launch(
+        tmp_path, "chaos", 2, standbys=1, framework="accelerate",
+        env_extra={"FAILSLOW_DEMO_FAULT": json.dumps(fault)},
+    )  # fmt: skip
+    job = Job(tmp_path, proc, out)
+    job.wait(lambda: "rank 0: resumed at step 13" in job.log.read_text(), timeout=400)
+    job.lose(3, steps_before=5, killed=[])
+    resumed = job.step()
+    job.wait(lambda: job.step() >= resumed + 3)
+    (tmp_path / "chaos-stop").touch()
+    assert proc.wait(timeout=600) == 0, job.tail()
+    [stop] = job.stops()  # the NaN evicted nobody
+    assert (stop["rank"], stop["slot"], stop["replaced_by"]) == (3, 3, 4), stop
+    rungs = [json.loads(line) for line in (tmp_path / "chaos-state" / "incidents.jsonl").open()]
+    assert [r["rung"] for r in rungs][-1] == "reattempt", rungs
+    nan = rungs[0]["incident"]
+    assert (nan["step"], nan["metric"], nan["kind"]) == (14, "loss", "nan"), nan
+    text = job.log.read_text()
+    assert "rank 3 resumed from its holder's backup" in text, job.tail()
+    resumed_at = [int(m) for m in re.findall(r"rank 0: resumed at step (\d+)", text)]
+    assert resumed_at[0] == 13 and len(resumed_at) == 2 and resumed_at[1] >= 17, resumed_at
+
+    _bitwise_like_a_run_without_the_fault(
+        accelerate_reference, out, sorted(out.glob("steps-rank0*.json"))[-1]
     )

@@ -1,5 +1,5 @@
-"""Hot update of a real DeepSpeed job, an FSDP2 job and a Megatron-core job, end to end
-(byterobust 6.1, 6.3; invariant 5).
+"""Hot update of a real DeepSpeed job, an FSDP2 job, an Accelerate job and a Megatron-core job,
+end to end (byterobust 6.1, 6.3; invariant 5).
 
 ``failslow run --controller 4 -- torchrun --nproc-per-node 4 -m failslow.demo.ds_worker``: a
 ZeRO-1 job on CPU/gloo with an in-memory snapshot every step (its failslow block). While it
@@ -11,7 +11,10 @@ rolled back automatically within probation, and the job resumes again from its s
 
 The same for ``failslow.demo.fsdp_worker`` under torchrun (PyTorch FSDP2, HSDP over 2 replicas x 2
 shards, SGD with momentum, ``failslow.fsdp.attach``: each rank's snapshot holds its own shards),
-and for ``failslow.demo.megatron_worker`` (GPT, TP1 x PP2 x DP2, Megatron DDP, Adam,
+for ``failslow.demo.accelerate_worker`` under ``accelerate launch`` (Accelerate's own loop over
+the shuffled DataLoader it prepared, FSDP2 through its plugin: a resumed rank's fresh loader is
+walked over the steps already trained, so it reads on where the job stopped), and for
+``failslow.demo.megatron_worker`` (GPT, TP1 x PP2 x DP2, Megatron DDP, Adam,
 scheduler, ``failslow.megatron.attach``), started by failslow's own launcher (``failslow run
 --nproc-per-node 4 --preload megatron.core``): its ranks, the update's and the rollback's, are
 forked from a process that imported Megatron once (``import megatron.core`` costs ~7 CPU-s per
@@ -50,6 +53,7 @@ WORKERS = {
     # framework: (the rank's module, its micro-batch size, parameter files compared)
     "deepspeed": ("failslow.demo.ds_worker", "32", ["parameters.npz"]),
     "fsdp": ("failslow.demo.fsdp_worker", "64", ["parameters.npz"]),
+    "accelerate": ("failslow.demo.accelerate_worker", "64", ["parameters.npz"]),
     "megatron": ("failslow.demo.megatron_worker", "8", [f"model-rank{r}.npz" for r in range(4)]),
 }
 LAUNCHERS = {
@@ -58,6 +62,10 @@ LAUNCHERS = {
                   "--nproc-per-node", "4"],
     "fsdp": ["--", sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc-per-node", "4"],
+    "accelerate": ["--", sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
+                   "--multi_gpu", "--num_processes", "4", "--num_machines", "1",
+                   "--rdzv_backend", "c10d", "--main_process_ip", "127.0.0.1",
+                   "--main_process_port", "0"],
     "megatron": ["--nproc-per-node", "4", "--preload", "megatron.core", "--no-warm", "--"],
 }  # fmt: skip
 
@@ -126,7 +134,8 @@ def _list(state: Path) -> str:
 def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
     tmp_path: Path, framework: str, request: pytest.FixtureRequest
 ) -> None:
-    module = {"deepspeed": "deepspeed", "fsdp": "torch", "megatron": "megatron.core"}[framework]
+    module = {"deepspeed": "deepspeed", "fsdp": "torch", "accelerate": "accelerate",
+              "megatron": "megatron.core"}[framework]  # fmt: skip
     extra = f"needs the {framework} extra: pip install failslow[{framework}]"
     pytest.importorskip(module, reason=extra)
     # the job without updates, run once for every module (tests/e2e/conftest.py)
@@ -152,7 +161,7 @@ def test_hot_update_resumes_at_the_same_step_and_a_bad_one_is_rolled_back(
     # after the rollback the job resumed once more, still with the good update's code
     assert text.count("v2 rank 0: resumed at step") == 2
 
-    wanted = reference(STEPS)  # DeepSpeed, FSDP: rank 0's parameters; Megatron: each rank's
+    wanted = reference(STEPS)  # rank 0's parameters; Megatron: each rank's
     for rank, file in enumerate(WORKERS[framework][2]):
         got = np.load(out / file)
         want = wanted.parts[rank] if framework == "megatron" else wanted

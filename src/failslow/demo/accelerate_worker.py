@@ -19,10 +19,18 @@ gives on GPUs). The control store comes from ``$FAILSLOW_STORE``, the rings from
 slowdown is injected from outside, so each rank writes its PID (``pid-rank<r>``) for the
 launcher. At the end every rank writes its step record and rank 0 the full parameters.
 
+Its loop hands each step's loss to ``failslow.report_metrics`` (byterobust 4.1: a NaN, Inf or 5x
+jump asks for a rollback); faults come through the plugin API (``$FAILSLOW_DEMO_FAULT``,
+:mod:`failslow.demo.fault_plugin`). A rank resumed from a snapshot (a restart, a rollback, a hot
+update) runs the same loop over the same prepared loader: failslow walks it over the steps
+already trained (:mod:`failslow.adapters.common.recut`).
+
 Environment: FAILSLOW_DEMO_STEPS, FAILSLOW_DEMO_OUT, FAILSLOW_DEMO_MICRO_BATCHES (per rank),
 FAILSLOW_DEMO_MICRO_BATCH_SIZE, FAILSLOW_DEMO_WIDTH, FAILSLOW_DEMO_CONFIG,
 FAILSLOW_DEMO_STOP_FILE (when every rank sees it: end), FAILSLOW_DEMO_SHARDING,
-FAILSLOW_DEMO_LOADER (``prepared``, the default, or ``failslow``).
+FAILSLOW_DEMO_LOADER (``prepared``, the default, or ``failslow``); FAILSLOW_DEMO_LOG_TAG and
+FAILSLOW_DEMO_CRASH_AT_START for the hot-update test; FAILSLOW_DEMO_SAVE_EVERY_STEP=1 for a
+reference run (rank 0 saves ``parameters-step<N>.npz``).
 """
 
 from __future__ import annotations
@@ -55,9 +63,10 @@ def make_accelerator(sharding: str, accumulation: int) -> Any:
 
 def main() -> None:
     import torch
-    from torch.distributed.tensor import DTensor
 
+    import failslow
     import failslow.accelerate
+    from failslow.demo import fault_plugin
     from failslow.demo.worker_io import (
         all_ranks_see,
         announce_start,
@@ -102,6 +111,10 @@ def main() -> None:
         )  # fmt: skip
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     stop_file = os.environ.get("FAILSLOW_DEMO_STOP_FILE")
+    # tests and demos: a fault through the plugin API
+    for fault in fault_plugin.from_env(model, lambda: fs.iteration):
+        fs.session.pm.register(fault)
+    every_step = os.environ.get("FAILSLOW_DEMO_SAVE_EVERY_STEP") == "1"
     resumed = fs.session.resumed_step
     announce_start(rank, resumed)
     first = fs.iteration
@@ -117,18 +130,32 @@ def main() -> None:
                 optimizer.zero_grad()
             if fs.iteration == step:
                 continue  # the optimizer has not stepped yet: more micro-batches of this step
+            failslow.report_metrics(step, loss=loss)  # beside the logging line (byterobust 4.1)
             step_end.append(time.time())
             if rank == 0:  # the launcher's view of the job's progress (it injects by step)
                 write_progress(out, rank, step_end, first, step)
+            if every_step:  # a reference run: the model after every step (every rank gathers)
+                params = _parameters(model)
+                if rank == 0:
+                    import numpy as np
+
+                    np.savez(out / f"parameters-step{step + 1}.npz", **params)
             step += 1
             if step >= steps or (stop_file and all_ranks_see(stop_file)):
                 stop = True  # every rank ends at the same step
                 break
+    finish(out, rank, run_record(rank, step_end, first, resumed, fs), _parameters(model), fs)
+
+
+def _parameters(model: Any) -> dict[str, Any]:
+    """The full parameters (FSDP2: a collective, every rank gathers every shard)."""
+    from torch.distributed.tensor import DTensor
+
     params = {}
-    for name, p in model.named_parameters():  # full values (FSDP2: gathered on every rank)
+    for name, p in model.named_parameters():
         value = p.full_tensor() if isinstance(p, DTensor) else p
         params[name.removeprefix("module.")] = value.detach().cpu().numpy()
-    finish(out, rank, run_record(rank, step_end, first, resumed, fs), params, fs)
+    return params
 
 
 if __name__ == "__main__":

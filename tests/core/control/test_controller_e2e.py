@@ -199,6 +199,7 @@ def life_schedule(seed: int = 47) -> list[tuple[int, int, float, str]]:
     return out
 
 
+@pytest.mark.quiet  # no load beside it under ./dev test (tests/conftest.py)
 def test_a_healthy_job_s_transients_start_no_validation(tmp_path: Path) -> None:
     """Issue 47, online: every rank acts out a healthy life (:func:`life_schedule`: bursts,
     loader stalls, jittered evals) under the node's analyzer and publisher and the controller,
