@@ -52,6 +52,7 @@ Accelerate's own ``_do_sync`` does (``end_of_dataloader``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -63,6 +64,8 @@ from failslow.adapters.common.state import counters, restore_counters
 from failslow.adapters.fsdp.plugin import FSDPAdapter
 from failslow.capabilities import Capabilities
 from failslow.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 NO_REBUILD = (
     "Accelerate keeps the prepared model, optimizer and device mesh in its own process-wide "
@@ -184,6 +187,13 @@ class AccelerateAdapter(FSDPAdapter):
         )  # fmt: skip
         if why:
             self.split.loader_hint = f"{why}; build the training loader with fs.loader(dataset)"
+            if skip:  # said, not hidden: this restart does not train what the job would have
+                log.warning(
+                    "failslow: rank %d resumed at step %d, but %s cannot be re-cut (%s): it "
+                    "starts again at its first batch, so the job trains other samples than "
+                    "without the restart; build the training loader with fs.loader(dataset)",
+                    self.rank, skip, whose, why,
+                )  # fmt: skip
         else:
             self._recut = self.split.samplers[-1]
 
